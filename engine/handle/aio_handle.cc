@@ -1,0 +1,302 @@
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "dnvme/handle.h"
+#include "engine/common/log.h"
+#include "engine/handle/op.h"
+#include "engine/handle/worker.h"
+
+namespace dnvme {
+
+const char* OpTypeName(OpType type) { return type == OpType::kWrite ? "write" : "read"; }
+
+std::string HandleStats::ToJson() const {
+  nlohmann::json j = {
+      {"ops_read", ops_read},
+      {"ops_written", ops_written},
+      {"ops_failed", ops_failed},
+      {"bytes_read", bytes_read},
+      {"bytes_written", bytes_written},
+      {"bytes_direct", bytes_direct},
+      {"bytes_bounce", bytes_bounce},
+      {"bytes_buffered", bytes_buffered},
+      {"direct_fallbacks", direct_fallbacks},
+      {"requests", requests},
+      {"submit_calls", submit_calls},
+      {"submit_retries", submit_retries},
+      {"short_transfers", short_transfers},
+      {"validate_checks", validate_checks},
+  };
+  return j.dump();
+}
+
+// The state behind AioHandle. Thread contract: as AioHandle (one driving thread); the workers and
+// the counters are the only parts shared with other threads.
+class HandleImpl {
+ public:
+  HandleImpl(const HandleConfig& config, std::shared_ptr<AioBackendFactory> factory)
+      : config_(config), factory_(std::move(factory)) {}
+
+  ~HandleImpl() {
+    for (auto& op : pending_) op->WaitDone();
+    workers_.clear();  // joins; queues are empty by now
+  }
+
+  Status StartWorkers() {
+    for (int i = 0; i < config_.intra_op_parallelism; ++i) {
+      auto w = Worker::Create(i, config_, factory_, &counters_);
+      if (!w.ok()) return w.status().WithContext("starting I/O worker " + std::to_string(i));
+      workers_.push_back(std::move(w).value());
+    }
+    return Status::Ok();
+  }
+
+  // Validates, opens, slices and posts one operation. `path` null means the fd variant.
+  Result<std::shared_ptr<OpState>> Start(OpType type, const void* buffer, int64_t num_bytes,
+                                         const std::string* path, int fd, int64_t file_offset,
+                                         bool validate) {
+    const std::string label = path ? *path : "fd:" + std::to_string(fd);
+    const char* verb = OpTypeName(type);
+    if (num_bytes < 0) {
+      return Status::InvalidArgument(std::string(verb) + " of '" + label +
+                                     "': negative byte count " + std::to_string(num_bytes));
+    }
+    if (file_offset < 0) {
+      return Status::InvalidArgument(std::string(verb) + " of '" + label +
+                                     "': negative file offset " + std::to_string(file_offset));
+    }
+    if (num_bytes > std::numeric_limits<int64_t>::max() - file_offset) {
+      return Status::InvalidArgument(std::string(verb) + " of '" + label +
+                                     "': offset + length overflows");
+    }
+    if (buffer == nullptr && num_bytes > 0) {
+      return Status::InvalidArgument(std::string(verb) + " of '" + label + "': null buffer for " +
+                                     std::to_string(num_bytes) + " bytes");
+    }
+    const bool write = type == OpType::kWrite;
+    const bool want_read_fd = validate && write;
+    auto file = path ? OpenIoFile(*path, write, config_.direct, want_read_fd)
+                     : AdoptIoFd(fd, write, config_.direct, want_read_fd);
+    if (!file.ok()) return file.status();
+    if (file.value()->fell_back) {
+      counters_.direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      if (!warned_fallback_.exchange(true)) {
+        Logger().warn(
+            "O_DIRECT is not supported for '{}': using buffered I/O (direct=auto; this warning is "
+            "shown once per handle, stats count every fallback)",
+            label);
+      }
+    }
+
+    auto op = std::make_shared<OpState>();
+    op->result.id = next_id_++;
+    op->result.type = type;
+    op->result.path = label;
+    op->result.file_offset = file_offset;
+    op->result.length = num_bytes;
+    op->file = std::move(file).value();
+    // The engine never writes into a write's buffer; the cast only lets reads and writes share
+    // the slice type.
+    op->buffer = static_cast<char*>(const_cast<void*>(buffer));
+    op->validate = validate;
+    op->fdatasync_at_end = write && config_.fdatasync_on_write;
+
+    // Cut points are multiples of the file's edge alignment, so the slices' aligned bodies meet
+    // exactly and only the operation's own first and last pages can be edges.
+    const int64_t align = op->file->direct_fd >= 0 ? op->file->edge_align : 4096;
+    const int64_t end = file_offset + num_bytes;
+    const int64_t n_workers = static_cast<int64_t>(workers_.size());
+    const int64_t per = (num_bytes + n_workers - 1) / n_workers;
+    const int64_t step = std::max(align, (per + align - 1) / align * align);
+    std::vector<Slice> slices;
+    int64_t prev = file_offset;
+    for (int64_t i = 1; i < n_workers && prev < end; ++i) {
+      int64_t cut = (file_offset + i * step) / align * align;
+      if (cut <= prev || cut >= end) break;
+      slices.push_back(Slice{op, prev, cut - prev, op->buffer + (prev - file_offset)});
+      prev = cut;
+    }
+    if (prev < end)
+      slices.push_back(Slice{op, prev, end - prev, op->buffer + (prev - file_offset)});
+
+    if (slices.empty()) {  // zero bytes: nothing to do, but it is still an operation
+      (write ? counters_.ops_written : counters_.ops_read).fetch_add(1, std::memory_order_relaxed);
+      op->MarkDone();
+      return op;
+    }
+    op->slices_left.store(static_cast<int>(slices.size()), std::memory_order_relaxed);
+    for (size_t i = 0; i < slices.size(); ++i) workers_[i]->Post(std::move(slices[i]));
+    return op;
+  }
+
+  Status RunSync(OpType type, const void* buffer, int64_t n, const std::string* path, int fd,
+                 int64_t off, bool validate) {
+    auto op = Start(type, buffer, n, path, fd, off, validate);
+    if (!op.ok()) return op.status();
+    op.value()->WaitDone();
+    return op.value()->result.status;
+  }
+
+  Result<OpId> RunAsync(OpType type, const void* buffer, int64_t n, const std::string* path, int fd,
+                        int64_t off, bool validate) {
+    auto op = Start(type, buffer, n, path, fd, off, validate);
+    if (!op.ok()) return op.status();
+    pending_.push_back(op.value());
+    return op.value()->result.id;
+  }
+
+  int Wait() {
+    completed_.clear();
+    completed_.reserve(pending_.size());
+    for (auto& op : pending_) {
+      op->WaitDone();
+      completed_.push_back(op->result);
+    }
+    pending_.clear();
+    return static_cast<int>(completed_.size());
+  }
+
+  HandleStats Stats() const {
+    HandleStats s;
+    auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+    s.ops_read = r(counters_.ops_read);
+    s.ops_written = r(counters_.ops_written);
+    s.ops_failed = r(counters_.ops_failed);
+    s.bytes_read = r(counters_.bytes_read);
+    s.bytes_written = r(counters_.bytes_written);
+    s.bytes_direct = r(counters_.bytes_direct);
+    s.bytes_bounce = r(counters_.bytes_bounce);
+    s.bytes_buffered = r(counters_.bytes_buffered);
+    s.direct_fallbacks = r(counters_.direct_fallbacks);
+    s.requests = r(counters_.requests);
+    s.submit_calls = r(counters_.submit_calls);
+    s.submit_retries = r(counters_.submit_retries);
+    s.short_transfers = r(counters_.short_transfers);
+    s.validate_checks = r(counters_.validate_checks);
+    return s;
+  }
+
+  const HandleConfig& config() const { return config_; }
+  const std::vector<OpResult>& completed() const { return completed_; }
+  int pending() const { return static_cast<int>(pending_.size()); }
+
+ private:
+  const HandleConfig config_;
+  const std::shared_ptr<AioBackendFactory> factory_;
+  HandleCounters counters_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::shared_ptr<OpState>> pending_;
+  std::vector<OpResult> completed_;
+  OpId next_id_ = 1;
+  std::atomic<bool> warned_fallback_{false};
+};
+
+AioHandle::AioHandle(std::unique_ptr<HandleImpl> impl) : impl_(std::move(impl)) {}
+AioHandle::~AioHandle() = default;
+
+Result<std::unique_ptr<AioHandle>> AioHandle::Create(const HandleConfig& config,
+                                                     HandleOptions options) {
+  DNVME_RETURN_IF_ERROR(config.Validate());
+  auto factory = options.backend ? options.backend : LibaioBackendFactory();
+  auto impl = std::make_unique<HandleImpl>(config, std::move(factory));
+  DNVME_RETURN_IF_ERROR(impl->StartWorkers());
+  return std::unique_ptr<AioHandle>(new AioHandle(std::move(impl)));
+}
+
+const HandleConfig& AioHandle::config() const { return impl_->config(); }
+
+Status AioHandle::sync_pread(void* buffer, int64_t n, const std::string& path, int64_t off) {
+  return impl_->RunSync(OpType::kRead, buffer, n, &path, -1, off, false);
+}
+Status AioHandle::sync_pwrite(const void* buffer, int64_t n, const std::string& path, int64_t off) {
+  return impl_->RunSync(OpType::kWrite, buffer, n, &path, -1, off, false);
+}
+Status AioHandle::sync_pread(void* buffer, int64_t n, int fd, int64_t off) {
+  return impl_->RunSync(OpType::kRead, buffer, n, nullptr, fd, off, false);
+}
+Status AioHandle::sync_pwrite(const void* buffer, int64_t n, int fd, int64_t off) {
+  return impl_->RunSync(OpType::kWrite, buffer, n, nullptr, fd, off, false);
+}
+
+Result<OpId> AioHandle::async_pread(void* buffer, int64_t n, const std::string& path, int64_t off) {
+  return impl_->RunAsync(OpType::kRead, buffer, n, &path, -1, off, false);
+}
+Result<OpId> AioHandle::async_pwrite(const void* buffer, int64_t n, const std::string& path,
+                                     int64_t off) {
+  return impl_->RunAsync(OpType::kWrite, buffer, n, &path, -1, off, false);
+}
+Result<OpId> AioHandle::async_pread(void* buffer, int64_t n, int fd, int64_t off) {
+  return impl_->RunAsync(OpType::kRead, buffer, n, nullptr, fd, off, false);
+}
+Result<OpId> AioHandle::async_pwrite(const void* buffer, int64_t n, int fd, int64_t off) {
+  return impl_->RunAsync(OpType::kWrite, buffer, n, nullptr, fd, off, false);
+}
+
+namespace {
+Status AsyncStatus(Result<OpId> r) { return r.ok() ? Status::Ok() : r.status(); }
+}  // namespace
+
+Status AioHandle::pread(void* buffer, int64_t n, const std::string& path, bool validate,
+                        bool async_op, int64_t off) {
+  if (async_op)
+    return AsyncStatus(impl_->RunAsync(OpType::kRead, buffer, n, &path, -1, off, validate));
+  return impl_->RunSync(OpType::kRead, buffer, n, &path, -1, off, validate);
+}
+Status AioHandle::pwrite(const void* buffer, int64_t n, const std::string& path, bool validate,
+                         bool async_op, int64_t off) {
+  if (async_op) {
+    return AsyncStatus(impl_->RunAsync(OpType::kWrite, buffer, n, &path, -1, off, validate));
+  }
+  return impl_->RunSync(OpType::kWrite, buffer, n, &path, -1, off, validate);
+}
+Status AioHandle::pread(void* buffer, int64_t n, int fd, bool validate, bool async_op,
+                        int64_t off) {
+  if (async_op) {
+    return AsyncStatus(impl_->RunAsync(OpType::kRead, buffer, n, nullptr, fd, off, validate));
+  }
+  return impl_->RunSync(OpType::kRead, buffer, n, nullptr, fd, off, validate);
+}
+Status AioHandle::pwrite(const void* buffer, int64_t n, int fd, bool validate, bool async_op,
+                         int64_t off) {
+  if (async_op) {
+    return AsyncStatus(impl_->RunAsync(OpType::kWrite, buffer, n, nullptr, fd, off, validate));
+  }
+  return impl_->RunSync(OpType::kWrite, buffer, n, nullptr, fd, off, validate);
+}
+
+int AioHandle::wait() { return impl_->Wait(); }
+const std::vector<OpResult>& AioHandle::completed() const { return impl_->completed(); }
+int AioHandle::pending() const { return impl_->pending(); }
+
+Status AioHandle::fsync(int fd) {
+  int rc;
+  do {
+    rc = ::fsync(fd);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) return Status::FromErrno(errno, "fsync of fd:" + std::to_string(fd));
+  return Status::Ok();
+}
+
+Status AioHandle::fsync(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return Status::FromErrno(errno, "open for fsync '" + path + "'");
+  UniqueFd owned(fd);
+  Status st = fsync(fd);
+  if (!st.ok()) return Status::FromErrno(st.error_number(), "fsync of '" + path + "'");
+  return st;
+}
+
+HandleStats AioHandle::stats() const { return impl_->Stats(); }
+
+Result<PinnedBuffer> AioHandle::new_cpu_locked_buffer(size_t num_bytes) {
+  return PinnedBuffer::Allocate(num_bytes, 4096);
+}
+
+}  // namespace dnvme

@@ -1,0 +1,86 @@
+// The shared state of one operation while its slices run on the workers.
+//
+// Thread contract: created by the submitting thread; each worker that runs one of its slices calls
+// SliceDone exactly once; the last one finalises (optional fdatasync) and marks it done. The
+// submitting thread reads the result only after WaitDone() returns, which orders every worker's
+// writes before the read (the mutex in MarkDone/WaitDone).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "dnvme/handle.h"
+#include "engine/posix/file.h"
+
+namespace dnvme {
+
+struct OpState {
+  OpResult result;  // id, type, path, offsets filled at submission; the rest at completion
+  std::shared_ptr<IoFile> file;
+  char* buffer = nullptr;
+  bool validate = false;
+  bool fdatasync_at_end = false;
+
+  std::atomic<int> slices_left{0};
+  std::atomic<int64_t> bytes_done{0};
+
+  // The first error by file offset wins, so the report names the earliest failing byte.
+  void RecordError(Status st, int64_t offset) {
+    std::lock_guard lock(mu_);
+    if (result.status.ok() || offset < result.error_offset) {
+      result.status = std::move(st);
+      result.error_offset = offset;
+    }
+  }
+
+  // Called by a worker after its slice; returns true for the caller that finished the operation.
+  bool SliceDone() { return slices_left.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+  void MarkDone() {
+    {
+      std::lock_guard lock(mu_);
+      result.bytes_done = bytes_done.load(std::memory_order_relaxed);
+      file.reset();  // close the fds now rather than when the caller collects the result
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  void WaitDone() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+
+  bool ok() {
+    std::lock_guard lock(mu_);
+    return result.status.ok();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // guarded by mu_
+};
+
+// A contiguous piece of one operation, run by one worker.
+struct Slice {
+  std::shared_ptr<OpState> op;
+  int64_t offset = 0;  // file offset
+  int64_t length = 0;
+  char* buffer = nullptr;  // caller memory for `offset`
+};
+
+// Counters shared by a handle's workers; relaxed atomics (they are statistics, not sync).
+struct HandleCounters {
+  std::atomic<uint64_t> ops_read{0}, ops_written{0}, ops_failed{0};
+  std::atomic<uint64_t> bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> bytes_direct{0}, bytes_bounce{0}, bytes_buffered{0};
+  std::atomic<uint64_t> direct_fallbacks{0};
+  std::atomic<uint64_t> requests{0}, submit_calls{0}, submit_retries{0}, short_transfers{0};
+  std::atomic<uint64_t> validate_checks{0};
+};
+
+}  // namespace dnvme

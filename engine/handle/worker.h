@@ -1,0 +1,70 @@
+// A worker: one thread, one libaio context, a bounded queue of slices, a lazily created pool of
+// pinned bounce buffers.
+//
+// Thread contract: Post() may be called from any thread (the queue is mutex-guarded and blocks when
+// full, so a burst of async submissions is throttled instead of growing memory without bound).
+// Everything else (the libaio backend, the request ring, the bounce pool) is touched only by the
+// worker's own thread, so the hot path takes no lock. The destructor drains the queue and joins.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dnvme/config.h"
+#include "dnvme/pinned.h"
+#include "engine/aio/backend.h"
+#include "engine/handle/op.h"
+
+namespace dnvme {
+
+class Worker {
+ public:
+  // Creates the libaio context up front so a handle that cannot get one fails at creation.
+  static Result<std::unique_ptr<Worker>> Create(int index, const HandleConfig& config,
+                                                std::shared_ptr<AioBackendFactory> factory,
+                                                HandleCounters* counters);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void Post(Slice slice);
+
+ private:
+  struct Request;
+  class SliceRun;
+
+  Worker(int index, const HandleConfig& config, std::shared_ptr<AioBackendFactory> factory,
+         HandleCounters* counters);
+  void Loop();
+  void RunSlice(const Slice& slice);
+  Status Validate(const Slice& slice, OpState& op, int64_t* err_off);
+  void Finish(OpState& op);
+  Status EnsureBackend();
+  // The per-worker bounce pool, (re)built when a file needs bigger or more aligned buffers.
+  Result<PinnedPool*> BouncePool(int64_t req_size, uint32_t mem_align);
+
+  const int index_;
+  const HandleConfig config_;
+  const std::shared_ptr<AioBackendFactory> factory_;
+  HandleCounters* const counters_;
+
+  // Worker-thread only.
+  std::unique_ptr<AioBackend> aio_;
+  std::unique_ptr<PinnedPool> bounce_;
+  size_t bounce_align_ = 0;
+  std::vector<Request> requests_;
+  std::vector<struct io_event> events_;
+
+  static constexpr size_t kQueueCapacity = 1024;
+  std::mutex mu_;
+  std::condition_variable not_empty_, not_full_;
+  std::deque<Slice> queue_;  // guarded by mu_
+  bool stopping_ = false;    // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace dnvme

@@ -1,0 +1,61 @@
+// HandleConfig: the tunable parameters of an I/O handle, and their one JSON form.
+//
+// The same JSON object is read by `dnvme io --config`, the mount (`-o config=FILE`), the control
+// file and the Python handle, so parsing is strict: an unknown key, a wrong type or an out-of-range
+// value is an error that names the key, never a silently ignored setting.
+//
+// Thread safety: plain values; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "dnvme/status.h"
+
+namespace dnvme {
+
+// What to do when a file's filesystem refuses O_DIRECT.
+enum class DirectPolicy {
+  kAuto,      // fall back to buffered I/O, warn once per handle, count it in stats
+  kRequired,  // fail the operation with Status::Unsupported
+  kNever,     // always buffered (for comparisons; not a production setting)
+};
+
+const char* DirectPolicyName(DirectPolicy policy);
+Result<DirectPolicy> ParseDirectPolicy(std::string_view name);
+
+struct HandleConfig {
+  // Defaults are DeepNVMe's aio_handle defaults.
+  int64_t block_size = 1 << 20;  // bytes per libaio request; a positive multiple of 4096
+  int queue_depth = 128;         // requests in flight per worker, 1..4096
+  bool single_submit = false;    // one io_submit per request instead of one per batch
+  bool overlap_events = false;   // sliding window instead of lock-step batches
+  int intra_op_parallelism = 1;  // worker threads (each with its own libaio context), 1..256
+
+  // dnvme extensions.
+  DirectPolicy direct = DirectPolicy::kAuto;
+  bool fdatasync_on_write = false;  // fdatasync once at the end of every write operation
+  // Cap on pinned bounce memory per worker (bounce buffers are block_size each; at least two per
+  // worker are always allowed so misaligned buffers still make progress).
+  int64_t bounce_bytes_per_worker = 64 << 20;
+
+  // Checks ranges; the error names the offending key.
+  Status Validate() const;
+
+  // JSON with every key above (direct as "auto" | "required" | "never").
+  std::string ToJson() const;
+
+  // Starts from the defaults and applies every key present in `json` (one JSON object). Sizes may
+  // be integers or strings with K/M/G/T suffixes (powers of 1024). Booleans must be JSON booleans.
+  static Result<HandleConfig> FromJson(std::string_view json);
+  static Result<HandleConfig> FromJsonFile(const std::string& path);
+
+  bool operator==(const HandleConfig&) const = default;
+};
+
+// Parses "4096", "1M", "1MiB", "64k", "2G" (binary multiples). Rejects negatives, junk and
+// overflow.
+Result<int64_t> ParseSize(std::string_view text);
+
+}  // namespace dnvme

@@ -1,0 +1,159 @@
+// AioHandle: DeepNVMe's aio_handle, with every completion checked.
+//
+// An operation moves `num_bytes` between caller memory and a file at `file_offset`. It is cut into
+// `intra_op_parallelism` contiguous slices, one per worker thread; each worker owns a libaio
+// context and submits its slice as `block_size` O_DIRECT requests, `queue_depth` at a time
+// (lock-step batches, or a sliding window with overlap_events). Alignment is handled, not required:
+//   - the part of the range that is aligned to the file's direct-I/O alignment (statx DIOALIGN,
+//   else
+//     the device's logical block size, else 4096; never less than the page size) goes O_DIRECT;
+//   - when the caller's memory is misaligned for that part, requests go through pinned bounce
+//     buffers (a per-worker pool);
+//   - the unaligned head and tail (less than one alignment unit each) go through the page cache
+//   with
+//     pread/pwrite, so a tail is written and read exactly, a write never truncates the file, and
+//     the file size ends at max(old size, file_offset + num_bytes).
+// When the filesystem refuses O_DIRECT, HandleConfig::direct decides: fall back to buffered I/O
+// (auto, warned once and counted in stats) or fail (required).
+//
+// Errors are reported, never asserted: every io_submit and io_getevents result is checked (EINTR
+// retried, EAGAIN answered by reaping then resubmitting), every completion's byte count is read
+// (short transfers are continued), and EIO/ENOSPC land in the operation's status with the path,
+// the failing file offset and the errno. A read that reaches end of file before `num_bytes` fails
+// with Status::Code::kEndOfFile.
+//
+// Thread contract: an AioHandle is driven by one thread at a time (submission, wait and fsync are
+// not synchronised against each other); internally its worker threads run the I/O. The caller's
+// buffer must stay valid and untouched until the operation completes (sync call returns, or
+// wait()). Destroying a handle waits for every pending operation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dnvme/config.h"
+#include "dnvme/pinned.h"
+#include "dnvme/status.h"
+
+namespace dnvme {
+
+class AioBackendFactory;  // engine/aio/backend.h: the seam tests use to inject libaio faults
+class HandleImpl;
+
+enum class OpType { kRead, kWrite };
+const char* OpTypeName(OpType type);
+
+using OpId = uint64_t;
+
+// The outcome of one operation, as reported by wait().
+struct OpResult {
+  OpId id = 0;
+  OpType type = OpType::kRead;
+  std::string path;           // the path given, or "fd:N" for fd-based operations
+  int64_t file_offset = 0;    // of the whole operation
+  int64_t length = 0;         // bytes asked for
+  int64_t bytes_done = 0;     // bytes transferred; equals length when status is OK
+  int64_t error_offset = -1;  // file offset of the first failing request, -1 when OK
+  Status status;              // first failure; the message names path, offset and errno
+};
+
+// Counters since the handle was created. Monotonic; read with AioHandle::stats().
+struct HandleStats {
+  uint64_t ops_read = 0;
+  uint64_t ops_written = 0;
+  uint64_t ops_failed = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t bytes_direct = 0;      // O_DIRECT straight from/to caller memory
+  uint64_t bytes_bounce = 0;      // O_DIRECT through pinned bounce buffers
+  uint64_t bytes_buffered = 0;    // page cache: unaligned edges and the no-O_DIRECT fallback
+  uint64_t direct_fallbacks = 0;  // files opened buffered because O_DIRECT was refused
+  uint64_t requests = 0;          // libaio requests (iocbs) submitted, continuations included
+  uint64_t submit_calls = 0;      // io_submit calls that accepted at least one request
+  uint64_t submit_retries = 0;    // io_submit answered EINTR or EAGAIN (or accepted nothing)
+  uint64_t short_transfers = 0;   // completions with fewer bytes than asked, then continued
+  uint64_t validate_checks = 0;   // operations checked by validate=true
+
+  std::string ToJson() const;
+};
+
+struct HandleOptions {
+  // Null means the real libaio syscalls. Tests pass a factory that injects EAGAIN, short transfers
+  // and EIO completions.
+  std::shared_ptr<AioBackendFactory> backend;
+};
+
+class AioHandle {
+ public:
+  // Starts the worker threads and creates one libaio context per worker. Fails with a clear Status
+  // (e.g. naming /proc/sys/fs/aio-max-nr) instead of aborting.
+  static Result<std::unique_ptr<AioHandle>> Create(const HandleConfig& config = {},
+                                                   HandleOptions options = {});
+  ~AioHandle();
+  AioHandle(const AioHandle&) = delete;
+  AioHandle& operator=(const AioHandle&) = delete;
+
+  const HandleConfig& config() const;
+  int64_t get_block_size() const { return config().block_size; }
+  int get_queue_depth() const { return config().queue_depth; }
+  bool get_single_submit() const { return config().single_submit; }
+  bool get_overlap_events() const { return config().overlap_events; }
+  int get_intra_op_parallelism() const { return config().intra_op_parallelism; }
+
+  // Synchronous: return when the whole range is done (OK means exactly num_bytes moved). These do
+  // not touch the set of operations wait() reports.
+  Status sync_pread(void* buffer, int64_t num_bytes, const std::string& path,
+                    int64_t file_offset = 0);
+  Status sync_pwrite(const void* buffer, int64_t num_bytes, const std::string& path,
+                     int64_t file_offset = 0);
+  Status sync_pread(void* buffer, int64_t num_bytes, int fd, int64_t file_offset = 0);
+  Status sync_pwrite(const void* buffer, int64_t num_bytes, int fd, int64_t file_offset = 0);
+
+  // Asynchronous: queue the operation and return its id; its outcome comes from wait(). An error
+  // here (bad argument, file that cannot be opened) means nothing was queued.
+  Result<OpId> async_pread(void* buffer, int64_t num_bytes, const std::string& path,
+                           int64_t file_offset = 0);
+  Result<OpId> async_pwrite(const void* buffer, int64_t num_bytes, const std::string& path,
+                            int64_t file_offset = 0);
+  Result<OpId> async_pread(void* buffer, int64_t num_bytes, int fd, int64_t file_offset = 0);
+  Result<OpId> async_pwrite(const void* buffer, int64_t num_bytes, int fd, int64_t file_offset = 0);
+
+  // DeepSpeed's general form (buffer, filename, validate, async, file_offset). With validate the
+  // data is read back (write) or re-read through the page cache (read) and compared; a difference
+  // fails the operation with kDataMismatch and the first differing offset. With async_op the
+  // outcome comes from wait().
+  Status pread(void* buffer, int64_t num_bytes, const std::string& path, bool validate,
+               bool async_op, int64_t file_offset = 0);
+  Status pwrite(const void* buffer, int64_t num_bytes, const std::string& path, bool validate,
+                bool async_op, int64_t file_offset = 0);
+  Status pread(void* buffer, int64_t num_bytes, int fd, bool validate, bool async_op,
+               int64_t file_offset = 0);
+  Status pwrite(const void* buffer, int64_t num_bytes, int fd, bool validate, bool async_op,
+                int64_t file_offset = 0);
+
+  // Blocks until every queued asynchronous operation has finished; returns how many finished since
+  // the previous wait() (0 when none was pending). Their outcomes, in submission order, are then in
+  // completed() until the next wait().
+  int wait();
+  const std::vector<OpResult>& completed() const;
+  // Asynchronous operations queued and not yet collected by wait().
+  int pending() const;
+
+  // Durability: fsync the file (by path, or the caller's fd).
+  Status fsync(const std::string& path);
+  Status fsync(int fd);
+
+  HandleStats stats() const;
+
+  // The new_cpu_locked_tensor equivalent: page-locked, page-aligned, zeroed host memory. Freed by
+  // destroying the PinnedBuffer (free_cpu_locked_tensor).
+  static Result<PinnedBuffer> new_cpu_locked_buffer(size_t num_bytes);
+
+ private:
+  explicit AioHandle(std::unique_ptr<HandleImpl> impl);
+  std::unique_ptr<HandleImpl> impl_;
+};
+
+}  // namespace dnvme

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the release build (build/), the ASan+UBSan build (build-asan/),
+# then the clang-format check. Runs all three and exits non-zero if any failed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+export ASAN_OPTIONS=detect_leaks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+failed=()
+
+run_suite() {  # name build_dir cmake args...
+  local name=$1 dir=$2
+  shift 2
+  echo "=== $name: build ($dir) ==="
+  if ! scripts/build.sh "$dir" "$@"; then
+    failed+=("$name build")
+    return
+  fi
+  echo "=== $name: ctest ==="
+  if ! (cd "$dir" && ctest --output-on-failure); then
+    failed+=("$name tests")
+  fi
+}
+
+run_suite release "$ROOT/build" -DDNVME_BUILD_TESTS=ON
+run_suite asan "$ROOT/build-asan" -DDNVME_BUILD_TESTS=ON -DDNVME_SANITIZE=ON
+
+echo "=== clang-format check ==="
+mapfile -t sources < <(find include engine tools tests -type f \( -name '*.cc' -o -name '*.h' \) | sort)
+if [[ ${#sources[@]} -gt 0 ]] && ! clang-format --dry-run -Werror "${sources[@]}"; then
+  failed+=("clang-format")
+else
+  echo "clang-format: ${#sources[@]} files clean"
+fi
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run-tests: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "run-tests: all passed"
