@@ -422,8 +422,19 @@ Result<PinnedPool*> Worker::BouncePool(int64_t req_size, uint32_t mem_align) {
     const size_t count =
         static_cast<size_t>(std::min<int64_t>(want, std::max(2, config_.queue_depth)));
     bounce_.reset();
-    auto pool = PinnedPool::Create(static_cast<size_t>(req_size), count, align);
+    // Under a tight RLIMIT_MEMLOCK take fewer buffers rather than fail: two are enough to make
+    // progress (one in flight while the next is filled).
+    size_t n = count;
+    auto pool = PinnedPool::Create(static_cast<size_t>(req_size), n, align);
+    while (!pool.ok() && pool.status().code() == Status::Code::kResourceExhausted && n > 2) {
+      n = std::max<size_t>(2, n / 2);
+      pool = PinnedPool::Create(static_cast<size_t>(req_size), n, align);
+    }
     if (!pool.ok()) return pool.status();
+    if (n < count) {
+      Logger().warn("worker {}: pinned {} bounce buffers instead of {} (RLIMIT_MEMLOCK)", index_, n,
+                    count);
+    }
     bounce_ = std::move(pool).value();
     bounce_align_ = align;
   }
