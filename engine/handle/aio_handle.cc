@@ -55,11 +55,39 @@ class HandleImpl {
     return Status::Ok();
   }
 
-  // Validates, opens, slices and posts one operation. `path` null means the fd variant.
+  // What an operation is on: a path, a caller's fd, or an already opened FileRef.
+  struct Target {
+    const std::string* path = nullptr;
+    int fd = -1;
+    std::shared_ptr<IoFile> file;
+    std::string Label() const {
+      if (file) return file->label;
+      return path ? *path : "fd:" + std::to_string(fd);
+    }
+  };
+
+  Result<std::shared_ptr<IoFile>> Open(const Target& t, FileAccess access, bool want_read_fd) {
+    auto file = t.path ? OpenIoFile(*t.path, access, config_.direct, want_read_fd)
+                       : AdoptIoFd(t.fd, access, config_.direct, want_read_fd);
+    if (!file.ok()) return file.status();
+    if (file.value()->fell_back) {
+      counters_.direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      if (!warned_fallback_.exchange(true)) {
+        Logger().warn(
+            "O_DIRECT is not supported for '{}': using buffered I/O (direct=auto; this warning is "
+            "shown once per handle, stats count every fallback)",
+            file.value()->label);
+      }
+    }
+    return file;
+  }
+
+  // Validates, opens (unless the target is a FileRef), slices and posts one operation.
+  // Thread-safe: touches only atomics, the workers' queues and the new OpState.
   Result<std::shared_ptr<OpState>> Start(OpType type, const void* buffer, int64_t num_bytes,
-                                         const std::string* path, int fd, int64_t file_offset,
-                                         bool validate) {
-    const std::string label = path ? *path : "fd:" + std::to_string(fd);
+                                         const Target& target, int64_t file_offset, bool validate,
+                                         Completion on_done = nullptr) {
+    const std::string label = target.Label();
     const char* verb = OpTypeName(type);
     if (num_bytes < 0) {
       return Status::InvalidArgument(std::string(verb) + " of '" + label +
@@ -78,27 +106,26 @@ class HandleImpl {
                                      std::to_string(num_bytes) + " bytes");
     }
     const bool write = type == OpType::kWrite;
-    const bool want_read_fd = validate && write;
-    auto file = path ? OpenIoFile(*path, write, config_.direct, want_read_fd)
-                     : AdoptIoFd(fd, write, config_.direct, want_read_fd);
-    if (!file.ok()) return file.status();
-    if (file.value()->fell_back) {
-      counters_.direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
-      if (!warned_fallback_.exchange(true)) {
-        Logger().warn(
-            "O_DIRECT is not supported for '{}': using buffered I/O (direct=auto; this warning is "
-            "shown once per handle, stats count every fallback)",
-            label);
+    std::shared_ptr<IoFile> file = target.file;
+    if (file) {
+      if (write ? !file->can_write : !file->can_read) {
+        return Status::InvalidArgument(std::string(verb) + " of '" + label +
+                                       "': the file is not open for " +
+                                       (write ? "writing" : "reading"));
       }
+    } else {
+      DNVME_ASSIGN_OR_RETURN(
+          file, Open(target, write ? FileAccess::kWrite : FileAccess::kRead, validate && write));
     }
 
     auto op = std::make_shared<OpState>();
-    op->result.id = next_id_++;
+    op->result.id = next_id_.fetch_add(1, std::memory_order_relaxed);
     op->result.type = type;
     op->result.path = label;
     op->result.file_offset = file_offset;
     op->result.length = num_bytes;
-    op->file = std::move(file).value();
+    op->file = std::move(file);
+    op->on_done = std::move(on_done);
     // The engine never writes into a write's buffer; the cast only lets reads and writes share
     // the slice type.
     op->buffer = static_cast<char*>(const_cast<void*>(buffer));
@@ -129,21 +156,26 @@ class HandleImpl {
       return op;
     }
     op->slices_left.store(static_cast<int>(slices.size()), std::memory_order_relaxed);
-    for (size_t i = 0; i < slices.size(); ++i) workers_[i]->Post(std::move(slices[i]));
+    // Rotate the first worker so that many small operations from many threads (a mount's
+    // requests) spread over all workers instead of queueing on worker 0.
+    const size_t first = next_worker_.fetch_add(1, std::memory_order_relaxed);
+    for (size_t i = 0; i < slices.size(); ++i) {
+      workers_[(first + i) % workers_.size()]->Post(std::move(slices[i]));
+    }
     return op;
   }
 
-  Status RunSync(OpType type, const void* buffer, int64_t n, const std::string* path, int fd,
-                 int64_t off, bool validate) {
-    auto op = Start(type, buffer, n, path, fd, off, validate);
+  Status RunSync(OpType type, const void* buffer, int64_t n, const Target& target, int64_t off,
+                 bool validate) {
+    auto op = Start(type, buffer, n, target, off, validate);
     if (!op.ok()) return op.status();
     op.value()->WaitDone();
     return op.value()->result.status;
   }
 
-  Result<OpId> RunAsync(OpType type, const void* buffer, int64_t n, const std::string* path, int fd,
+  Result<OpId> RunAsync(OpType type, const void* buffer, int64_t n, const Target& target,
                         int64_t off, bool validate) {
-    auto op = Start(type, buffer, n, path, fd, off, validate);
+    auto op = Start(type, buffer, n, target, off, validate);
     if (!op.ok()) return op.status();
     pending_.push_back(op.value());
     return op.value()->result.id;
@@ -191,7 +223,8 @@ class HandleImpl {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::shared_ptr<OpState>> pending_;
   std::vector<OpResult> completed_;
-  OpId next_id_ = 1;
+  std::atomic<OpId> next_id_{1};
+  std::atomic<size_t> next_worker_{0};
   std::atomic<bool> warned_fallback_{false};
 };
 
@@ -210,30 +243,38 @@ Result<std::unique_ptr<AioHandle>> AioHandle::Create(const HandleConfig& config,
 const HandleConfig& AioHandle::config() const { return impl_->config(); }
 
 Status AioHandle::sync_pread(void* buffer, int64_t n, const std::string& path, int64_t off) {
-  return impl_->RunSync(OpType::kRead, buffer, n, &path, -1, off, false);
+  return impl_->RunSync(OpType::kRead, buffer, n, HandleImpl::Target{&path, -1, nullptr}, off,
+                        false);
 }
 Status AioHandle::sync_pwrite(const void* buffer, int64_t n, const std::string& path, int64_t off) {
-  return impl_->RunSync(OpType::kWrite, buffer, n, &path, -1, off, false);
+  return impl_->RunSync(OpType::kWrite, buffer, n, HandleImpl::Target{&path, -1, nullptr}, off,
+                        false);
 }
 Status AioHandle::sync_pread(void* buffer, int64_t n, int fd, int64_t off) {
-  return impl_->RunSync(OpType::kRead, buffer, n, nullptr, fd, off, false);
+  return impl_->RunSync(OpType::kRead, buffer, n, HandleImpl::Target{nullptr, fd, nullptr}, off,
+                        false);
 }
 Status AioHandle::sync_pwrite(const void* buffer, int64_t n, int fd, int64_t off) {
-  return impl_->RunSync(OpType::kWrite, buffer, n, nullptr, fd, off, false);
+  return impl_->RunSync(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, fd, nullptr}, off,
+                        false);
 }
 
 Result<OpId> AioHandle::async_pread(void* buffer, int64_t n, const std::string& path, int64_t off) {
-  return impl_->RunAsync(OpType::kRead, buffer, n, &path, -1, off, false);
+  return impl_->RunAsync(OpType::kRead, buffer, n, HandleImpl::Target{&path, -1, nullptr}, off,
+                         false);
 }
 Result<OpId> AioHandle::async_pwrite(const void* buffer, int64_t n, const std::string& path,
                                      int64_t off) {
-  return impl_->RunAsync(OpType::kWrite, buffer, n, &path, -1, off, false);
+  return impl_->RunAsync(OpType::kWrite, buffer, n, HandleImpl::Target{&path, -1, nullptr}, off,
+                         false);
 }
 Result<OpId> AioHandle::async_pread(void* buffer, int64_t n, int fd, int64_t off) {
-  return impl_->RunAsync(OpType::kRead, buffer, n, nullptr, fd, off, false);
+  return impl_->RunAsync(OpType::kRead, buffer, n, HandleImpl::Target{nullptr, fd, nullptr}, off,
+                         false);
 }
 Result<OpId> AioHandle::async_pwrite(const void* buffer, int64_t n, int fd, int64_t off) {
-  return impl_->RunAsync(OpType::kWrite, buffer, n, nullptr, fd, off, false);
+  return impl_->RunAsync(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, fd, nullptr}, off,
+                         false);
 }
 
 namespace {
@@ -243,29 +284,88 @@ Status AsyncStatus(Result<OpId> r) { return r.ok() ? Status::Ok() : r.status(); 
 Status AioHandle::pread(void* buffer, int64_t n, const std::string& path, bool validate,
                         bool async_op, int64_t off) {
   if (async_op)
-    return AsyncStatus(impl_->RunAsync(OpType::kRead, buffer, n, &path, -1, off, validate));
-  return impl_->RunSync(OpType::kRead, buffer, n, &path, -1, off, validate);
+    return AsyncStatus(impl_->RunAsync(OpType::kRead, buffer, n,
+                                       HandleImpl::Target{&path, -1, nullptr}, off, validate));
+  return impl_->RunSync(OpType::kRead, buffer, n, HandleImpl::Target{&path, -1, nullptr}, off,
+                        validate);
 }
 Status AioHandle::pwrite(const void* buffer, int64_t n, const std::string& path, bool validate,
                          bool async_op, int64_t off) {
   if (async_op) {
-    return AsyncStatus(impl_->RunAsync(OpType::kWrite, buffer, n, &path, -1, off, validate));
+    return AsyncStatus(impl_->RunAsync(OpType::kWrite, buffer, n,
+                                       HandleImpl::Target{&path, -1, nullptr}, off, validate));
   }
-  return impl_->RunSync(OpType::kWrite, buffer, n, &path, -1, off, validate);
+  return impl_->RunSync(OpType::kWrite, buffer, n, HandleImpl::Target{&path, -1, nullptr}, off,
+                        validate);
 }
 Status AioHandle::pread(void* buffer, int64_t n, int fd, bool validate, bool async_op,
                         int64_t off) {
   if (async_op) {
-    return AsyncStatus(impl_->RunAsync(OpType::kRead, buffer, n, nullptr, fd, off, validate));
+    return AsyncStatus(impl_->RunAsync(OpType::kRead, buffer, n,
+                                       HandleImpl::Target{nullptr, fd, nullptr}, off, validate));
   }
-  return impl_->RunSync(OpType::kRead, buffer, n, nullptr, fd, off, validate);
+  return impl_->RunSync(OpType::kRead, buffer, n, HandleImpl::Target{nullptr, fd, nullptr}, off,
+                        validate);
 }
 Status AioHandle::pwrite(const void* buffer, int64_t n, int fd, bool validate, bool async_op,
                          int64_t off) {
   if (async_op) {
-    return AsyncStatus(impl_->RunAsync(OpType::kWrite, buffer, n, nullptr, fd, off, validate));
+    return AsyncStatus(impl_->RunAsync(OpType::kWrite, buffer, n,
+                                       HandleImpl::Target{nullptr, fd, nullptr}, off, validate));
   }
-  return impl_->RunSync(OpType::kWrite, buffer, n, nullptr, fd, off, validate);
+  return impl_->RunSync(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, fd, nullptr}, off,
+                        validate);
+}
+
+const std::string& FileRef::label() const {
+  static const std::string kNone = "(no file)";
+  return file_ ? file_->label : kNone;
+}
+bool FileRef::direct() const { return file_ && file_->direct_fd >= 0; }
+int FileRef::buffered_fd() const { return file_ ? file_->buffered_fd : -1; }
+
+Result<FileRef> AioHandle::open_file(const std::string& path, FileAccess access) {
+  DNVME_ASSIGN_OR_RETURN(auto file, impl_->Open(HandleImpl::Target{&path, -1, nullptr}, access,
+                                                access != FileAccess::kRead));
+  return FileRef(std::move(file));
+}
+
+Result<FileRef> AioHandle::adopt_fd(int fd, FileAccess access) {
+  DNVME_ASSIGN_OR_RETURN(auto file, impl_->Open(HandleImpl::Target{nullptr, fd, nullptr}, access,
+                                                access != FileAccess::kRead));
+  return FileRef(std::move(file));
+}
+
+namespace {
+Status NoFile() { return Status::InvalidArgument("operation on an empty FileRef"); }
+}  // namespace
+
+Status AioHandle::sync_pread(void* buffer, int64_t n, const FileRef& file, int64_t off) {
+  if (!file.valid()) return NoFile();
+  return impl_->RunSync(OpType::kRead, buffer, n, HandleImpl::Target{nullptr, -1, file.file_}, off,
+                        false);
+}
+
+Status AioHandle::sync_pwrite(const void* buffer, int64_t n, const FileRef& file, int64_t off) {
+  if (!file.valid()) return NoFile();
+  return impl_->RunSync(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, -1, file.file_}, off,
+                        false);
+}
+
+Status AioHandle::submit_pread(void* buffer, int64_t n, const FileRef& file, int64_t off,
+                               Completion done) {
+  if (!file.valid()) return NoFile();
+  auto op = impl_->Start(OpType::kRead, buffer, n, HandleImpl::Target{nullptr, -1, file.file_}, off,
+                         false, std::move(done));
+  return op.ok() ? Status::Ok() : op.status();
+}
+
+Status AioHandle::submit_pwrite(const void* buffer, int64_t n, const FileRef& file, int64_t off,
+                                Completion done) {
+  if (!file.valid()) return NoFile();
+  auto op = impl_->Start(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, -1, file.file_},
+                         off, false, std::move(done));
+  return op.ok() ? Status::Ok() : op.status();
 }
 
 int AioHandle::wait() { return impl_->Wait(); }

@@ -23,6 +23,7 @@ struct OpState {
   char* buffer = nullptr;
   bool validate = false;
   bool fdatasync_at_end = false;
+  Completion on_done;  // optional; runs after the op is marked done, on the finishing thread
 
   std::atomic<int> slices_left{0};
   std::atomic<int64_t> bytes_done{0};
@@ -47,6 +48,8 @@ struct OpState {
       done_ = true;
     }
     cv_.notify_all();
+    // No lock held and nothing written to `result` after done_: the callback may read it freely.
+    if (on_done) on_done(result);
   }
 
   void WaitDone() {

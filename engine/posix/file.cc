@@ -83,6 +83,30 @@ Status FinishOpen(IoFile* f, UniqueFd direct, int direct_err, DirectPolicy polic
   return Status::Ok();
 }
 
+int AccessFlags(FileAccess access) {
+  switch (access) {
+    case FileAccess::kRead:
+      return O_RDONLY;
+    case FileAccess::kWrite:
+      return O_WRONLY;
+    case FileAccess::kReadWrite:
+      return O_RDWR;
+  }
+  return O_RDONLY;
+}
+
+const char* AccessVerb(FileAccess access) {
+  switch (access) {
+    case FileAccess::kRead:
+      return "open for reading";
+    case FileAccess::kWrite:
+      return "open for writing";
+    case FileAccess::kReadWrite:
+      return "open for reading and writing";
+  }
+  return "open";
+}
+
 }  // namespace
 
 void UniqueFd::Reset(int fd) {
@@ -90,13 +114,14 @@ void UniqueFd::Reset(int fd) {
   fd_ = fd;
 }
 
-Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, bool for_write,
+Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, FileAccess access,
                                            DirectPolicy policy, bool want_read_fd) {
   auto f = std::make_shared<IoFile>();
   f->label = path;
-  f->for_write = for_write;
-  const int base = (for_write ? (O_WRONLY | O_CREAT) : O_RDONLY) | O_CLOEXEC;
-  const char* what = for_write ? "open for writing" : "open for reading";
+  f->can_read = access != FileAccess::kWrite;
+  f->can_write = access != FileAccess::kRead;
+  const int base = AccessFlags(access) | (f->can_write ? O_CREAT : 0) | O_CLOEXEC;
+  const char* what = AccessVerb(access);
 
   UniqueFd direct;
   int direct_err = 0;
@@ -115,31 +140,34 @@ Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, bool for_wri
   f->owned_buffered.Reset(bfd);
   f->buffered_fd = bfd;
   DNVME_RETURN_IF_ERROR(FinishOpen(f.get(), std::move(direct), direct_err, policy));
-  if (want_read_fd) {
+  if (want_read_fd && !f->can_read) {
     int rfd = OpenRetry(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
     if (rfd < 0) return Status::FromErrno(errno, "open for validation '" + path + "'");
     f->owned_read.Reset(rfd);
     f->read_fd = rfd;
+  } else if (want_read_fd) {
+    f->read_fd = f->buffered_fd;
   }
   return f;
 }
 
-Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, bool for_write, DirectPolicy policy,
+Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolicy policy,
                                           bool want_read_fd) {
   auto f = std::make_shared<IoFile>();
   f->label = "fd:" + std::to_string(fd);
-  f->for_write = for_write;
+  f->can_read = access != FileAccess::kWrite;
+  f->can_write = access != FileAccess::kRead;
   int flags = fcntl(fd, F_GETFL);
   if (flags < 0) return Status::FromErrno(errno, "fcntl(F_GETFL) on " + f->label);
   int acc = flags & O_ACCMODE;
-  if (for_write && acc == O_RDONLY) {
+  if (f->can_write && acc == O_RDONLY) {
     return Status::IoError(EBADF, f->label + " is not open for writing");
   }
-  if (!for_write && acc == O_WRONLY) {
+  if (f->can_read && acc == O_WRONLY) {
     return Status::IoError(EBADF, f->label + " is not open for reading");
   }
   const std::string proc = "/proc/self/fd/" + std::to_string(fd);
-  const int base = (for_write ? O_WRONLY : O_RDONLY) | O_CLOEXEC;
+  const int base = AccessFlags(access) | O_CLOEXEC;
 
   UniqueFd direct;
   int direct_err = 0;
@@ -173,7 +201,7 @@ Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, bool for_write, DirectPolicy p
     DNVME_RETURN_IF_ERROR(FinishOpen(f.get(), std::move(direct), direct_err, policy));
   }
   if (want_read_fd) {
-    if (acc == O_WRONLY) {
+    if (!f->can_read) {
       int rfd = OpenRetry(proc.c_str(), O_RDONLY | O_CLOEXEC, 0);
       if (rfd < 0) return Status::FromErrno(errno, "reopen " + f->label + " for validation");
       f->owned_read.Reset(rfd);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "dnvme/config.h"
+#include "dnvme/handle.h"
 #include "dnvme/status.h"
 
 namespace dnvme {
@@ -49,7 +50,8 @@ class UniqueFd {
 
 struct IoFile {
   std::string label;  // the path, or "fd:N"
-  bool for_write = false;
+  bool can_read = false;
+  bool can_write = false;
   int direct_fd = -1;         // -1 when direct I/O is not used for this file
   int buffered_fd = -1;       // always valid
   int read_fd = -1;           // for validate; -1 unless asked for
@@ -64,16 +66,16 @@ struct IoFile {
   UniqueFd owned_direct, owned_buffered, owned_read;
 };
 
-// Opens `path` for reading or writing (O_CREAT, never O_TRUNC, mode 0644 before umask) following
-// `policy`. O_DIRECT refused (EINVAL at open, or statx says the file has no direct-I/O support) is
-// a fallback under kAuto and Status::Unsupported under kRequired.
-Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, bool for_write,
+// Opens `path` for `access` (writing implies O_CREAT, mode 0644 before umask; never O_TRUNC)
+// following `policy`. O_DIRECT refused (EINVAL at open, or statx says the file has no direct-I/O
+// support) is a fallback under kAuto and Status::Unsupported under kRequired.
+Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, FileAccess access,
                                            DirectPolicy policy, bool want_read_fd);
 
 // The same for a caller's fd: the fd is reopened through /proc/self/fd (new open file descriptions,
 // so the caller's flags such as O_APPEND or its lack of O_DIRECT do not matter); the caller keeps
 // ownership of `fd` and must keep it open until the operation completes.
-Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, bool for_write, DirectPolicy policy,
+Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolicy policy,
                                           bool want_read_fd);
 
 // Buffered, complete transfer with EINTR retried and short transfers continued. A read that hits

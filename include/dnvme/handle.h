@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ namespace dnvme {
 
 class AioBackendFactory;  // engine/aio/backend.h: the seam tests use to inject libaio faults
 class HandleImpl;
+struct IoFile;
+
+enum class FileAccess { kRead, kWrite, kReadWrite };
 
 enum class OpType { kRead, kWrite };
 const char* OpTypeName(OpType type);
@@ -78,6 +82,31 @@ struct HandleStats {
 
   std::string ToJson() const;
 };
+
+// A file opened once for many operations (a mount's open file): its O_DIRECT and buffered fds and
+// its direct-I/O alignment are set up by AioHandle::open_file / adopt_fd and shared by every
+// operation on it. Copies share the same open files, which close with the last copy (and never
+// while an operation still uses them). Thread-safe to copy and use from several threads.
+class FileRef {
+ public:
+  FileRef() = default;
+  bool valid() const { return file_ != nullptr; }
+  const std::string& label() const;
+  // True when O_DIRECT is in use for this file (false after a direct=auto fallback).
+  bool direct() const;
+  // The buffered descriptor (for fsync, fstat, ftruncate by the owner); -1 when invalid.
+  int buffered_fd() const;
+
+ private:
+  friend class HandleImpl;
+  friend class AioHandle;
+  explicit FileRef(std::shared_ptr<IoFile> file) : file_(std::move(file)) {}
+  std::shared_ptr<IoFile> file_;
+};
+
+// Called once per submitted operation, on an engine worker thread (or inline, before submit_*
+// returns, for a zero-byte operation). Must not block for long: it holds up that worker.
+using Completion = std::function<void(const OpResult&)>;
 
 struct HandleOptions {
   // Null means the real libaio syscalls. Tests pass a factory that injects EAGAIN, short transfers
@@ -132,6 +161,22 @@ class AioHandle {
                int64_t file_offset = 0);
   Status pwrite(const void* buffer, int64_t num_bytes, int fd, bool validate, bool async_op,
                 int64_t file_offset = 0);
+
+  // Files kept open for many operations (see FileRef). Writing through a kRead file (or reading a
+  // kWrite one) is InvalidArgument. adopt_fd reopens the caller's fd through /proc/self/fd; the
+  // caller may close its own fd afterwards.
+  Result<FileRef> open_file(const std::string& path, FileAccess access);
+  Result<FileRef> adopt_fd(int fd, FileAccess access);
+
+  // Thread-safe operations on a FileRef: synchronous, and asynchronous with a completion callback
+  // (an error return means nothing was queued and `done` will not be called).
+  Status sync_pread(void* buffer, int64_t num_bytes, const FileRef& file, int64_t file_offset);
+  Status sync_pwrite(const void* buffer, int64_t num_bytes, const FileRef& file,
+                     int64_t file_offset);
+  Status submit_pread(void* buffer, int64_t num_bytes, const FileRef& file, int64_t file_offset,
+                      Completion done);
+  Status submit_pwrite(const void* buffer, int64_t num_bytes, const FileRef& file,
+                       int64_t file_offset, Completion done);
 
   // Blocks until every queued asynchronous operation has finished; returns how many finished since
   // the previous wait() (0 when none was pending). Their outcomes, in submission order, are then in

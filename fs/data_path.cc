@@ -1,0 +1,253 @@
+// The data path of the mount: write-behind into pinned chunks flushed as parallel O_DIRECT
+// requests, and read-ahead of sequential readers into pinned chunks.
+//
+// Why write-behind: without the kernel's writeback cache, FUSE sends a buffered writer's data one
+// request (<= 1 MiB) at a time and the write(2) waits for our reply. Writing each request before
+// replying would run the disk at queue depth one. Instead a sequential writer's data is copied
+// into a pinned chunk (write_chunk bytes, aligned) and the reply goes out at once; a full chunk
+// is submitted to the engine asynchronously, which cuts it into block_size O_DIRECT requests.
+// POSIX allows this: the data is visible to every reader at once (reads drain the inode first)
+// and durable after fsync (which drains, then fsyncs); a flush error is kept on the inode and
+// returned by the next write, flush (close) or fsync.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/common/log.h"
+#include "fs/fs.h"
+
+namespace dnvme::fs {
+namespace {
+
+constexpr int64_t kAlign = 4096;
+
+int ErrnoOf(const Status& st) {
+  return st.ok() ? 0 : (st.error_number() ? st.error_number() : EIO);
+}
+
+}  // namespace
+
+void Fs::FlushExtentLocked(Inode& in, std::unique_lock<std::mutex>& lock) {
+  (void)lock;  // documents that in.m is held
+  if (!in.wb_chunk) return;
+  auto chunk = std::move(in.wb_chunk);
+  const int64_t start = in.wb_start;
+  const int64_t len = in.wb_len;
+  FileRef file = std::move(in.wb_file);
+  in.wb_chunk.reset();
+  in.wb_file = FileRef();
+  in.wb_len = 0;
+  if (len == 0) return;
+  ++in.wb_inflight;
+  counters_.write_behind_flushes.fetch_add(1, std::memory_order_relaxed);
+  Inode* ip = &in;
+  Status st = engine_->submit_pwrite(
+      chunk->data(), len, file, start, [this, ip, chunk](const OpResult& r) mutable {
+        {
+          std::lock_guard g(ip->m);
+          if (!r.status.ok()) {
+            counters_.errors.fetch_add(1, std::memory_order_relaxed);
+            Logger().error("write-behind flush failed: {}", r.status.ToString());
+            if (ip->wb_error.ok()) ip->wb_error = r.status;
+          }
+          chunk.reset();  // back to the pool before waiters wake
+          if (--ip->wb_inflight == 0 && !ip->wb_chunk) ip->wb_end = 0;
+        }
+        ip->cv.notify_all();
+      });
+  if (!st.ok()) {
+    --in.wb_inflight;
+    if (in.wb_error.ok()) in.wb_error = st;
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+int Fs::Drain(Inode& in, bool take_error) {
+  std::unique_lock lock(in.m);
+  FlushExtentLocked(in, lock);
+  in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
+  in.wb_end = 0;
+  int err = ErrnoOf(in.wb_error);
+  if (take_error) in.wb_error = Status::Ok();
+  return err;
+}
+
+int64_t Fs::PendingEnd(Inode& in) {
+  std::lock_guard lock(in.m);
+  return in.wb_end;
+}
+
+void Fs::InvalidateReadAhead(Inode& in) {
+  std::lock_guard lock(in.m);
+  in.ra_chunks.clear();  // chunks still in flight live on in their completion callbacks
+  in.ra_next = -1;
+}
+
+int Fs::Write(FileHandle& fh, const char* buf, size_t size, off_t off) {
+  Inode& in = *fh.inode;
+  counters_.write_ops.fetch_add(1, std::memory_order_relaxed);
+  std::unique_lock lock(in.m);
+  in.ra_chunks.clear();
+  in.ra_next = -1;
+  if (!in.wb_error.ok()) {  // an earlier flush failed: this writer hears of it now
+    int err = ErrnoOf(in.wb_error);
+    in.wb_error = Status::Ok();
+    return err;
+  }
+  size_t done = 0;
+  if (wb_pool_ && !fh.client_direct) {
+    const int64_t cap = opts_.write_chunk;
+    while (done < size) {
+      const int64_t pos = off + static_cast<int64_t>(done);
+      if (in.wb_chunk && pos != in.wb_start + in.wb_len) FlushExtentLocked(in, lock);
+      if (!in.wb_chunk) {
+        if (pos % kAlign != 0) break;  // chunks start aligned so flushes stay O_DIRECT
+        // A new extent that does not continue the last one may overlap a flush in flight; two
+        // overlapping O_DIRECT writes complete in any order, so let those land first.
+        if (in.wb_inflight > 0 && pos != in.wb_next) {
+          in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
+          if (in.wb_chunk) continue;  // another writer started an extent meanwhile
+        }
+        PinnedPool::Lease lease = wb_pool_->TryAcquire();
+        if (!lease) {
+          // Every chunk is busy. Waiting is safe only for our own flushes (they will finish);
+          // otherwise write this request through the engine directly.
+          if (in.wb_inflight == 0) break;
+          in.cv.wait(lock);
+          continue;
+        }
+        in.wb_chunk = std::make_shared<PinnedPool::Lease>(std::move(lease));
+        in.wb_start = pos;
+        in.wb_len = 0;
+        in.wb_file = fh.file;
+      }
+      const size_t n = static_cast<size_t>(
+          std::min<int64_t>(static_cast<int64_t>(size - done), cap - in.wb_len));
+      std::memcpy(in.wb_chunk->data() + in.wb_len, buf + done, n);
+      in.wb_len += static_cast<int64_t>(n);
+      done += n;
+      in.wb_end = std::max(in.wb_end, in.wb_start + in.wb_len);
+      in.wb_next = in.wb_start + in.wb_len;
+      if (in.wb_len == cap) FlushExtentLocked(in, lock);
+    }
+    counters_.bytes_written_behind.fetch_add(done, std::memory_order_relaxed);
+    if (done == size) return 0;
+  }
+  // Synchronous path (small, unaligned, O_DIRECT clients): earlier data must land first.
+  FlushExtentLocked(in, lock);
+  in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
+  if (!in.wb_error.ok()) {
+    int err = ErrnoOf(in.wb_error);
+    in.wb_error = Status::Ok();
+    return err;
+  }
+  lock.unlock();
+  const int64_t rest = static_cast<int64_t>(size - done);
+  Status st = engine_->sync_pwrite(buf + done, rest, fh.file, off + static_cast<int64_t>(done));
+  if (!st.ok()) {
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+    return ErrnoOf(st);
+  }
+  counters_.bytes_written_sync.fetch_add(static_cast<uint64_t>(rest), std::memory_order_relaxed);
+  return 0;
+}
+
+void Fs::StartReadAheadLocked(Inode& in, FileHandle& fh, int64_t from, int64_t file_size) {
+  const int64_t window_end = std::min(file_size, from + opts_.read_ahead);
+  int64_t next = from / ra_chunk_ * ra_chunk_;
+  for (const auto& c : in.ra_chunks) next = std::max(next, c->offset + c->length);
+  while (next < window_end) {
+    PinnedPool::Lease lease = ra_pool_->TryAcquire();
+    if (!lease) return;  // the pool is shared by all readers; try again on the next read
+    auto chunk = std::make_shared<RaChunk>();
+    chunk->offset = next;
+    chunk->length = std::min(ra_chunk_, file_size - next);
+    chunk->buf = std::make_shared<PinnedPool::Lease>(std::move(lease));
+    Inode* ip = &in;
+    ++in.ra_inflight;
+    counters_.read_ahead_fetches.fetch_add(1, std::memory_order_relaxed);
+    Status st = engine_->submit_pread(chunk->buf->data(), chunk->length, fh.file, chunk->offset,
+                                      [ip, chunk](const OpResult& r) {
+                                        {
+                                          std::lock_guard g(ip->m);
+                                          chunk->status = r.status;
+                                          chunk->ready = true;
+                                          --ip->ra_inflight;
+                                        }
+                                        ip->cv.notify_all();
+                                      });
+    if (!st.ok()) {
+      --in.ra_inflight;
+      return;
+    }
+    in.ra_chunks.push_back(chunk);
+    next += chunk->length;
+  }
+}
+
+ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off) {
+  Inode& in = *fh.inode;
+  counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
+  {
+    // Readers see every byte accepted from writers: land the write-behind data first.
+    std::unique_lock lock(in.m);
+    if (in.wb_chunk || in.wb_inflight > 0) {
+      FlushExtentLocked(in, lock);
+      in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
+      in.wb_end = 0;
+    }
+  }
+  struct stat st {};
+  if (fstat(fh.fd.get(), &st) != 0) return -errno;
+  if (off >= st.st_size) return 0;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(size), st.st_size - off);
+  int64_t copied = 0;
+
+  if (ra_pool_ && !fh.client_direct) {
+    std::unique_lock lock(in.m);
+    const bool sequential = off == in.ra_next;
+    in.ra_next = off + n;
+    // Drop chunks wholly behind the reader; they will not be asked for again.
+    std::erase_if(in.ra_chunks, [&](const std::shared_ptr<RaChunk>& c) {
+      return c->ready && c->offset + c->length <= off;
+    });
+    if (sequential) StartReadAheadLocked(in, fh, off, st.st_size);
+    while (copied < n) {
+      const int64_t pos = off + copied;
+      std::shared_ptr<RaChunk> c;
+      for (const auto& x : in.ra_chunks) {
+        if (x->offset <= pos && pos < x->offset + x->length) c = x;
+      }
+      if (!c) break;
+      in.cv.wait(lock, [&] { return c->ready; });
+      if (!c->status.ok()) break;  // the on-demand read below reports the error properly
+      const int64_t k = std::min(n - copied, c->offset + c->length - pos);
+      std::memcpy(out + copied, c->buf->data() + (pos - c->offset), static_cast<size_t>(k));
+      copied += k;
+    }
+    counters_.bytes_read_ahead_hit.fetch_add(static_cast<uint64_t>(copied),
+                                             std::memory_order_relaxed);
+    if (copied == n) return n;
+  }
+  Status s = engine_->sync_pread(out + copied, n - copied, fh.file, off + copied);
+  if (s.code() == Status::Code::kEndOfFile) {
+    // The file shrank since fstat: return what is there, as read(2) would.
+    ssize_t r;
+    do {
+      r = pread(fh.fd.get(), out + copied, static_cast<size_t>(n - copied), off + copied);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) return -errno;
+    return copied + r;
+  }
+  if (!s.ok()) {
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+    return -ErrnoOf(s);
+  }
+  counters_.bytes_read_engine.fetch_add(static_cast<uint64_t>(n - copied),
+                                        std::memory_order_relaxed);
+  return n;
+}
+
+}  // namespace dnvme::fs

@@ -1,0 +1,143 @@
+// The dnvmefs filesystem state: inodes, open files, the write-behind and read-ahead state, the
+// engine handle and the per-mount counters.
+//
+// Lock order (acquire in this order, never the reverse):
+//   1. Fs::inodes_mu_  (the inode table: lookup counts, the (dev, ino) map)
+//   2. Inode::m        (one inode's data-path state: write-behind extent, read-ahead window)
+//   3. PinnedPool's internal mutex (taken briefly by Acquire/TryAcquire/Return)
+// Engine completion callbacks run on engine worker threads and take only Inode::m (level 2); the
+// FUSE threads never hold Inode::m while waiting for the engine except through a condition
+// variable wait (which releases it), so a callback can always make progress.
+//
+// Inode lifetime follows the kernel's lookup count (like libfuse's passthrough_hp): an inode is
+// created on the first lookup of a (dev, ino) pair, each reply that hands the kernel an entry
+// adds one, FORGET subtracts, and at zero the inode and its O_PATH fd go away. The kernel never
+// forgets an inode that still has open files, so a FileHandle's Inode* stays valid until release.
+#pragma once
+
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dnvme/handle.h"
+#include "dnvme/pinned.h"
+#include "engine/posix/file.h"
+#include "fs/options.h"
+
+namespace dnvme::fs {
+
+// Counters kept for the control file and logged at unmount. Relaxed atomics.
+struct MountCounters {
+  std::atomic<uint64_t> write_ops{0}, read_ops{0};
+  std::atomic<uint64_t> bytes_written_behind{0};  // gathered into pinned chunks, flushed async
+  std::atomic<uint64_t> bytes_written_sync{0};    // written through the engine before replying
+  std::atomic<uint64_t> bytes_read_ahead_hit{0};  // served from the read-ahead window
+  std::atomic<uint64_t> bytes_read_engine{0};     // read through the engine on demand
+  std::atomic<uint64_t> write_behind_flushes{0};
+  std::atomic<uint64_t> read_ahead_fetches{0};
+  std::atomic<uint64_t> errors{0};
+  std::string ToJson() const;
+};
+
+// One chunk of the read-ahead window of an inode.
+struct RaChunk {
+  int64_t offset = 0;
+  int64_t length = 0;  // bytes asked for (clamped to the file size at submission)
+  std::shared_ptr<PinnedPool::Lease> buf;  // the completion callback holds it too
+  bool ready = false;
+  Status status;
+};
+
+struct Inode {
+  int fd = -1;  // O_PATH fd on the backing object; owned
+  dev_t dev = 0;
+  ino_t ino = 0;
+  mode_t type = 0;       // S_IFMT bits
+  uint64_t nlookup = 0;  // guarded by Fs::inodes_mu_
+
+  std::mutex m;
+  std::condition_variable cv;
+  // Write-behind (guarded by m): data accepted from writers, not yet on disk.
+  std::shared_ptr<PinnedPool::Lease> wb_chunk;  // chunk being filled, null when none
+  FileRef wb_file;                              // engine file the extent is flushed through
+  int64_t wb_start = 0, wb_len = 0;             // extent inside wb_chunk
+  int wb_inflight = 0;                          // flushes submitted, not completed
+  int64_t wb_next = -1;  // end of the last extent: a write there continues the stream
+  int64_t wb_end = 0;    // end of the highest byte accepted and not yet known to be on disk
+  Status wb_error;       // first flush error since it was last reported to a writer
+  // Read-ahead (guarded by m).
+  int64_t ra_next = -1;  // where the next sequential read is expected
+  std::vector<std::shared_ptr<RaChunk>> ra_chunks;
+  int ra_inflight = 0;
+
+  ~Inode();
+};
+
+struct FileHandle {
+  UniqueFd fd;   // the backing file, buffered (for fsync, fallocate, lseek, ftruncate)
+  FileRef file;  // the engine's view (O_DIRECT + buffered fds); regular files only
+  bool client_direct = false;
+  bool writable = false;
+  Inode* inode = nullptr;
+};
+
+class Fs {
+ public:
+  explicit Fs(MountOptions opts);
+  ~Fs();
+
+  // Opens the backing directory and creates the engine; called in the daemon after it forked.
+  Status Start();
+  // Flushes every inode's write-behind and waits (unmount, SIGTERM).
+  void DrainAll();
+
+  const MountOptions& opts() const { return opts_; }
+  MountCounters& counters() { return counters_; }
+  AioHandle& engine() { return *engine_; }
+
+  Inode& GetInode(fuse_ino_t ino);
+  // Looks `name` up under `parent` (or adopts an already open O_PATH fd), filling `e`; adds one
+  // lookup reference. Returns an errno (0 on success).
+  int DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e);
+  void Forget(fuse_ino_t ino, uint64_t n);
+
+  // Write-behind and read-ahead (fs/data_path.cc). Inode::m must NOT be held by the caller.
+  // Returns an errno (0 on success).
+  int Write(FileHandle& fh, const char* buf, size_t size, off_t off);
+  // Flushes the inode's pending extent and waits for every flush; returns and clears the sticky
+  // error when `take_error`.
+  int Drain(Inode& inode, bool take_error);
+  // Reads into `out` (at least `size` bytes); returns bytes read or -errno.
+  ssize_t Read(FileHandle& fh, char* out, size_t size, off_t off);
+  // Drops read-ahead data (after writes, truncate, fallocate).
+  void InvalidateReadAhead(Inode& inode);
+  // The size the file will have once write-behind data is on disk.
+  int64_t PendingEnd(Inode& inode);
+
+ private:
+  void FlushExtentLocked(Inode& inode, std::unique_lock<std::mutex>& lock);
+  void StartReadAheadLocked(Inode& inode, FileHandle& fh, int64_t from, int64_t file_size);
+
+  MountOptions opts_;
+  MountCounters counters_;
+  std::unique_ptr<AioHandle> engine_;
+  std::unique_ptr<PinnedPool> wb_pool_;
+  std::unique_ptr<PinnedPool> ra_pool_;
+  int64_t ra_chunk_ = 0;
+
+  std::mutex inodes_mu_;
+  std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes_;  // guarded by inodes_mu_
+  Inode root_;
+};
+
+// The FUSE low-level operations table (fs/fuse_ops.cc).
+const fuse_lowlevel_ops& Operations();
+
+}  // namespace dnvme::fs

@@ -1,0 +1,803 @@
+// The FUSE low-level operations of dnvmefs: a passthrough of BACKING_DIR in which file data goes
+// through the engine (fs/data_path.cc). Metadata calls act on O_PATH fds held by the inodes.
+//
+// Error boundary: inside, failures are errnos from syscalls or Status from the engine; they leave
+// through Reply*/fuse_reply_err only here. Every request gets exactly one reply.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/common/log.h"
+#include "fs/fs.h"
+
+namespace dnvme::fs {
+namespace {
+
+constexpr double kTimeout = 1.0;  // attr/entry cache: the backing dir changes only through us
+
+Fs& FsOf(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req)); }
+
+std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+FileHandle& Fh(fuse_file_info* fi) { return *reinterpret_cast<FileHandle*>(fi->fh); }
+
+// Gives a newly created object to the caller (the daemon runs as root for many users).
+void ChownToCaller(fuse_req_t req, int dirfd, const char* name) {
+  if (geteuid() != 0) return;
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  struct stat parent {};
+  gid_t gid = ctx->gid;
+  if (fstatat(dirfd, "", &parent, AT_EMPTY_PATH) == 0 && (parent.st_mode & S_ISGID)) {
+    gid = static_cast<gid_t>(-1);  // setgid directory: keep the group the kernel chose
+  }
+  if (fchownat(dirfd, name, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
+    Logger().warn("chown of new '{}' to {}:{} failed: {}", name, ctx->uid, ctx->gid,
+                  std::strerror(errno));
+  }
+}
+
+void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_entry_param e{};
+  int err = FsOf(req).DoLookup(parent, name, &e);
+  if (err) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_entry(req, &e);
+  }
+}
+
+int StatInode(Fs& fs, Inode& in, struct stat* st) {
+  if (fstatat(in.fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
+  if (S_ISREG(st->st_mode)) {
+    // Data accepted by write-behind counts, though the backing file has not grown yet.
+    const int64_t pending = fs.PendingEnd(in);
+    if (pending > st->st_size) st->st_size = pending;
+  }
+  return 0;
+}
+
+void OpInit(void* userdata, fuse_conn_info* conn) {
+  (void)userdata;
+  // 1 MiB requests (libfuse 3.14's buffer limit), parallel reads, async direct I/O so a libaio
+  // client's requests reach us concurrently, splice where the kernel offers it.
+  conn->max_write = 1 << 20;
+  conn->max_readahead = 1 << 20;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  if (conn->capable & FUSE_CAP_ASYNC_DIO) conn->want |= FUSE_CAP_ASYNC_DIO;
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
+  if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+  // Locks stay in the kernel (flock and POSIX locks are local to this mount: correct for every
+  // process on this machine). Writeback caching stays off: write-behind happens in the daemon,
+  // into pinned buffers, where errors can be tracked per inode.
+  conn->want &= ~static_cast<unsigned>(FUSE_CAP_WRITEBACK_CACHE);
+  if (conn->max_background < 64) conn->max_background = 64;
+  if (conn->congestion_threshold < 48) conn->congestion_threshold = 48;
+}
+
+void OpDestroy(void* userdata) { static_cast<Fs*>(userdata)->DrainAll(); }
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  ReplyEntry(req, parent, name);
+}
+
+void OpForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  FsOf(req).Forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; ++i) FsOf(req).Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  (void)fi;
+  Fs& fs = FsOf(req);
+  struct stat st {};
+  int err = StatInode(fs, fs.GetInode(ino), &st);
+  if (err) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_attr(req, &st, kTimeout);
+  }
+}
+
+void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
+  Fs& fs = FsOf(req);
+  Inode& in = fs.GetInode(ino);
+  const std::string proc = ProcPath(in.fd);
+  int err = 0;
+  if (valid & FUSE_SET_ATTR_MODE) {
+    int rc = fi ? fchmod(Fh(fi).fd.get(), attr->st_mode) : chmod(proc.c_str(), attr->st_mode);
+    if (rc != 0) err = errno;
+  }
+  if (!err && (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
+    uid_t uid = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : static_cast<uid_t>(-1);
+    gid_t gid = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : static_cast<gid_t>(-1);
+    if (fchownat(in.fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) err = errno;
+  }
+  if (!err && (valid & FUSE_SET_ATTR_SIZE)) {
+    // Pending write-behind data must not land after (and undo) the truncation.
+    err = fs.Drain(in, /*take_error=*/false);
+    fs.InvalidateReadAhead(in);
+    if (!err) {
+      int rc =
+          fi ? ftruncate(Fh(fi).fd.get(), attr->st_size) : truncate(proc.c_str(), attr->st_size);
+      if (rc != 0) err = errno;
+    }
+  }
+  if (!err && (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
+    struct timespec tv[2];
+    tv[0].tv_sec = 0;
+    tv[1].tv_sec = 0;
+    tv[0].tv_nsec = UTIME_OMIT;
+    tv[1].tv_nsec = UTIME_OMIT;
+    if (valid & FUSE_SET_ATTR_ATIME_NOW) {
+      tv[0].tv_nsec = UTIME_NOW;
+    } else if (valid & FUSE_SET_ATTR_ATIME) {
+      tv[0] = attr->st_atim;
+    }
+    if (valid & FUSE_SET_ATTR_MTIME_NOW) {
+      tv[1].tv_nsec = UTIME_NOW;
+    } else if (valid & FUSE_SET_ATTR_MTIME) {
+      tv[1] = attr->st_mtim;
+    }
+    // Write-behind flushes would move mtime after we set it: land them first.
+    if (S_ISREG(in.type)) err = fs.Drain(in, /*take_error=*/false);
+    if (!err) {
+      int rc = fi ? futimens(Fh(fi).fd.get(), tv) : utimensat(AT_FDCWD, proc.c_str(), tv, 0);
+      if (rc != 0) err = errno;
+    }
+  }
+  if (err) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  OpGetattr(req, ino, fi);
+}
+
+void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
+  Inode& in = FsOf(req).GetInode(ino);
+  char buf[PATH_MAX + 1];
+  ssize_t n = readlinkat(in.fd, "", buf, sizeof(buf));
+  if (n < 0) {
+    fuse_reply_err(req, errno);
+  } else if (n >= static_cast<ssize_t>(sizeof(buf))) {
+    fuse_reply_err(req, ENAMETOOLONG);
+  } else {
+    buf[n] = '\0';
+    fuse_reply_readlink(req, buf);
+  }
+}
+
+void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  Inode& dir = FsOf(req).GetInode(parent);
+  if (mknodat(dir.fd, name, mode, rdev) != 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  ChownToCaller(req, dir.fd, name);
+  ReplyEntry(req, parent, name);
+}
+
+void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  Inode& dir = FsOf(req).GetInode(parent);
+  if (mkdirat(dir.fd, name, mode) != 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  ChownToCaller(req, dir.fd, name);
+  ReplyEntry(req, parent, name);
+}
+
+void OpSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  Inode& dir = FsOf(req).GetInode(parent);
+  if (symlinkat(link, dir.fd, name) != 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  ChownToCaller(req, dir.fd, name);
+  ReplyEntry(req, parent, name);
+}
+
+void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  Fs& fs = FsOf(req);
+  Inode& in = fs.GetInode(ino);
+  Inode& dir = fs.GetInode(newparent);
+  if (linkat(AT_FDCWD, ProcPath(in.fd).c_str(), dir.fd, newname, AT_SYMLINK_FOLLOW) != 0) {
+    // Symlinks cannot be reached through /proc with AT_SYMLINK_FOLLOW; use the empty path form.
+    if (errno != ENOENT || linkat(in.fd, "", dir.fd, newname, AT_EMPTY_PATH) != 0) {
+      fuse_reply_err(req, errno);
+      return;
+    }
+  }
+  ReplyEntry(req, newparent, newname);
+}
+
+void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Inode& dir = FsOf(req).GetInode(parent);
+  fuse_reply_err(req, unlinkat(dir.fd, name, 0) == 0 ? 0 : errno);
+}
+
+void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Inode& dir = FsOf(req).GetInode(parent);
+  fuse_reply_err(req, unlinkat(dir.fd, name, AT_REMOVEDIR) == 0 ? 0 : errno);
+}
+
+void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+              const char* newname, unsigned int flags) {
+  Fs& fs = FsOf(req);
+  Inode& a = fs.GetInode(parent);
+  Inode& b = fs.GetInode(newparent);
+  int rc = renameat2(a.fd, name, b.fd, newname, flags);
+  fuse_reply_err(req, rc == 0 ? 0 : errno);
+}
+
+// Opens the backing object of `in` with the client's flags, minus those the engine handles
+// itself (O_DIRECT: the engine decides per request; O_APPEND: the kernel already turned it into
+// offsets) and those that only make sense at create time.
+int OpenBacking(Inode& in, int flags, UniqueFd* out) {
+  const int strip = O_DIRECT | O_APPEND | O_CREAT | O_EXCL | O_NOCTTY;
+  int fd = open(ProcPath(in.fd).c_str(), (flags & ~strip) | O_CLOEXEC);
+  if (fd < 0) return errno;
+  out->Reset(fd);
+  return 0;
+}
+
+int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
+  auto fh = std::make_unique<FileHandle>();
+  fh->inode = &in;
+  fh->client_direct = (flags & O_DIRECT) != 0;
+  const int acc = flags & O_ACCMODE;
+  fh->writable = acc != O_RDONLY;
+  if (S_ISREG(in.type)) {
+    FileAccess access = acc == O_RDONLY   ? FileAccess::kRead
+                        : acc == O_WRONLY ? FileAccess::kWrite
+                                          : FileAccess::kReadWrite;
+    auto ref = fs.engine().adopt_fd(fd.get(), access);
+    if (!ref.ok()) {
+      Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
+      return ref.status().error_number() ? ref.status().error_number() : EIO;
+    }
+    fh->file = std::move(ref).value();
+  }
+  fh->fd = std::move(fd);
+  *out = fh.release();
+  return 0;
+}
+
+void FillOpenFlags(fuse_file_info* fi) {
+  fi->keep_cache = 0;  // the page cache of this file may be stale after a truncate elsewhere
+  fi->direct_io = 0;   // buffered clients keep the kernel page cache for re-reads
+  fi->noflush = 0;
+}
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Fs& fs = FsOf(req);
+  Inode& in = fs.GetInode(ino);
+  if ((fi->flags & O_TRUNC) && (fi->flags & O_ACCMODE) != O_RDONLY) {
+    int err = fs.Drain(in, /*take_error=*/false);
+    if (err) {
+      fuse_reply_err(req, err);
+      return;
+    }
+    fs.InvalidateReadAhead(in);
+  }
+  UniqueFd fd;
+  int err = OpenBacking(in, fi->flags, &fd);
+  FileHandle* fh = nullptr;
+  if (!err) err = MakeHandle(fs, in, fi->flags, std::move(fd), &fh);
+  if (err) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  fi->fh = reinterpret_cast<uint64_t>(fh);
+  FillOpenFlags(fi);
+  if (fuse_reply_open(req, fi) == -ENOENT) delete fh;  // the opener was interrupted
+}
+
+void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+              fuse_file_info* fi) {
+  Fs& fs = FsOf(req);
+  Inode& dir = fs.GetInode(parent);
+  const int strip = O_DIRECT | O_APPEND | O_NOCTTY;
+  int fd = openat(dir.fd, name, (fi->flags & ~strip) | O_CREAT | O_CLOEXEC, mode);
+  if (fd < 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  UniqueFd owned(fd);
+  ChownToCaller(req, dir.fd, name);
+  fuse_entry_param e{};
+  int err = fs.DoLookup(parent, name, &e);
+  FileHandle* fh = nullptr;
+  if (!err) {
+    err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned), &fh);
+    if (err) fs.Forget(e.ino, 1);
+  }
+  if (err) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  fi->fh = reinterpret_cast<uint64_t>(fh);
+  FillOpenFlags(fi);
+  if (fuse_reply_create(req, &e, fi) == -ENOENT) delete fh;
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  (void)ino;
+  // One pinned, aligned buffer per FUSE thread: reads into it are plain O_DIRECT requests.
+  thread_local PinnedBuffer buf;
+  if (buf.size() < size) {
+    auto b = PinnedBuffer::Allocate(std::max<size_t>(size, 1 << 20));
+    if (!b.ok()) {
+      Logger().error("read buffer: {}", b.status().ToString());
+      fuse_reply_err(req, ENOMEM);
+      return;
+    }
+    buf = std::move(b).value();
+  }
+  ssize_t n = FsOf(req).Read(Fh(fi), buf.bytes(), size, off);
+  if (n < 0) {
+    fuse_reply_err(req, static_cast<int>(-n));
+  } else {
+    fuse_reply_buf(req, buf.bytes(), static_cast<size_t>(n));
+  }
+}
+
+void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
+             fuse_file_info* fi) {
+  (void)ino;
+  int err = FsOf(req).Write(Fh(fi), data, size, off);
+  if (err) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_write(req, size);
+  }
+}
+
+void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  (void)ino;
+  // close(2): hand the writer any write-behind error; the data need not be durable yet.
+  FileHandle& fh = Fh(fi);
+  int err = S_ISREG(fh.inode->type) ? FsOf(req).Drain(*fh.inode, /*take_error=*/true) : 0;
+  fuse_reply_err(req, err);
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  (void)ino;
+  FileHandle* fh = &Fh(fi);
+  if (S_ISREG(fh->inode->type)) {
+    int err = FsOf(req).Drain(*fh->inode, /*take_error=*/false);
+    if (err) Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, err);
+  }
+  delete fh;
+  fuse_reply_err(req, 0);
+}
+
+void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
+  (void)ino;
+  FileHandle& fh = Fh(fi);
+  int err = S_ISREG(fh.inode->type) ? FsOf(req).Drain(*fh.inode, /*take_error=*/true) : 0;
+  if (!err) {
+    int rc = datasync ? fdatasync(fh.fd.get()) : fsync(fh.fd.get());
+    if (rc != 0) err = errno;
+  }
+  fuse_reply_err(req, err);
+}
+
+struct DirHandle {
+  DIR* dp = nullptr;
+  off_t offset = 0;
+  ~DirHandle() {
+    if (dp) closedir(dp);
+  }
+};
+
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Inode& in = FsOf(req).GetInode(ino);
+  int fd = openat(in.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  auto dh = std::make_unique<DirHandle>();
+  dh->dp = fdopendir(fd);
+  if (dh->dp == nullptr) {
+    int err = errno;
+    close(fd);
+    fuse_reply_err(req, err);
+    return;
+  }
+  fi->fh = reinterpret_cast<uint64_t>(dh.get());
+  fi->cache_readdir = 0;
+  if (fuse_reply_open(req, fi) != -ENOENT) dh.release();
+}
+
+void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
+               bool plus) {
+  Fs& fs = FsOf(req);
+  auto* dh = reinterpret_cast<DirHandle*>(fi->fh);
+  std::string buf(size, '\0');
+  size_t used = 0;
+  if (off != dh->offset) {
+    seekdir(dh->dp, off);
+    dh->offset = off;
+  }
+  int err = 0;
+  while (true) {
+    errno = 0;
+    struct dirent* d = readdir(dh->dp);
+    if (d == nullptr) {
+      err = errno;
+      break;
+    }
+    const bool dots = std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0;
+    size_t need;
+    if (plus) {
+      fuse_entry_param e{};
+      if (dots) {
+        e.attr.st_ino = d->d_ino;
+        e.attr.st_mode = static_cast<mode_t>(d->d_type) << 12;
+      } else {
+        int lerr = fs.DoLookup(ino, d->d_name, &e);
+        if (lerr) {
+          if (lerr == ENOENT) continue;  // removed while listing
+          err = lerr;
+          break;
+        }
+      }
+      need = fuse_add_direntry_plus(req, &buf[used], size - used, d->d_name, &e, d->d_off);
+      if (need > size - used) {
+        if (!dots) fs.Forget(e.ino, 1);  // not handed to the kernel after all
+        break;
+      }
+    } else {
+      struct stat st {};
+      st.st_ino = d->d_ino;
+      st.st_mode = static_cast<mode_t>(d->d_type) << 12;
+      need = fuse_add_direntry(req, &buf[used], size - used, d->d_name, &st, d->d_off);
+      if (need > size - used) break;
+    }
+    used += need;
+    dh->offset = d->d_off;
+  }
+  if (err && used == 0) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_buf(req, buf.data(), used);
+  }
+}
+
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  DoReaddir(req, ino, size, off, fi, false);
+}
+
+void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  DoReaddir(req, ino, size, off, fi, true);
+}
+
+void OpReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  (void)ino;
+  delete reinterpret_cast<DirHandle*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void OpFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
+  (void)ino;
+  int fd = dirfd(reinterpret_cast<DirHandle*>(fi->fh)->dp);
+  int rc = datasync ? fdatasync(fd) : fsync(fd);
+  fuse_reply_err(req, rc == 0 ? 0 : errno);
+}
+
+void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
+  struct statvfs sv {};
+  if (fstatvfs(FsOf(req).GetInode(ino).fd, &sv) != 0) {
+    fuse_reply_err(req, errno);
+  } else {
+    fuse_reply_statfs(req, &sv);
+  }
+}
+
+// xattrs go through /proc/self/fd paths: the *xattr calls do not take O_PATH fds. Symlinks
+// cannot carry user xattrs on Linux anyway.
+bool XattrCapable(Inode& in) { return !S_ISLNK(in.type); }
+
+void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                int flags) {
+  Inode& in = FsOf(req).GetInode(ino);
+  if (!XattrCapable(in)) {
+    fuse_reply_err(req, ENOTSUP);
+    return;
+  }
+  int rc = setxattr(ProcPath(in.fd).c_str(), name, value, size, flags);
+  fuse_reply_err(req, rc == 0 ? 0 : errno);
+}
+
+void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  Inode& in = FsOf(req).GetInode(ino);
+  if (!XattrCapable(in)) {
+    fuse_reply_err(req, ENODATA);
+    return;
+  }
+  const std::string p = ProcPath(in.fd);
+  if (size == 0) {
+    ssize_t n = getxattr(p.c_str(), name, nullptr, 0);
+    if (n < 0) {
+      fuse_reply_err(req, errno);
+    } else {
+      fuse_reply_xattr(req, static_cast<size_t>(n));
+    }
+    return;
+  }
+  std::string buf(size, '\0');
+  ssize_t n = getxattr(p.c_str(), name, buf.data(), size);
+  if (n < 0) {
+    fuse_reply_err(req, errno);
+  } else {
+    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+  }
+}
+
+void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  Inode& in = FsOf(req).GetInode(ino);
+  if (!XattrCapable(in)) {
+    if (size == 0) {
+      fuse_reply_xattr(req, 0);
+    } else {
+      fuse_reply_buf(req, nullptr, 0);
+    }
+    return;
+  }
+  const std::string p = ProcPath(in.fd);
+  if (size == 0) {
+    ssize_t n = listxattr(p.c_str(), nullptr, 0);
+    if (n < 0) {
+      fuse_reply_err(req, errno);
+    } else {
+      fuse_reply_xattr(req, static_cast<size_t>(n));
+    }
+    return;
+  }
+  std::string buf(size, '\0');
+  ssize_t n = listxattr(p.c_str(), buf.data(), size);
+  if (n < 0) {
+    fuse_reply_err(req, errno);
+  } else {
+    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+  }
+}
+
+void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  Inode& in = FsOf(req).GetInode(ino);
+  if (!XattrCapable(in)) {
+    fuse_reply_err(req, ENOTSUP);
+    return;
+  }
+  int rc = removexattr(ProcPath(in.fd).c_str(), name);
+  fuse_reply_err(req, rc == 0 ? 0 : errno);
+}
+
+void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+                 fuse_file_info* fi) {
+  Fs& fs = FsOf(req);
+  Inode& in = fs.GetInode(ino);
+  int err = fs.Drain(in, /*take_error=*/false);
+  fs.InvalidateReadAhead(in);
+  if (!err && fallocate(Fh(fi).fd.get(), mode, offset, length) != 0) err = errno;
+  fuse_reply_err(req, err);
+}
+
+void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
+  Fs& fs = FsOf(req);
+  int err = fs.Drain(fs.GetInode(ino), /*take_error=*/false);
+  if (err) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  off_t r = lseek(Fh(fi).fd.get(), off, whence);
+  if (r < 0) {
+    fuse_reply_err(req, errno);
+  } else {
+    fuse_reply_lseek(req, r);
+  }
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops ops{};
+  ops.init = OpInit;
+  ops.destroy = OpDestroy;
+  ops.lookup = OpLookup;
+  ops.forget = OpForget;
+  ops.forget_multi = OpForgetMulti;
+  ops.getattr = OpGetattr;
+  ops.setattr = OpSetattr;
+  ops.readlink = OpReadlink;
+  ops.mknod = OpMknod;
+  ops.mkdir = OpMkdir;
+  ops.symlink = OpSymlink;
+  ops.link = OpLink;
+  ops.unlink = OpUnlink;
+  ops.rmdir = OpRmdir;
+  ops.rename = OpRename;
+  ops.open = OpOpen;
+  ops.create = OpCreate;
+  ops.read = OpRead;
+  ops.write = OpWrite;
+  ops.flush = OpFlush;
+  ops.release = OpRelease;
+  ops.fsync = OpFsync;
+  ops.opendir = OpOpendir;
+  ops.readdir = OpReaddir;
+  ops.readdirplus = OpReaddirplus;
+  ops.releasedir = OpReleasedir;
+  ops.fsyncdir = OpFsyncdir;
+  ops.statfs = OpStatfs;
+  ops.setxattr = OpSetxattr;
+  ops.getxattr = OpGetxattr;
+  ops.listxattr = OpListxattr;
+  ops.removexattr = OpRemovexattr;
+  ops.fallocate = OpFallocate;
+  ops.lseek = OpLseek;
+  return ops;
+}
+
+}  // namespace
+
+const fuse_lowlevel_ops& Operations() {
+  static const fuse_lowlevel_ops ops = MakeOps();
+  return ops;
+}
+
+// ---- Fs: the inode table and start-up ----
+
+Inode::~Inode() {
+  if (fd >= 0) close(fd);
+}
+
+std::string MountCounters::ToJson() const {
+  auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  nlohmann::json j = {
+      {"write_ops", r(write_ops)},
+      {"read_ops", r(read_ops)},
+      {"bytes_written_behind", r(bytes_written_behind)},
+      {"bytes_written_sync", r(bytes_written_sync)},
+      {"bytes_read_ahead_hit", r(bytes_read_ahead_hit)},
+      {"bytes_read_engine", r(bytes_read_engine)},
+      {"write_behind_flushes", r(write_behind_flushes)},
+      {"read_ahead_fetches", r(read_ahead_fetches)},
+      {"errors", r(errors)},
+  };
+  return j.dump();
+}
+
+Fs::Fs(MountOptions opts) : opts_(std::move(opts)) {}
+
+Fs::~Fs() {
+  DrainAll();
+  engine_.reset();  // waits for every engine operation (read-ahead included)
+}
+
+Status Fs::Start() {
+  int fd = open(opts_.backing.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open BACKING_DIR '" + opts_.backing + "'");
+  root_.fd = fd;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat BACKING_DIR");
+  root_.dev = st.st_dev;
+  root_.ino = st.st_ino;
+  root_.type = S_IFDIR;
+  root_.nlookup = 2;  // never forgotten
+
+  auto h = AioHandle::Create(opts_.engine);
+  if (!h.ok()) return h.status().WithContext("engine");
+  engine_ = std::move(h).value();
+  if (opts_.write_behind > 0) {
+    const size_t n = static_cast<size_t>(opts_.write_behind / opts_.write_chunk);
+    auto pool = PinnedPool::Create(static_cast<size_t>(opts_.write_chunk), n);
+    if (!pool.ok()) return pool.status().WithContext("write-behind buffers (write_behind=)");
+    wb_pool_ = std::move(pool).value();
+  }
+  if (opts_.read_ahead > 0) {
+    ra_chunk_ = std::min<int64_t>(opts_.read_ahead, 4 << 20);
+    // Room for four sequential readers' windows; more readers share what is free.
+    const size_t n = static_cast<size_t>(4 * opts_.read_ahead / ra_chunk_);
+    auto pool = PinnedPool::Create(static_cast<size_t>(ra_chunk_), n);
+    if (!pool.ok()) return pool.status().WithContext("read-ahead buffers (read_ahead=)");
+    ra_pool_ = std::move(pool).value();
+  }
+  return Status::Ok();
+}
+
+void Fs::DrainAll() {
+  std::vector<Inode*> all;
+  {
+    std::lock_guard lock(inodes_mu_);
+    for (auto& [key, in] : inodes_) all.push_back(in.get());
+  }
+  // Inodes cannot be forgotten while we drain: the session loop has stopped (destroy/unmount).
+  for (Inode* in : all) {
+    if (S_ISREG(in->type)) {
+      int err = Drain(*in, false);
+      if (err) Logger().error("write-behind data of inode {} lost at exit: errno {}", in->ino, err);
+    }
+  }
+}
+
+Inode& Fs::GetInode(fuse_ino_t ino) {
+  if (ino == FUSE_ROOT_ID) return root_;
+  return *reinterpret_cast<Inode*>(ino);
+}
+
+int Fs::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
+  Inode& dir = GetInode(parent);
+  int fd = openat(dir.fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st {};
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  Inode* in;
+  {
+    std::lock_guard lock(inodes_mu_);
+    auto key = std::make_pair(st.st_dev, st.st_ino);
+    auto it = inodes_.find(key);
+    if (it != inodes_.end()) {
+      in = it->second.get();
+      close(fd);  // the inode already holds one
+    } else {
+      auto fresh = std::make_unique<Inode>();
+      fresh->fd = fd;
+      fresh->dev = st.st_dev;
+      fresh->ino = st.st_ino;
+      fresh->type = st.st_mode & S_IFMT;
+      in = fresh.get();
+      inodes_.emplace(key, std::move(fresh));
+    }
+    ++in->nlookup;
+  }
+  if (S_ISREG(st.st_mode)) {
+    const int64_t pending = PendingEnd(*in);
+    if (pending > st.st_size) st.st_size = pending;
+  }
+  e->ino = reinterpret_cast<fuse_ino_t>(in);
+  e->attr = st;
+  e->attr_timeout = kTimeout;
+  e->entry_timeout = kTimeout;
+  return 0;
+}
+
+void Fs::Forget(fuse_ino_t ino, uint64_t n) {
+  if (ino == FUSE_ROOT_ID) return;
+  Inode* in = reinterpret_cast<Inode*>(ino);
+  std::unique_ptr<Inode> dead;
+  std::lock_guard lock(inodes_mu_);
+  if (n > in->nlookup) {
+    Logger().error("forget of {} lookups on inode {} that has {}", n, in->ino, in->nlookup);
+    n = in->nlookup;
+  }
+  in->nlookup -= n;
+  if (in->nlookup == 0) {
+    auto it = inodes_.find({in->dev, in->ino});
+    if (it != inodes_.end() && it->second.get() == in) {
+      dead = std::move(it->second);
+      inodes_.erase(it);
+    }
+  }
+}
+
+}  // namespace dnvme::fs

@@ -1,0 +1,227 @@
+#include "fs/options.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace dnvme::fs {
+namespace {
+
+// Splits "a,b=c,d" on commas; a backslash escapes a comma (as libfuse does).
+std::vector<std::string> SplitOpts(std::string_view s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      cur += s[++i];
+    } else if (s[i] == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += s[i];
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+Result<int> ParseInt(const std::string& key, const std::string& v) {
+  if (v.empty()) return Status::InvalidArgument("option '" + key + "' needs a value");
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || n < INT_MIN || n > INT_MAX) {
+    return Status::InvalidArgument("option '" + key + "': '" + v + "' is not an integer");
+  }
+  return static_cast<int>(n);
+}
+
+Result<bool> ParseBool(const std::string& key, const std::optional<std::string>& v) {
+  if (!v) return true;  // "-o single_submit"
+  if (*v == "1" || *v == "true" || *v == "yes") return true;
+  if (*v == "0" || *v == "false" || *v == "no") return false;
+  return Status::InvalidArgument("option '" + key + "': '" + *v + "' is not a boolean");
+}
+
+Result<int64_t> ParseSizeOpt(const std::string& key, const std::optional<std::string>& v) {
+  if (!v) return Status::InvalidArgument("option '" + key + "' needs a value");
+  auto r = ParseSize(*v);
+  if (!r.ok()) return r.status().WithContext("option '" + key + "'");
+  return r;
+}
+
+std::string Absolute(const std::string& p) {
+  char buf[PATH_MAX];
+  if (realpath(p.c_str(), buf) != nullptr) return buf;
+  return p;  // CheckDirectories reports the error with the name as given
+}
+
+}  // namespace
+
+const char* UsageText() {
+  return "usage: dnvmefs BACKING_DIR MOUNTPOINT [-f] [-d] [-s] [-o opt[,opt...]]\n"
+         "  -f            stay in the foreground\n"
+         "  -d            debug: foreground, log_level=debug and libfuse request tracing\n"
+         "  -s            single-threaded request loop\n"
+         "dnvmefs options (-o):\n"
+         "  block_size=SIZE queue_depth=N intra_op_parallelism=N single_submit overlap_events\n"
+         "  direct=auto|required|never   the engine's handle parameters\n"
+         "  config=FILE.json             the same JSON as `dnvme io --config`\n"
+         "  write_behind=SIZE            pinned memory for write-behind (0 disables; 64M)\n"
+         "  write_chunk=SIZE             bytes per write-behind flush (8M)\n"
+         "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
+         "  log_level=LEVEL log_file=PATH nonempty\n"
+         "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
+}
+
+Result<MountOptions> ParseMountOptions(int argc, char** argv) {
+  MountOptions o;
+  std::vector<std::string> positional;
+  std::vector<std::string> raw_opts;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-f") {
+      o.foreground = true;
+    } else if (a == "-d" || a == "--debug") {
+      o.debug = true;
+      o.foreground = true;
+    } else if (a == "-s") {
+      o.single_thread = true;
+    } else if (a == "-h" || a == "--help") {
+      o.show_help = true;
+    } else if (a == "-V" || a == "--version") {
+      o.show_version = true;
+    } else if (a == "-o") {
+      if (i + 1 >= argc) return Status::InvalidArgument("-o needs an argument");
+      raw_opts.push_back(argv[++i]);
+    } else if (a.rfind("-o", 0) == 0) {
+      raw_opts.push_back(a.substr(2));
+    } else if (!a.empty() && a[0] == '-') {
+      return Status::InvalidArgument("unknown flag '" + a + "'");
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (o.show_help || o.show_version) return o;
+  if (positional.size() != 2) {
+    return Status::InvalidArgument("expected BACKING_DIR and MOUNTPOINT, got " +
+                                   std::to_string(positional.size()) + " argument(s)");
+  }
+  o.backing = Absolute(positional[0]);
+  o.mountpoint = Absolute(positional[1]);
+
+  // config= first, so explicit keys override it wherever they appear.
+  std::vector<std::pair<std::string, std::optional<std::string>>> kv;
+  for (const auto& group : raw_opts) {
+    for (const auto& opt : SplitOpts(group)) {
+      if (opt.empty()) continue;
+      auto eq = opt.find('=');
+      if (eq == std::string::npos) {
+        kv.emplace_back(opt, std::nullopt);
+      } else {
+        kv.emplace_back(opt.substr(0, eq), opt.substr(eq + 1));
+      }
+    }
+  }
+  for (const auto& [k, v] : kv) {
+    if (k != "config") continue;
+    if (!v || v->empty()) return Status::InvalidArgument("option 'config' needs a file name");
+    auto c = HandleConfig::FromJsonFile(*v);
+    if (!c.ok()) return c.status();
+    o.engine = c.value();
+  }
+  for (const auto& [k, v] : kv) {
+    if (k == "config") continue;
+    if (k == "block_size") {
+      DNVME_ASSIGN_OR_RETURN(o.engine.block_size, ParseSizeOpt(k, v));
+    } else if (k == "queue_depth") {
+      DNVME_ASSIGN_OR_RETURN(o.engine.queue_depth, ParseInt(k, v.value_or("")));
+    } else if (k == "intra_op_parallelism") {
+      DNVME_ASSIGN_OR_RETURN(o.engine.intra_op_parallelism, ParseInt(k, v.value_or("")));
+    } else if (k == "single_submit") {
+      DNVME_ASSIGN_OR_RETURN(o.engine.single_submit, ParseBool(k, v));
+    } else if (k == "overlap_events") {
+      DNVME_ASSIGN_OR_RETURN(o.engine.overlap_events, ParseBool(k, v));
+    } else if (k == "direct") {
+      DNVME_ASSIGN_OR_RETURN(o.engine.direct, ParseDirectPolicy(v.value_or("")));
+    } else if (k == "write_behind") {
+      DNVME_ASSIGN_OR_RETURN(o.write_behind, ParseSizeOpt(k, v));
+    } else if (k == "write_chunk") {
+      DNVME_ASSIGN_OR_RETURN(o.write_chunk, ParseSizeOpt(k, v));
+    } else if (k == "read_ahead") {
+      DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOpt(k, v));
+    } else if (k == "log_level") {
+      static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+      bool known = false;
+      for (const char* l : kLevels) known = known || (v && *v == l);
+      if (!known) {
+        return Status::InvalidArgument("option 'log_level': '" + v.value_or("") +
+                                       "' is not one of trace, debug, info, warn, error, "
+                                       "critical, off");
+      }
+      o.log_level = *v;
+    } else if (k == "log_file") {
+      if (!v || v->empty()) return Status::InvalidArgument("option 'log_file' needs a path");
+      o.log_file = *v;
+    } else if (k == "nonempty") {
+      o.nonempty = true;
+    } else {
+      o.fuse_opts.push_back(v ? k + "=" + *v : k);
+    }
+  }
+  if (o.debug) o.log_level = "debug";
+  DNVME_RETURN_IF_ERROR(o.engine.Validate().WithContext("engine options"));
+  if (o.write_behind != 0 && (o.write_chunk <= 0 || o.write_chunk % 4096 != 0)) {
+    return Status::InvalidArgument("option 'write_chunk' must be a positive multiple of 4096");
+  }
+  if (o.write_behind != 0 && o.write_behind < 2 * o.write_chunk) {
+    return Status::InvalidArgument(
+        "option 'write_behind' must hold at least two write_chunk buffers (or be 0 to disable)");
+  }
+  if (o.read_ahead < 0 || o.read_ahead % 4096 != 0) {
+    return Status::InvalidArgument("option 'read_ahead' must be a multiple of 4096");
+  }
+  return o;
+}
+
+Status CheckDirectories(const MountOptions& opts) {
+  for (const auto* p : {&opts.backing, &opts.mountpoint}) {
+    const char* what = p == &opts.backing ? "BACKING_DIR" : "MOUNTPOINT";
+    struct stat st {};
+    if (stat(p->c_str(), &st) != 0) {
+      return Status::FromErrno(errno, std::string(what) + " '" + *p + "'");
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return Status::InvalidArgument(std::string(what) + " '" + *p + "' is not a directory");
+    }
+  }
+  if (opts.backing == opts.mountpoint) {
+    return Status::InvalidArgument("BACKING_DIR and MOUNTPOINT are the same directory");
+  }
+  if (!opts.nonempty) {
+    DIR* d = opendir(opts.mountpoint.c_str());
+    if (d == nullptr) return Status::FromErrno(errno, "MOUNTPOINT '" + opts.mountpoint + "'");
+    bool empty = true;
+    while (struct dirent* e = readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        empty = false;
+        break;
+      }
+    }
+    closedir(d);
+    if (!empty) {
+      return Status::InvalidArgument("MOUNTPOINT '" + opts.mountpoint +
+                                     "' is not empty (use -o nonempty to mount over it anyway)");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace dnvme::fs

@@ -1,0 +1,49 @@
+// Command line of the dnvmefs daemon: BACKING_DIR MOUNTPOINT [-f] [-d] [-s] [-o opt,...].
+//
+// Our own -o options are consumed here (engine parameters, config=FILE.json, logging, data-path
+// sizes); every other -o option is passed to libfuse unchanged, so the standard FUSE options
+// (allow_other, ro, fsname=, max_background=, ...) work as with any FUSE filesystem.
+//
+// Thread safety: plain values, parsed once at start-up.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dnvme/config.h"
+#include "dnvme/status.h"
+
+namespace dnvme::fs {
+
+struct MountOptions {
+  std::string backing;     // absolute path
+  std::string mountpoint;  // absolute path
+  bool foreground = false;
+  bool debug = false;
+  bool single_thread = false;
+  bool nonempty = false;
+  bool show_help = false;
+  bool show_version = false;
+
+  HandleConfig engine;              // defaults, then config=FILE, then explicit keys
+  int64_t write_behind = 64 << 20;  // pinned bytes for write-behind chunks (0 disables)
+  int64_t write_chunk = 8 << 20;    // bytes per write-behind flush
+  int64_t read_ahead = 16 << 20;    // bytes read ahead per sequential reader (0 disables)
+  std::string log_level = "info";
+  std::string log_file;
+
+  std::vector<std::string> fuse_opts;  // "-o" arguments passed to libfuse, e.g. "allow_other"
+};
+
+// Parses argv (without touching the filesystem beyond checking the two directories). An error
+// means a usage error: the daemon prints it and exits with code 2.
+Result<MountOptions> ParseMountOptions(int argc, char** argv);
+
+// Checks BACKING_DIR and MOUNTPOINT exist and are directories, and that MOUNTPOINT is empty
+// unless -o nonempty was given.
+Status CheckDirectories(const MountOptions& opts);
+
+const char* UsageText();
+
+}  // namespace dnvme::fs
