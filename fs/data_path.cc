@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -74,9 +76,15 @@ int Fs::Drain(Inode& in, bool take_error) {
   return err;
 }
 
-int64_t Fs::PendingEnd(Inode& in) {
+void Fs::ApplyPending(Inode& in, struct stat* st) {
   std::lock_guard lock(in.m);
-  return in.wb_end;
+  if (in.wb_end == 0) return;  // nothing pending: the backing file is the truth
+  if (in.wb_end > st->st_size) st->st_size = in.wb_end;
+  auto later = [](const timespec& a, const timespec& b) {
+    return a.tv_sec != b.tv_sec ? a.tv_sec > b.tv_sec : a.tv_nsec > b.tv_nsec;
+  };
+  if (later(in.wb_mtime, st->st_mtim)) st->st_mtim = in.wb_mtime;
+  if (later(in.wb_mtime, st->st_ctim)) st->st_ctim = in.wb_mtime;
 }
 
 void Fs::InvalidateReadAhead(Inode& in) {
@@ -132,6 +140,7 @@ int Fs::Write(FileHandle& fh, const char* buf, size_t size, off_t off) {
       in.wb_next = in.wb_start + in.wb_len;
       if (in.wb_len == cap) FlushExtentLocked(in, lock);
     }
+    if (done > 0) clock_gettime(CLOCK_REALTIME, &in.wb_mtime);
     counters_.bytes_written_behind.fetch_add(done, std::memory_order_relaxed);
     if (done == size) return 0;
   }

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,9 +70,10 @@ struct Inode {
   FileRef wb_file;                              // engine file the extent is flushed through
   int64_t wb_start = 0, wb_len = 0;             // extent inside wb_chunk
   int wb_inflight = 0;                          // flushes submitted, not completed
-  int64_t wb_next = -1;  // end of the last extent: a write there continues the stream
-  int64_t wb_end = 0;    // end of the highest byte accepted and not yet known to be on disk
-  Status wb_error;       // first flush error since it was last reported to a writer
+  int64_t wb_next = -1;         // end of the last extent: a write there continues the stream
+  int64_t wb_end = 0;           // end of the highest byte accepted and not yet known to be on disk
+  struct timespec wb_mtime {};  // time of the last write accepted into write-behind
+  Status wb_error;              // first flush error since it was last reported to a writer
   // Read-ahead (guarded by m).
   int64_t ra_next = -1;  // where the next sequential read is expected
   std::vector<std::shared_ptr<RaChunk>> ra_chunks;
@@ -95,10 +97,16 @@ class Fs {
 
   // Opens the backing directory and creates the engine; called in the daemon after it forked.
   Status Start();
+  // Start() then undo it: run in the parent before mounting, so a configuration the engine
+  // refuses (RLIMIT_MEMLOCK, aio-max-nr) fails with nothing mounted instead of in the daemon.
+  Status Preflight();
   // Flushes every inode's write-behind and waits (unmount, SIGTERM).
   void DrainAll();
 
   const MountOptions& opts() const { return opts_; }
+  // libfuse connection options from -o (fuse_parse_conn_info_opts), applied in init; owned.
+  void set_conn_opts(fuse_conn_info_opts* o) { conn_opts_.reset(o); }
+  fuse_conn_info_opts* conn_opts() const { return conn_opts_.get(); }
   MountCounters& counters() { return counters_; }
   AioHandle& engine() { return *engine_; }
 
@@ -118,14 +126,19 @@ class Fs {
   ssize_t Read(FileHandle& fh, char* out, size_t size, off_t off);
   // Drops read-ahead data (after writes, truncate, fallocate).
   void InvalidateReadAhead(Inode& inode);
-  // The size the file will have once write-behind data is on disk.
-  int64_t PendingEnd(Inode& inode);
+  // Folds write-behind data not yet on disk into `st`: the size the file will have, and the
+  // modification time of the last accepted write (POSIX marks mtime at write(), not at flush).
+  void ApplyPending(Inode& inode, struct stat* st);
 
  private:
   void FlushExtentLocked(Inode& inode, std::unique_lock<std::mutex>& lock);
   void StartReadAheadLocked(Inode& inode, FileHandle& fh, int64_t from, int64_t file_size);
 
   MountOptions opts_;
+  struct FreeDeleter {
+    void operator()(void* p) const { free(p); }
+  };
+  std::unique_ptr<fuse_conn_info_opts, FreeDeleter> conn_opts_;
   MountCounters counters_;
   std::unique_ptr<AioHandle> engine_;
   std::unique_ptr<PinnedPool> wb_pool_;

@@ -58,16 +58,13 @@ void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
 
 int StatInode(Fs& fs, Inode& in, struct stat* st) {
   if (fstatat(in.fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
-  if (S_ISREG(st->st_mode)) {
-    // Data accepted by write-behind counts, though the backing file has not grown yet.
-    const int64_t pending = fs.PendingEnd(in);
-    if (pending > st->st_size) st->st_size = pending;
-  }
+  // Data accepted by write-behind counts, though the backing file has not seen it yet.
+  if (S_ISREG(st->st_mode)) fs.ApplyPending(in, st);
   return 0;
 }
 
 void OpInit(void* userdata, fuse_conn_info* conn) {
-  (void)userdata;
+  Fs& fs = *static_cast<Fs*>(userdata);
   // 1 MiB requests (libfuse 3.14's buffer limit), parallel reads, async direct I/O so a libaio
   // client's requests reach us concurrently, splice where the kernel offers it.
   conn->max_write = 1 << 20;
@@ -84,6 +81,8 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   conn->want &= ~static_cast<unsigned>(FUSE_CAP_WRITEBACK_CACHE);
   if (conn->max_background < 64) conn->max_background = 64;
   if (conn->congestion_threshold < 48) conn->congestion_threshold = 48;
+  // Connection options given with -o (max_background=, max_read=, ...) win over our defaults.
+  if (fs.conn_opts() != nullptr) fuse_apply_conn_info_opts(fs.conn_opts(), conn);
 }
 
 void OpDestroy(void* userdata) { static_cast<Fs*>(userdata)->DrainAll(); }
@@ -462,6 +461,7 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
       need = fuse_add_direntry_plus(req, &buf[used], size - used, d->d_name, &e, d->d_off);
       if (need > size - used) {
         if (!dots) fs.Forget(e.ino, 1);  // not handed to the kernel after all
+        dh->offset = -1;  // the stream is past this entry: seek back on the next call
         break;
       }
     } else {
@@ -469,7 +469,10 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
       st.st_ino = d->d_ino;
       st.st_mode = static_cast<mode_t>(d->d_type) << 12;
       need = fuse_add_direntry(req, &buf[used], size - used, d->d_name, &st, d->d_off);
-      if (need > size - used) break;
+      if (need > size - used) {
+        dh->offset = -1;  // the stream is past this entry: seek back on the next call
+        break;
+      }
     }
     used += need;
     dh->offset = d->d_off;
@@ -686,7 +689,7 @@ std::string MountCounters::ToJson() const {
 Fs::Fs(MountOptions opts) : opts_(std::move(opts)) {}
 
 Fs::~Fs() {
-  DrainAll();
+  if (engine_) DrainAll();
   engine_.reset();  // waits for every engine operation (read-ahead included)
 }
 
@@ -721,7 +724,18 @@ Status Fs::Start() {
   return Status::Ok();
 }
 
+Status Fs::Preflight() {
+  Status st = Start();
+  ra_pool_.reset();
+  wb_pool_.reset();
+  engine_.reset();
+  if (root_.fd >= 0) close(root_.fd);
+  root_.fd = -1;
+  return st;
+}
+
 void Fs::DrainAll() {
+  if (!engine_) return;
   std::vector<Inode*> all;
   {
     std::lock_guard lock(inodes_mu_);
@@ -770,10 +784,7 @@ int Fs::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
     }
     ++in->nlookup;
   }
-  if (S_ISREG(st.st_mode)) {
-    const int64_t pending = PendingEnd(*in);
-    if (pending > st.st_size) st.st_size = pending;
-  }
+  if (S_ISREG(st.st_mode)) ApplyPending(*in, &st);
   e->ino = reinterpret_cast<fuse_ino_t>(in);
   e->attr = st;
   e->attr_timeout = kTimeout;

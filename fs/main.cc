@@ -4,8 +4,11 @@
 // Start-up order matters: parse and check everything first (a usage error mounts nothing and
 // exits 2), mount, daemonize (fork), and only then create threads (engine workers, the FUSE
 // loop): threads do not survive fork.
+#include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstdio>
 #include <cstring>
@@ -36,6 +39,10 @@ class FuseArgs {
     if (o.debug) Add("-d");
     // The daemon runs as root for many users: the kernel must check permissions.
     std::string opts = "default_permissions,fsname=" + Escape(o.backing) + ",subtype=dnvmefs";
+    // As root, libfuse unmounts with umount2() itself, which needs CAP_SYS_ADMIN -- dropped after
+    // mounting. auto_unmount has a fusermount3 process, started before the drop, unmount when our
+    // /dev/fuse fd closes: on exit, on SIGTERM, and after a crash.
+    if (geteuid() == 0) opts += ",auto_unmount";
     for (const auto& x : o.fuse_opts) opts += "," + x;
     Add("-o");
     Add(opts);
@@ -62,6 +69,54 @@ class FuseArgs {
   fuse_args args_{};
 };
 
+// Redirects stderr into a pipe for a short, bounded stretch (libfuse option parsing) and returns
+// what was written, folded onto one line.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    saved_ = dup(STDERR_FILENO);
+    if (saved_ >= 0 && pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) == 0) {
+      fflush(stderr);
+      if (dup2(pipe_[1], STDERR_FILENO) < 0) Restore();
+    } else {
+      pipe_[0] = pipe_[1] = -1;
+    }
+  }
+  ~StderrCapture() { Restore(); }
+  std::string Finish() {
+    fflush(stderr);
+    Restore();
+    std::string out;
+    if (pipe_[0] >= 0) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(pipe_[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+      close(pipe_[0]);
+      pipe_[0] = -1;
+    }
+    for (char& c : out) {
+      if (c == '\n') c = ' ';
+    }
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    return out;
+  }
+
+ private:
+  void Restore() {
+    if (saved_ >= 0) {
+      dup2(saved_, STDERR_FILENO);
+      close(saved_);
+      saved_ = -1;
+    }
+    if (pipe_[1] >= 0) {
+      close(pipe_[1]);
+      pipe_[1] = -1;
+    }
+  }
+  int saved_ = -1;
+  int pipe_[2] = {-1, -1};
+};
+
 // Runs while the process is single-threaded (capabilities are per thread): after daemonizing,
 // before the engine's workers and the FUSE loop start.
 dnvme::Status DropCaps() {
@@ -77,8 +132,8 @@ int main(int argc, char** argv) {
   using dnvme::Logger;
   auto parsed = dnvme::fs::ParseMountOptions(argc, argv);
   if (!parsed.ok()) {
-    std::fprintf(stderr, "dnvmefs: error: %s\n%s", parsed.status().message().c_str(),
-                 dnvme::fs::UsageText());
+    std::fprintf(stderr, "dnvmefs: error: %s (see dnvmefs --help)\n",
+                 parsed.status().message().c_str());
     return kExitUsage;
   }
   dnvme::fs::MountOptions opts = std::move(parsed).value();
@@ -106,13 +161,27 @@ int main(int argc, char** argv) {
   }
 
   auto fs = std::make_unique<dnvme::fs::Fs>(opts);
+  if (dnvme::Status st = fs->Preflight(); !st.ok()) {
+    std::fprintf(stderr, "dnvmefs: error: %s\n", st.ToString().c_str());
+    return kExitFailure;
+  }
   FuseArgs args(opts);
-  fuse_session* se =
-      fuse_session_new(args.get(), &dnvme::fs::Operations(), sizeof(fuse_lowlevel_ops), fs.get());
+  // libfuse reports a bad option on stderr itself; capture that so the user gets one line.
+  std::string fuse_complaint;
+  fuse_session* se = nullptr;
+  {
+    StderrCapture capture;
+    fs->set_conn_opts(fuse_parse_conn_info_opts(args.get()));
+    se =
+        fuse_session_new(args.get(), &dnvme::fs::Operations(), sizeof(fuse_lowlevel_ops), fs.get());
+    fuse_complaint = capture.Finish();
+  }
   if (se == nullptr) {
-    std::fprintf(stderr, "dnvmefs: error: invalid FUSE options (see messages above)\n");
+    std::fprintf(stderr, "dnvmefs: error: invalid FUSE options: %s\n",
+                 fuse_complaint.empty() ? "rejected by libfuse" : fuse_complaint.c_str());
     return kExitUsage;
   }
+  if (!fuse_complaint.empty()) std::fprintf(stderr, "%s\n", fuse_complaint.c_str());
   int rc = kExitFailure;
   if (fuse_set_signal_handlers(se) != 0) {
     std::fprintf(stderr, "dnvmefs: error: cannot install signal handlers\n");
@@ -144,7 +213,9 @@ int main(int argc, char** argv) {
       fs->DrainAll();
       Logger().info("unmounting {}: counters {} engine {}", opts.mountpoint,
                     fs->counters().ToJson(), fs->engine().stats().ToJson());
-      rc = loop_rc == 0 ? 0 : kExitFailure;
+      // The loop returns the signal number when SIGTERM/SIGINT/SIGHUP ended it: a clean exit.
+      const bool by_signal = loop_rc == SIGTERM || loop_rc == SIGINT || loop_rc == SIGHUP;
+      rc = (loop_rc == 0 || by_signal) ? 0 : kExitFailure;
     }
     fuse_session_unmount(se);
   }

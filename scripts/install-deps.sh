@@ -5,7 +5,11 @@
 set -euo pipefail
 
 PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev fio
-  clang-format)
+  clang-format
+  # The FUSE filesystem (fs/, mount-scripts/, bench/mount_vs_fio.sh): libfuse3 headers and its
+  # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and
+  # pkg-config to find both.
+  libfuse3-dev fuse3 libcap-dev pkg-config)
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then

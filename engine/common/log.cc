@@ -50,7 +50,8 @@ Status SetLogFile(const std::string& path) {
     g_logger = std::make_shared<spdlog::logger>("dnvme", sink);
     g_logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] [%t] %v");
     g_logger->set_level(level);
-    g_logger->flush_on(spdlog::level::warn);
+    // A daemon's log file must be readable while it runs, not only at exit.
+    g_logger->flush_on(spdlog::level::info);
     spdlog::register_logger(g_logger);
   } catch (const spdlog::spdlog_ex& e) {
     return Status::IoError(EIO, "cannot open log file '" + path + "': " + e.what());

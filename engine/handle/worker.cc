@@ -29,6 +29,7 @@ constexpr int kMaxIdleSubmitRetries = 2000;
 struct Worker::Request {
   struct iocb cb {};
   int index = 0;
+  SliceRun* run = nullptr;   // the slice this request belongs to while it is used
   char* user = nullptr;      // caller memory for `offset`
   int64_t offset = 0;        // file offset of the bytes still to move
   int64_t length = 0;        // bytes still to move
@@ -36,65 +37,177 @@ struct Worker::Request {
   int64_t bounce_pos = 0;    // position in the bounce buffer that matches `offset`
 };
 
-// The direct part of one slice: the submit/reap loop.
+// The direct (aligned) part of one slice while it is active on the worker's ring.
 //
-// Slots move between four places: free_, a batch being submitted, in flight (inflight_), and
-// retry_ (prepared but refused by io_submit, or a continuation after a short transfer). They are
-// never lost: every exit path releases what is not in flight, and a fatal io_getevents error
-// destroys the context (io_destroy waits for in-flight requests) before buffers are released.
+// A worker keeps several slices active at once and fills its queue_depth request slots from them
+// in arrival order, so many small operations (a mount's 1 MiB requests, several async ops) keep
+// the disk busy together instead of one after another. A slot moves between the worker's free
+// list, a batch being submitted, in flight, and the run's retry queue (refused by io_submit, or a
+// continuation after a short transfer). Every path gives slots back: a finished run releases its
+// retries, and a fatal io_getevents error destroys the context (io_destroy waits for in-flight
+// requests) before any buffer is released.
 class Worker::SliceRun {
  public:
-  SliceRun(Worker& w, const Slice& s, OpState& op, int64_t begin, int64_t end, int64_t req_size)
+  SliceRun(Worker& w, Slice slice, int64_t begin, int64_t end, int64_t direct_end, int64_t req_size)
       : w_(w),
-        s_(s),
-        op_(op),
-        f_(*op.file),
-        write_(op.result.type == OpType::kWrite),
+        slice_(std::move(slice)),
+        op_(*slice_.op),
+        f_(*op_.file),
+        write_(op_.result.type == OpType::kWrite),
         cursor_(begin),
-        end_(end),
-        req_size_(req_size),
-        qd_(static_cast<size_t>(w.config_.queue_depth)) {
-    free_.reserve(qd_);
-    for (size_t i = qd_; i > 0; --i) free_.push_back(static_cast<int>(i - 1));
-    batch_.reserve(qd_);
+        end_(direct_end),
+        slice_end_(end),
+        req_size_(req_size) {}
+
+  const Slice& slice() const { return slice_; }
+  OpState& op() { return op_; }
+  int64_t direct_end() const { return end_; }
+  int64_t slice_end() const { return slice_end_; }
+
+  // Nothing in flight and nothing more to submit: the worker may complete the slice.
+  bool Done() const { return inflight_ == 0 && (stop_ || (cursor_ >= end_ && retry_.empty())); }
+  bool Wants() const { return !stop_ && (cursor_ < end_ || !retry_.empty()); }
+
+  // The next request to submit, or null (nothing left, no free slot, or no bounce buffer now).
+  Request* Next() {
+    if (stop_) return nullptr;
+    if (!retry_.empty()) {
+      Request* r = retry_.front();
+      retry_.pop_front();
+      return r;
+    }
+    if (cursor_ >= end_ || w_.free_.empty()) return nullptr;
+    Request& r = w_.requests_[static_cast<size_t>(w_.free_.back())];
+    const int64_t len = std::min(req_size_, end_ - cursor_);
+    char* user = slice_.buffer + (cursor_ - slice_.offset);
+    if (!Aligned(user, f_.mem_align)) {
+      auto pool = w_.BouncePool(req_size_, f_.mem_align);
+      if (!pool.ok()) {
+        Fail(pool.status(), cursor_);
+        return nullptr;
+      }
+      if (pool.value() == nullptr) return nullptr;  // being resized once other runs finish
+      r.bounce = pool.value()->TryAcquire();
+      if (!r.bounce) return nullptr;  // all bounce buffers in flight; reaping frees one
+      if (write_) std::memcpy(r.bounce.data(), user, static_cast<size_t>(len));
+    }
+    w_.free_.pop_back();
+    r.run = this;
+    r.user = user;
+    r.offset = cursor_;
+    r.length = len;
+    r.bounce_pos = 0;
+    Prep(r);
+    cursor_ += len;
+    return &r;
   }
 
-  // Returns the first error (by file offset); `err_offset` receives where it happened.
-  Status Run(int64_t* err_offset) {
-    const bool overlap = w_.config_.overlap_events;
-    while (true) {
-      batch_.clear();
-      if (!stop_ && (overlap || inflight_ == 0)) Fill();
-      bool refused = false;
-      if (!batch_.empty()) refused = Submit();
-      if (inflight_ == 0) {
-        if (stop_ || (cursor_ >= end_ && retry_.empty())) break;
-        if (refused) Backoff();
-        continue;
-      }
-      Status st = Reap(overlap ? 1 : inflight_);
-      if (!st.ok()) {
-        // The context is in an unknown state: destroy it (waits for the kernel to finish with our
-        // buffers); the next slice makes a fresh one.
-        Logger().error("worker {}: {}; recreating the AIO context", w_.index_, st.ToString());
-        w_.aio_.reset();
-        inflight_ = 0;
-        Fail(st, cursor_);
-        for (auto& r : w_.requests_) r.bounce.Reset();
-        break;
-      }
+  void Submitted() { ++inflight_; }
+  // Put back a request io_submit did not take; it goes out first next time, keeping order.
+  void Unsubmitted(Request& r) { retry_.push_front(&r); }
+
+  void Complete(Request& r, long res) {
+    --inflight_;
+    if (res < 0) {
+      Fail(Status::FromErrno(static_cast<int>(-res),
+                             std::string(Verb(write_)) + " of " + std::to_string(r.length) +
+                                 " bytes at offset " + std::to_string(r.offset) + " of '" +
+                                 f_.label + "'"),
+           r.offset);
+      w_.Release(r);
+      return;
     }
+    if (res > r.length) {
+      Fail(Status::Internal("libaio completed " + std::to_string(res) + " bytes for a request of " +
+                            std::to_string(r.length) + " at offset " + std::to_string(r.offset) +
+                            " of '" + f_.label + "'"),
+           r.offset);
+      w_.Release(r);
+      return;
+    }
+    if (!write_ && r.bounce && res > 0) {
+      std::memcpy(r.user, r.bounce.data() + r.bounce_pos, static_cast<size_t>(res));
+    }
+    (r.bounce ? bounce_bytes_ : direct_bytes_) += static_cast<uint64_t>(res);
+    op_.bytes_done.fetch_add(res, std::memory_order_relaxed);
+    if (res == r.length) {
+      w_.Release(r);
+      return;
+    }
+    // A short transfer: never ignored. Continue from where the kernel stopped.
+    ++shorts_;
+    if (res == 0) {
+      Fail(write_ ? Status::IoError(EIO, "write at offset " + std::to_string(r.offset) + " of '" +
+                                             f_.label + "' completed with 0 bytes")
+                  : EndOfFileStatus(f_.direct_fd, f_.label, r.offset, r.length),
+           r.offset);
+      w_.Release(r);
+      return;
+    }
+    r.offset += res;
+    r.user += res;
+    r.bounce_pos += res;
+    r.length -= res;
+    if (stop_) {
+      w_.Release(r);
+      return;
+    }
+    const void* next = r.bounce ? r.bounce.data() + r.bounce_pos : r.user;
+    if (r.offset % f_.offset_align == 0 && r.length % f_.offset_align == 0 &&
+        Aligned(next, f_.mem_align)) {
+      Prep(r);
+      retry_.push_back(&r);
+      return;
+    }
+    // The remainder is no longer aligned for O_DIRECT: finish it through the page cache. (At end
+    // of file this is where a read learns there is nothing more.)
+    int64_t done = 0;
+    Status st = write_ ? PwriteFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done)
+                       : PreadFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done);
+    buffered_bytes_ += static_cast<uint64_t>(done);
+    op_.bytes_done.fetch_add(done, std::memory_order_relaxed);
+    if (!st.ok()) Fail(std::move(st), r.offset + done);
+    w_.Release(r);
+  }
+
+  // Called by the worker for a request io_submit refused outright (not EAGAIN).
+  void SubmitFailed(Request& r, int err) {
+    Fail(Status::FromErrno(err, std::string("io_submit of a ") + Verb(write_) + " of " +
+                                    std::to_string(r.length) + " bytes at offset " +
+                                    std::to_string(r.offset) + " of '" + f_.label + "'"),
+         r.offset);
+    w_.Release(r);
+  }
+
+  // After a fatal context error: every request of this run was in flight and is gone with the
+  // context.
+  void Abort(const Status& st) {
+    Fail(st, cursor_);
+    inflight_ = 0;
     while (!retry_.empty()) {
-      Release(w_.requests_[retry_.front()]);
+      w_.Release(*retry_.front());
+      retry_.pop_front();
+    }
+  }
+
+  void Fail(Status st, int64_t offset) {
+    if (err_.ok() || offset < err_offset_) {
+      err_ = std::move(st);
+      err_offset_ = offset;
+    }
+    stop_ = true;
+  }
+
+  // Releases what is left and publishes the counters; returns the first error.
+  Status Finish(int64_t* err_offset) {
+    while (!retry_.empty()) {
+      w_.Release(*retry_.front());
       retry_.pop_front();
     }
     HandleCounters& c = *w_.counters_;
     c.bytes_direct.fetch_add(direct_bytes_, std::memory_order_relaxed);
     c.bytes_bounce.fetch_add(bounce_bytes_, std::memory_order_relaxed);
     c.bytes_buffered.fetch_add(buffered_bytes_, std::memory_order_relaxed);
-    c.requests.fetch_add(requests_, std::memory_order_relaxed);
-    c.submit_calls.fetch_add(submit_calls_, std::memory_order_relaxed);
-    c.submit_retries.fetch_add(retries_, std::memory_order_relaxed);
     c.short_transfers.fetch_add(shorts_, std::memory_order_relaxed);
     *err_offset = err_offset_;
     return err_;
@@ -111,204 +224,23 @@ class Worker::SliceRun {
     r.cb.data = &r;
   }
 
-  // Gathers up to queue_depth - inflight requests: refused/continued ones first, then new ones.
-  void Fill() {
-    while (inflight_ + batch_.size() < qd_) {
-      if (!retry_.empty()) {
-        batch_.push_back(&w_.requests_[retry_.front()].cb);
-        retry_.pop_front();
-        continue;
-      }
-      if (cursor_ >= end_ || free_.empty()) break;
-      Request& r = w_.requests_[free_.back()];
-      const int64_t len = std::min(req_size_, end_ - cursor_);
-      char* user = s_.buffer + (cursor_ - s_.offset);
-      if (!Aligned(user, f_.mem_align)) {
-        if (pool_ == nullptr) {
-          // Bounce buffers are pinned on first need: aligned callers never pin any.
-          auto pool = w_.BouncePool(req_size_, f_.mem_align);
-          if (!pool.ok()) {
-            Fail(pool.status(), cursor_);
-            break;
-          }
-          pool_ = pool.value();
-        }
-        r.bounce = pool_->TryAcquire();
-        if (!r.bounce) break;  // all bounce buffers in flight; reaping frees one
-        if (write_) std::memcpy(r.bounce.data(), user, static_cast<size_t>(len));
-      }
-      free_.pop_back();
-      r.user = user;
-      r.offset = cursor_;
-      r.length = len;
-      r.bounce_pos = 0;
-      Prep(r);
-      batch_.push_back(&r.cb);
-      cursor_ += len;
-    }
-  }
-
-  // Returns true when io_submit refused (part of) the batch for now (EAGAIN, or nothing taken);
-  // refused requests wait in retry_, in order.
-  bool Submit() {
-    size_t done = 0;
-    bool refused = false;
-    while (done < batch_.size()) {
-      long n = w_.config_.single_submit ? 1 : static_cast<long>(batch_.size() - done);
-      int rc = w_.aio_->Submit(n, &batch_[done]);
-      if (rc > 0) {
-        done += static_cast<size_t>(rc);
-        inflight_ += rc;
-        ++submit_calls_;
-        requests_ += static_cast<uint64_t>(rc);
-        idle_retries_ = 0;
-        continue;
-      }
-      ++retries_;
-      if (rc == -EINTR) continue;
-      if (rc == 0 || rc == -EAGAIN) {
-        refused = true;
-        break;
-      }
-      Request& r = *static_cast<Request*>(batch_[done]->data);
-      Fail(Status::FromErrno(-rc, std::string("io_submit of a ") + Verb(write_) + " of " +
-                                      std::to_string(r.length) + " bytes at offset " +
-                                      std::to_string(r.offset) + " of '" + f_.label + "'"),
-           r.offset);
-      for (size_t i = done; i < batch_.size(); ++i) {
-        Release(*static_cast<Request*>(batch_[i]->data));
-      }
-      return false;
-    }
-    for (size_t i = batch_.size(); i > done; --i) {
-      retry_.push_front(static_cast<Request*>(batch_[i - 1]->data)->index);
-    }
-    return refused;
-  }
-
-  // Nothing in flight and the kernel refused new work: wait a little, then give up eventually.
-  void Backoff() {
-    if (++idle_retries_ > kMaxIdleSubmitRetries) {
-      int64_t off = w_.requests_[retry_.front()].offset;
-      Fail(Status::ResourceExhausted(EAGAIN, "io_submit kept refusing requests (EAGAIN) for '" +
-                                                 f_.label + "' at offset " + std::to_string(off)),
-           off);
-      return;
-    }
-    auto delay = std::chrono::microseconds(std::min(1000, 10 << std::min(idle_retries_, 7)));
-    std::this_thread::sleep_for(delay);
-  }
-
-  Status Reap(long min_nr) {
-    int n = w_.aio_->GetEvents(min_nr, static_cast<long>(qd_), w_.events_.data(), nullptr);
-    if (n == -EINTR) return Status::Ok();  // the loop calls again
-    if (n < 0) return Status::FromErrno(-n, "io_getevents on '" + f_.label + "'");
-    for (int i = 0; i < n; ++i) {
-      const io_event& ev = w_.events_[static_cast<size_t>(i)];
-      Complete(*static_cast<Request*>(ev.obj->data), static_cast<long>(ev.res));
-    }
-    return Status::Ok();
-  }
-
-  void Complete(Request& r, long res) {
-    --inflight_;
-    if (res < 0) {
-      Fail(Status::FromErrno(static_cast<int>(-res),
-                             std::string(Verb(write_)) + " of " + std::to_string(r.length) +
-                                 " bytes at offset " + std::to_string(r.offset) + " of '" +
-                                 f_.label + "'"),
-           r.offset);
-      Release(r);
-      return;
-    }
-    if (res > r.length) {
-      Fail(Status::Internal("libaio completed " + std::to_string(res) + " bytes for a request of " +
-                            std::to_string(r.length) + " at offset " + std::to_string(r.offset) +
-                            " of '" + f_.label + "'"),
-           r.offset);
-      Release(r);
-      return;
-    }
-    if (!write_ && r.bounce && res > 0) {
-      std::memcpy(r.user, r.bounce.data() + r.bounce_pos, static_cast<size_t>(res));
-    }
-    (r.bounce ? bounce_bytes_ : direct_bytes_) += static_cast<uint64_t>(res);
-    op_.bytes_done.fetch_add(res, std::memory_order_relaxed);
-    if (res == r.length) {
-      Release(r);
-      return;
-    }
-    // A short transfer: never ignored. Continue from where the kernel stopped.
-    ++shorts_;
-    if (res == 0) {
-      Fail(write_ ? Status::IoError(EIO, "write at offset " + std::to_string(r.offset) + " of '" +
-                                             f_.label + "' completed with 0 bytes")
-                  : EndOfFileStatus(f_.direct_fd, f_.label, r.offset, r.length),
-           r.offset);
-      Release(r);
-      return;
-    }
-    r.offset += res;
-    r.user += res;
-    r.bounce_pos += res;
-    r.length -= res;
-    if (stop_) {
-      Release(r);
-      return;
-    }
-    const void* next = r.bounce ? r.bounce.data() + r.bounce_pos : r.user;
-    if (r.offset % f_.offset_align == 0 && r.length % f_.offset_align == 0 &&
-        Aligned(next, f_.mem_align)) {
-      Prep(r);
-      retry_.push_back(r.index);
-      return;
-    }
-    // The remainder is no longer aligned for O_DIRECT: finish it through the page cache. (At end
-    // of file this is where a read learns there is nothing more.)
-    int64_t done = 0;
-    Status st = write_ ? PwriteFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done)
-                       : PreadFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done);
-    buffered_bytes_ += static_cast<uint64_t>(done);
-    op_.bytes_done.fetch_add(done, std::memory_order_relaxed);
-    if (!st.ok()) Fail(std::move(st), r.offset + done);
-    Release(r);
-  }
-
-  void Fail(Status st, int64_t offset) {
-    if (err_.ok() || offset < err_offset_) {
-      err_ = std::move(st);
-      err_offset_ = offset;
-    }
-    stop_ = true;
-  }
-
-  void Release(Request& r) {
-    r.bounce.Reset();
-    free_.push_back(r.index);
-  }
-
   Worker& w_;
-  const Slice& s_;
+  const Slice slice_;
   OpState& op_;
   const IoFile& f_;
   const bool write_;
   int64_t cursor_;
-  const int64_t end_;
-  PinnedPool* pool_ = nullptr;
+  const int64_t end_;        // end of the direct part
+  const int64_t slice_end_;  // end of the slice (a buffered tail may follow the direct part)
   const int64_t req_size_;
-  const size_t qd_;
 
   size_t inflight_ = 0;
-  std::vector<int> free_;
-  std::deque<int> retry_;
-  std::vector<struct iocb*> batch_;
+  std::deque<Request*> retry_;
   Status err_;
   int64_t err_offset_ = -1;
   bool stop_ = false;
-  int idle_retries_ = 0;
 
-  uint64_t direct_bytes_ = 0, bounce_bytes_ = 0, buffered_bytes_ = 0;
-  uint64_t requests_ = 0, submit_calls_ = 0, retries_ = 0, shorts_ = 0;
+  uint64_t direct_bytes_ = 0, bounce_bytes_ = 0, buffered_bytes_ = 0, shorts_ = 0;
 };
 
 Worker::Worker(int index, const HandleConfig& config, std::shared_ptr<AioBackendFactory> factory,
@@ -316,7 +248,10 @@ Worker::Worker(int index, const HandleConfig& config, std::shared_ptr<AioBackend
     : index_(index), config_(config), factory_(std::move(factory)), counters_(counters) {
   requests_.resize(static_cast<size_t>(config_.queue_depth));
   for (size_t i = 0; i < requests_.size(); ++i) requests_[i].index = static_cast<int>(i);
+  free_.reserve(requests_.size());
+  for (size_t i = requests_.size(); i > 0; --i) free_.push_back(static_cast<int>(i - 1));
   events_.resize(static_cast<size_t>(config_.queue_depth));
+  batch_.reserve(static_cast<size_t>(config_.queue_depth));
 }
 
 Result<std::unique_ptr<Worker>> Worker::Create(int index, const HandleConfig& config,
@@ -346,19 +281,210 @@ void Worker::Post(Slice slice) {
   not_empty_.notify_one();
 }
 
-void Worker::Loop() {
-  while (true) {
-    Slice slice;
-    {
-      std::unique_lock lock(mu_);
-      not_empty_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything posted has run
-      slice = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    not_full_.notify_one();
-    RunSlice(slice);
+void Worker::Release(Request& r) {
+  r.bounce.Reset();
+  r.run = nullptr;
+  free_.push_back(r.index);
+}
+
+bool Worker::TakeSlice(bool block, Slice* out) {
+  {
+    std::unique_lock lock(mu_);
+    if (block) not_empty_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return false;
+    *out = std::move(queue_.front());
+    queue_.pop_front();
   }
+  not_full_.notify_one();
+  return true;
+}
+
+bool Worker::Stopping() {
+  std::lock_guard lock(mu_);
+  return stopping_ && queue_.empty();
+}
+
+void Worker::Loop() {
+  const bool overlap = config_.overlap_events;
+  const size_t qd = static_cast<size_t>(config_.queue_depth);
+  while (true) {
+    // Admit new slices while the ring has room for more runs; block only when idle.
+    while (active_.size() < kMaxActiveRuns) {
+      Slice slice;
+      if (!TakeSlice(/*block=*/active_.empty(), &slice)) break;
+      StartSlice(std::move(slice));
+    }
+    if (active_.empty()) {
+      if (Stopping()) return;  // stopping, and everything posted has run
+      continue;
+    }
+
+    batch_.clear();
+    if (overlap || inflight_ == 0) {
+      // Oldest run first: it fills the window, later runs take what is left.
+      for (auto& run : active_) {
+        while (inflight_ + batch_.size() < qd) {
+          Request* r = run->Next();
+          if (r == nullptr) break;
+          batch_.push_back(&r->cb);
+        }
+        if (inflight_ + batch_.size() >= qd) break;
+      }
+    }
+    bool refused = false;
+    if (!batch_.empty()) refused = SubmitBatch();
+    if (inflight_ == 0) {
+      FinishDoneRuns();
+      if (refused) Backoff();
+      continue;
+    }
+    Status st = Reap(overlap ? 1 : static_cast<long>(inflight_));
+    if (!st.ok()) {
+      // The context is in an unknown state: destroy it (waits for the kernel to finish with our
+      // buffers) and fail every active run; the next slice gets a fresh context.
+      Logger().error("worker {}: {}; recreating the AIO context", index_, st.ToString());
+      aio_.reset();
+      for (auto& run : active_) run->Abort(st);  // releases the runs' queued retries
+      for (auto& r : requests_) {
+        if (r.run != nullptr) Release(r);  // what is left was in flight, now gone
+      }
+      inflight_ = 0;
+    }
+    FinishDoneRuns();
+  }
+}
+
+// Returns true when io_submit refused (part of) the batch for now (EAGAIN, or nothing taken); the
+// refused requests go back to their runs, in order.
+bool Worker::SubmitBatch() {
+  size_t done = 0;
+  bool refused = false;
+  while (done < batch_.size()) {
+    long n = config_.single_submit ? 1 : static_cast<long>(batch_.size() - done);
+    int rc = aio_->Submit(n, &batch_[done]);
+    if (rc > 0) {
+      for (int i = 0; i < rc; ++i) {
+        static_cast<Request*>(batch_[done + static_cast<size_t>(i)]->data)->run->Submitted();
+      }
+      done += static_cast<size_t>(rc);
+      inflight_ += static_cast<size_t>(rc);
+      counters_->submit_calls.fetch_add(1, std::memory_order_relaxed);
+      counters_->requests.fetch_add(static_cast<uint64_t>(rc), std::memory_order_relaxed);
+      idle_retries_ = 0;
+      continue;
+    }
+    counters_->submit_retries.fetch_add(1, std::memory_order_relaxed);
+    if (rc == -EINTR) continue;
+    if (rc == 0 || rc == -EAGAIN) {
+      refused = true;
+      break;
+    }
+    Request& r = *static_cast<Request*>(batch_[done]->data);
+    r.run->SubmitFailed(r, -rc);
+    ++done;
+  }
+  for (size_t i = batch_.size(); i > done; --i) {
+    Request& r = *static_cast<Request*>(batch_[i - 1]->data);
+    r.run->Unsubmitted(r);
+  }
+  return refused;
+}
+
+// Nothing in flight and the kernel refused new work: wait a little, then give up eventually.
+void Worker::Backoff() {
+  if (++idle_retries_ > kMaxIdleSubmitRetries) {
+    for (auto& run : active_) {
+      if (run->Wants()) {
+        run->Fail(
+            Status::ResourceExhausted(EAGAIN, "io_submit kept refusing requests (EAGAIN) for '" +
+                                                  run->op().result.path + "'"),
+            run->slice().offset);
+      }
+    }
+    idle_retries_ = 0;
+    return;
+  }
+  auto delay = std::chrono::microseconds(std::min(1000, 10 << std::min(idle_retries_, 7)));
+  std::this_thread::sleep_for(delay);
+}
+
+Status Worker::Reap(long min_nr) {
+  int n = aio_->GetEvents(min_nr, static_cast<long>(events_.size()), events_.data(), nullptr);
+  if (n == -EINTR) return Status::Ok();  // the loop calls again
+  if (n < 0) return Status::FromErrno(-n, "io_getevents");
+  for (int i = 0; i < n; ++i) {
+    const io_event& ev = events_[static_cast<size_t>(i)];
+    Request& r = *static_cast<Request*>(ev.obj->data);
+    --inflight_;
+    r.run->Complete(r, static_cast<long>(ev.res));
+  }
+  return Status::Ok();
+}
+
+void Worker::FinishDoneRuns() {
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (!(*it)->Done()) {
+      ++it;
+      continue;
+    }
+    std::unique_ptr<SliceRun> run = std::move(*it);
+    it = active_.erase(it);
+    int64_t err_off = run->slice().offset;
+    Status st = run->Finish(&err_off);
+    CompleteSlice(run->slice(), std::move(st), err_off, run->direct_end());
+  }
+}
+
+// Buffered piece of a slice: caller memory straight to/from the page cache.
+Status Worker::Buffered(const Slice& slice, int64_t from, int64_t to, int64_t* err_off) {
+  if (from >= to) return Status::Ok();
+  OpState& op = *slice.op;
+  const IoFile& f = *op.file;
+  int64_t done = 0;
+  char* p = slice.buffer + (from - slice.offset);
+  Status st = op.result.type == OpType::kWrite
+                  ? PwriteFull(f.buffered_fd, p, to - from, from, f.label, &done)
+                  : PreadFull(f.buffered_fd, p, to - from, from, f.label, &done);
+  counters_->bytes_buffered.fetch_add(static_cast<uint64_t>(done), std::memory_order_relaxed);
+  op.bytes_done.fetch_add(done, std::memory_order_relaxed);
+  if (!st.ok()) *err_off = from + done;
+  return st;
+}
+
+void Worker::StartSlice(Slice slice) {
+  const IoFile& f = *slice.op->file;
+  const int64_t begin = slice.offset;
+  const int64_t end = slice.offset + slice.length;
+  int64_t err_off = begin;
+  if (f.direct_fd < 0) {
+    Status st = Buffered(slice, begin, end, &err_off);
+    CompleteSlice(slice, std::move(st), err_off, end);
+    return;
+  }
+  const int64_t e = f.edge_align;
+  int64_t a = RoundUp(begin, e);
+  int64_t b = RoundDown(end, e);
+  if (a >= b) a = b = end;  // no whole aligned unit inside: all of it is an edge
+  Status st = Buffered(slice, begin, a, &err_off);
+  if (st.ok() && a < b) {
+    st = EnsureBackend();
+    if (st.ok()) {
+      active_.push_back(std::make_unique<SliceRun>(*this, std::move(slice), a, end, b,
+                                                   RoundUp(config_.block_size, e)));
+      return;
+    }
+    err_off = a;
+  }
+  CompleteSlice(slice, std::move(st), err_off, b);
+}
+
+// The direct part (if any) is done: write/read the tail edge, validate, and account.
+void Worker::CompleteSlice(const Slice& slice, Status st, int64_t err_off, int64_t tail_from) {
+  OpState& op = *slice.op;
+  if (st.ok()) st = Buffered(slice, tail_from, slice.offset + slice.length, &err_off);
+  if (st.ok() && op.validate) st = Validate(slice, op, &err_off);
+  if (!st.ok()) op.RecordError(std::move(st), err_off);
+  if (op.SliceDone()) Finish(op);
 }
 
 Status Worker::EnsureBackend() {
@@ -369,54 +495,11 @@ Status Worker::EnsureBackend() {
   return Status::Ok();
 }
 
-void Worker::RunSlice(const Slice& slice) {
-  OpState& op = *slice.op;
-  const IoFile& f = *op.file;
-  const bool write = op.result.type == OpType::kWrite;
-  const int64_t begin = slice.offset;
-  const int64_t end = slice.offset + slice.length;
-
-  Status st;
-  int64_t err_off = begin;
-  // Buffered piece: caller memory straight to/from the page cache.
-  auto buffered = [&](int64_t from, int64_t to) {
-    if (!st.ok() || from >= to) return;
-    int64_t done = 0;
-    char* p = slice.buffer + (from - begin);
-    st = write ? PwriteFull(f.buffered_fd, p, to - from, from, f.label, &done)
-               : PreadFull(f.buffered_fd, p, to - from, from, f.label, &done);
-    counters_->bytes_buffered.fetch_add(static_cast<uint64_t>(done), std::memory_order_relaxed);
-    op.bytes_done.fetch_add(done, std::memory_order_relaxed);
-    if (!st.ok()) err_off = from + done;
-  };
-
-  if (f.direct_fd < 0) {
-    buffered(begin, end);
-  } else {
-    const int64_t e = f.edge_align;
-    int64_t a = RoundUp(begin, e);
-    int64_t b = RoundDown(end, e);
-    if (a >= b) a = b = end;  // no whole aligned unit inside: all of it is an edge
-    buffered(begin, a);
-    if (st.ok() && a < b) {
-      st = EnsureBackend();
-      if (st.ok()) {
-        SliceRun run(*this, slice, op, a, b, RoundUp(config_.block_size, e));
-        st = run.Run(&err_off);
-      } else {
-        err_off = a;
-      }
-    }
-    buffered(b, end);
-  }
-  if (st.ok() && op.validate) st = Validate(slice, op, &err_off);
-  if (!st.ok()) op.RecordError(std::move(st), err_off);
-  if (op.SliceDone()) Finish(op);
-}
-
 Result<PinnedPool*> Worker::BouncePool(int64_t req_size, uint32_t mem_align) {
   const size_t align = std::max<size_t>(mem_align, 4096);
   if (!bounce_ || bounce_->buffer_size() < static_cast<size_t>(req_size) || bounce_align_ < align) {
+    // Another active run still holds buffers of the old pool: wait until they come back.
+    if (bounce_ && bounce_->available() != bounce_->count()) return nullptr;
     // Buffers are pinned lazily: a handle that only ever sees aligned memory never pins any.
     const int64_t want = std::max<int64_t>(2, config_.bounce_bytes_per_worker / req_size);
     const size_t count =

@@ -1,5 +1,6 @@
-// A worker: one thread, one libaio context, a bounded queue of slices, a lazily created pool of
-// pinned bounce buffers.
+// A worker: one thread, one libaio context with a ring of queue_depth request slots, a bounded
+// queue of slices, a lazily created pool of pinned bounce buffers. Up to kMaxActiveRuns slices are
+// active at once and share the ring, so small operations from many callers overlap on the disk.
 //
 // Thread contract: Post() may be called from any thread (the queue is mutex-guarded and blocks when
 // full, so a burst of async submissions is throttled instead of growing memory without bound).
@@ -40,11 +41,21 @@ class Worker {
   Worker(int index, const HandleConfig& config, std::shared_ptr<AioBackendFactory> factory,
          HandleCounters* counters);
   void Loop();
-  void RunSlice(const Slice& slice);
+  bool TakeSlice(bool block, Slice* out);
+  bool Stopping();
+  void StartSlice(Slice slice);
+  void CompleteSlice(const Slice& slice, Status st, int64_t err_off, int64_t tail_from);
+  Status Buffered(const Slice& slice, int64_t from, int64_t to, int64_t* err_off);
+  bool SubmitBatch();
+  void Backoff();
+  Status Reap(long min_nr);
+  void FinishDoneRuns();
+  void Release(Request& r);
   Status Validate(const Slice& slice, OpState& op, int64_t* err_off);
   void Finish(OpState& op);
   Status EnsureBackend();
-  // The per-worker bounce pool, (re)built when a file needs bigger or more aligned buffers.
+  // The per-worker bounce pool, (re)built when a file needs bigger or more aligned buffers; null
+  // (not an error) while a rebuild must wait for buffers other runs still hold.
   Result<PinnedPool*> BouncePool(int64_t req_size, uint32_t mem_align);
 
   const int index_;
@@ -57,7 +68,13 @@ class Worker {
   std::unique_ptr<PinnedPool> bounce_;
   size_t bounce_align_ = 0;
   std::vector<Request> requests_;
+  std::vector<int> free_;  // indices of free request slots
   std::vector<struct io_event> events_;
+  std::vector<struct iocb*> batch_;
+  std::deque<std::unique_ptr<SliceRun>> active_;
+  size_t inflight_ = 0;
+  int idle_retries_ = 0;
+  static constexpr size_t kMaxActiveRuns = 64;
 
   static constexpr size_t kQueueCapacity = 1024;
   std::mutex mu_;

@@ -1,0 +1,491 @@
+"""Randomized model test: the same random operations on a dnvmefs mount and on a plain directory
+(the oracle: the kernel's own filesystem), compared byte for byte after every read, at checkpoints
+(all files through fresh fds, BACKING_DIR after fsync) and at the end.
+
+  DNVME_SEED=N           replay a run (the seed is printed at the start and in every failure)
+  DNVME_MODEL_SECONDS=S  time budget of the main run (default 35; the small-buffer run gets 0.6x)
+  DNVME_MODEL_OPS=N      cap on operations per run (default 20000)
+
+Run: /usr/bin/python3 -m unittest -v tests.fs.test_model
+"""
+
+import collections
+import hashlib
+import json
+import mmap
+import os
+import random
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mount_harness as mh  # noqa: E402
+
+KiB, MiB = 1 << 10, 1 << 20
+NAMES = ["f%d" % i for i in range(6)] + ["d/g%d" % i for i in range(2)]
+MAX_HANDLES = 6
+ALIGN = 4096
+
+# The second process: one fd on the mount at a time, driven over stdin/stdout (JSON lines).
+CHILD = r"""
+import hashlib, json, os, random, sys
+fd = None
+for line in sys.stdin:
+    c = json.loads(line)
+    try:
+        op = c["op"]
+        if op == "open":
+            if fd is not None:
+                os.close(fd)
+            fd = os.open(c["path"], os.O_RDWR | os.O_CREAT, 0o644)
+            r = {"ok": 1}
+        elif op == "pwrite":
+            data = random.Random(c["seed"]).randbytes(c["n"])
+            r = {"ok": os.pwrite(fd, data, c["off"])}
+        elif op == "pread":
+            d = os.pread(fd, c["n"], c["off"])
+            r = {"ok": len(d), "sha": hashlib.sha256(d).hexdigest()}
+        elif op == "ftruncate":
+            os.ftruncate(fd, c["n"])
+            r = {"ok": 1}
+        elif op == "fsync":
+            os.fsync(fd)
+            r = {"ok": 1}
+        elif op == "close":
+            if fd is not None:
+                os.close(fd)
+            fd = None
+            r = {"ok": 1}
+        else:
+            r = {"err": -1}
+    except OSError as e:
+        r = {"err": e.errno}
+    sys.stdout.write(json.dumps(r) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class Handle:
+    def __init__(self, name, flags, mfd, rfd):
+        self.name, self.flags, self.mfd, self.rfd = name, flags, mfd, rfd
+        self.direct = bool(flags & os.O_DIRECT)
+        self.append = bool(flags & os.O_APPEND)
+        self.writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+
+
+class ModelRun:
+    def __init__(self, tc, mnt, ref, backing, seed, seconds, max_ops):
+        self.tc, self.mnt, self.ref, self.backing = tc, mnt, ref, backing
+        self.seed, self.seconds, self.max_ops = seed, seconds, max_ops
+        self.rng = random.Random(seed)
+        self.handles = []
+        self.history = collections.deque(maxlen=40)
+        self.nops = 0
+        self.counts = collections.Counter()
+        self.child = None
+        self.child_name = None
+        self.child_rfd = None
+        self.dbuf = mmap.mmap(-1, 4 * MiB + ALIGN)  # page-aligned for O_DIRECT
+        self.rbuf = mmap.mmap(-1, 4 * MiB + ALIGN)
+
+    # --- reporting -------------------------------------------------------------------------------
+    def fail(self, msg):
+        self.tc.fail("%s\n  seed=%d (replay: DNVME_SEED=%d), op #%d\n  last ops:\n    %s" %
+                     (msg, self.seed, self.seed, self.nops, "\n    ".join(self.history)))
+
+    def note(self, s):
+        self.history.append("#%d %s" % (self.nops, s))
+
+    def same_outcome(self, what, fm, fr):
+        """Runs fm() (mount) and fr() (ref); both must succeed or fail with the same errno."""
+        rm = rr = em = er = None
+        try:
+            rm = fm()
+        except OSError as e:
+            em = e.errno
+        try:
+            rr = fr()
+        except OSError as e:
+            er = e.errno
+        if em != er:
+            self.fail("%s: mount %s, reference %s" % (
+                what, "errno %s" % mh.errno_name(em) if em else "succeeded (%r)" % (rm,),
+                "errno %s" % mh.errno_name(er) if er else "succeeded (%r)" % (rr,)))
+        return rm, rr, em
+
+    def mp(self, name):
+        return os.path.join(self.mnt, name)
+
+    def rp(self, name):
+        return os.path.join(self.ref, name)
+
+    # --- size choices ----------------------------------------------------------------------------
+    def rand_size(self):
+        r = self.rng.random()
+        if r < 0.35:
+            return self.rng.randint(1, 300)
+        if r < 0.75:
+            return self.rng.randint(1, 64 * KiB)
+        if r < 0.95:
+            return self.rng.randint(64 * KiB, MiB + 4097)
+        return self.rng.randint(MiB, 4 * MiB)
+
+    def rand_off(self, size_hint):
+        r = self.rng.random()
+        if r < 0.1:
+            return 0
+        if r < 0.8:
+            return self.rng.randint(0, max(0, size_hint + 4 * KiB))
+        if r < 0.95:
+            return self.rng.randint(0, size_hint + 2 * MiB)
+        return size_hint + self.rng.randint(4 * MiB, 24 * MiB)  # a hole
+
+    def ref_size(self, name):
+        try:
+            return os.stat(self.rp(name)).st_size
+        except FileNotFoundError:
+            return 0
+
+    # --- operations ------------------------------------------------------------------------------
+    def op_open(self):
+        if len(self.handles) >= MAX_HANDLES:
+            return self.op_close()
+        name = self.rng.choice(NAMES)
+        kind = self.rng.random()
+        if kind < 0.2:
+            flags = os.O_RDWR | os.O_DIRECT
+        elif kind < 0.35:
+            flags = os.O_RDWR | os.O_APPEND
+        elif kind < 0.45:
+            flags = os.O_RDONLY
+        elif kind < 0.55:
+            flags = os.O_WRONLY
+        else:
+            flags = os.O_RDWR
+        if self.rng.random() < 0.7:
+            flags |= os.O_CREAT
+        if flags & os.O_ACCMODE != os.O_RDONLY and self.rng.random() < 0.05:
+            flags |= os.O_TRUNC
+        self.note("open %s flags=%#o" % (name, flags))
+        mfd, rfd, err = self.same_outcome(
+            "open(%s, %#o)" % (name, flags), lambda: os.open(self.mp(name), flags, 0o644),
+            lambda: os.open(self.rp(name), flags & ~os.O_DIRECT, 0o644))
+        if err is None:
+            self.handles.append(Handle(name, flags, mfd, rfd))
+
+    def op_close(self):
+        if not self.handles:
+            return self.op_open()
+        h = self.handles.pop(self.rng.randrange(len(self.handles)))
+        self.note("close %s" % h.name)
+        self.same_outcome("close(%s)" % h.name, lambda: os.close(h.mfd), lambda: os.close(h.rfd))
+
+    def pick(self, writable=None):
+        hs = [h for h in self.handles if writable is None or h.writable == writable]
+        return self.rng.choice(hs) if hs else None
+
+    def op_write(self):
+        h = self.pick(writable=True)
+        if h is None:
+            return self.op_open()
+        size_now = os.fstat(h.rfd).st_size
+        if h.direct:
+            n = self.rng.randint(1, 1024) * ALIGN if self.rng.random() < 0.9 else \
+                self.rng.randint(1, 8) * ALIGN
+            off = (self.rand_off(size_now) // ALIGN) * ALIGN
+            seed = self.rng.getrandbits(32)
+            data = random.Random(seed).randbytes(n)
+            self.dbuf[0:n] = data
+            self.note("write(direct) %s off=%d n=%d" % (h.name, off, n))
+            wm, wr, _ = self.same_outcome(
+                "O_DIRECT pwrite %s off=%d n=%d" % (h.name, off, n),
+                lambda: os.pwritev(h.mfd, [memoryview(self.dbuf)[:n]], off),
+                lambda: os.pwrite(h.rfd, data, off))
+        else:
+            n = self.rand_size()
+            off = self.rand_off(size_now)
+            data = self.rng.randbytes(n)
+            if h.append:
+                self.note("write(append) %s n=%d" % (h.name, n))
+                wm, wr, _ = self.same_outcome("append write %s n=%d" % (h.name, n),
+                                              lambda: os.write(h.mfd, data),
+                                              lambda: os.write(h.rfd, data))
+            else:
+                self.note("pwrite %s off=%d n=%d" % (h.name, off, n))
+                wm, wr, _ = self.same_outcome("pwrite %s off=%d n=%d" % (h.name, off, n),
+                                              lambda: os.pwrite(h.mfd, data, off),
+                                              lambda: os.pwrite(h.rfd, data, off))
+        if wm != wr:
+            self.fail("write on %s returned %r on the mount, %r on the reference" %
+                      (h.name, wm, wr))
+
+    def op_read(self):
+        h = self.pick()
+        if h is None:
+            return self.op_open()
+        if h.flags & os.O_ACCMODE == os.O_WRONLY:
+            self.note("read on O_WRONLY %s" % h.name)
+            self.same_outcome("read on O_WRONLY", lambda: os.pread(h.mfd, 10, 0),
+                              lambda: os.pread(h.rfd, 10, 0))
+            return
+        size_now = os.fstat(h.rfd).st_size
+        if h.direct:
+            n = self.rng.randint(1, 1024) * ALIGN
+            off = (self.rng.randint(0, size_now + 8 * KiB) // ALIGN) * ALIGN
+            self.note("read(direct) %s off=%d n=%d" % (h.name, off, n))
+            got, want, err = self.same_outcome(
+                "O_DIRECT pread %s off=%d n=%d" % (h.name, off, n),
+                lambda: os.preadv(h.mfd, [memoryview(self.rbuf)[:n]], off),
+                lambda: os.pread(h.rfd, n, off))
+            if err is None:
+                got = bytes(self.rbuf[:got])
+        else:
+            n = self.rand_size()
+            off = self.rng.randint(0, size_now + 4 * KiB) if self.rng.random() < 0.9 else 0
+            self.note("pread %s off=%d n=%d" % (h.name, off, n))
+            got, want, err = self.same_outcome(
+                "pread %s off=%d n=%d" % (h.name, off, n), lambda: os.pread(h.mfd, n, off),
+                lambda: os.pread(h.rfd, n, off))
+        if err is None and got != want:
+            self.diff("pread %s off=%d n=%d" % (h.name, off, n), got, want, off)
+
+    def diff(self, what, got, want, base=0):
+        n = min(len(got), len(want))
+        first = next((i for i in range(n) if got[i] != want[i]), n)
+        self.fail("%s: data differs: got %d bytes, want %d; first difference at file offset %d "
+                  "(got %r, want %r)" % (what, len(got), len(want), base + first,
+                                         got[first:first + 12], want[first:first + 12]))
+
+    def op_truncate(self):
+        name = self.rng.choice(NAMES)
+        size_now = self.ref_size(name)
+        r = self.rng.random()
+        new = 0 if r < 0.1 else self.rng.randint(0, size_now + 2 * MiB) if r < 0.9 else \
+            self.rng.randint(0, size_now)
+        h = self.pick(writable=True)
+        if h is not None and self.rng.random() < 0.5:
+            self.note("ftruncate %s %d" % (h.name, new))
+            self.same_outcome("ftruncate %s %d" % (h.name, new), lambda: os.ftruncate(h.mfd, new),
+                              lambda: os.ftruncate(h.rfd, new))
+        else:
+            self.note("truncate %s %d" % (name, new))
+            self.same_outcome("truncate(%s, %d)" % (name, new),
+                              lambda: os.truncate(self.mp(name), new),
+                              lambda: os.truncate(self.rp(name), new))
+
+    def op_rename(self):
+        a, b = self.rng.choice(NAMES), self.rng.choice(NAMES)
+        self.note("rename %s -> %s" % (a, b))
+        self.same_outcome("rename %s -> %s" % (a, b), lambda: os.rename(self.mp(a), self.mp(b)),
+                          lambda: os.rename(self.rp(a), self.rp(b)))
+
+    def op_unlink(self):
+        a = self.rng.choice(NAMES)
+        self.note("unlink %s" % a)
+        self.same_outcome("unlink %s" % a, lambda: os.unlink(self.mp(a)),
+                          lambda: os.unlink(self.rp(a)))
+
+    def op_fsync(self):
+        h = self.pick(writable=True)
+        if h is None:
+            return
+        self.note("fsync %s" % h.name)
+        self.same_outcome("fsync %s" % h.name, lambda: os.fsync(h.mfd), lambda: os.fsync(h.rfd))
+
+    def op_stat(self):
+        name = self.rng.choice(NAMES)
+        self.note("stat %s" % name)
+        sm, sr, err = self.same_outcome("stat %s" % name, lambda: os.stat(self.mp(name)),
+                                        lambda: os.stat(self.rp(name)))
+        if err is None and sm.st_size != sr.st_size:
+            self.fail("stat %s: size %d on the mount, %d on the reference" %
+                      (name, sm.st_size, sr.st_size))
+        h = self.pick()
+        if h is not None:
+            zm, zr = os.fstat(h.mfd).st_size, os.fstat(h.rfd).st_size
+            if zm != zr:
+                self.fail("fstat %s: size %d on the mount, %d on the reference" % (h.name, zm, zr))
+
+    # --- the second process ----------------------------------------------------------------------
+    def child_call(self, **cmd):
+        self.child.stdin.write(json.dumps(cmd) + "\n")
+        self.child.stdin.flush()
+        line = self.child.stdout.readline()
+        if not line:
+            self.fail("second process died (rc %s) on %r" % (self.child.poll(), cmd))
+        return json.loads(line)
+
+    def op_child(self):
+        if self.child is None:
+            self.child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True)
+        r = self.rng.random()
+        if self.child_name is None or r < 0.1:
+            name = self.rng.choice(NAMES)
+            self.note("child open %s" % name)
+            res = self.child_call(op="open", path=self.mp(name))
+            try:
+                rfd = os.open(self.rp(name), os.O_RDWR | os.O_CREAT, 0o644)
+                rerr = None
+            except OSError as e:
+                rfd, rerr = None, e.errno
+            if res.get("err") != rerr:
+                self.fail("child open %s: mount %r, reference errno %s" % (name, res, rerr))
+            if self.child_rfd is not None:
+                os.close(self.child_rfd)
+                self.child_rfd, self.child_name = None, None
+            if rfd is not None:
+                self.child_rfd, self.child_name = rfd, name
+            return
+        size_now = os.fstat(self.child_rfd).st_size
+        if r < 0.55:
+            n, off, seed = self.rand_size(), self.rand_off(size_now), self.rng.getrandbits(32)
+            self.note("child pwrite %s off=%d n=%d" % (self.child_name, off, n))
+            res = self.child_call(op="pwrite", off=off, n=n, seed=seed)
+            want = os.pwrite(self.child_rfd, random.Random(seed).randbytes(n), off)
+            if res.get("ok") != want:
+                self.fail("child pwrite off=%d n=%d: mount %r, reference %d" % (off, n, res, want))
+        elif r < 0.9:
+            n, off = self.rand_size(), self.rng.randint(0, size_now + 4 * KiB)
+            self.note("child pread %s off=%d n=%d" % (self.child_name, off, n))
+            res = self.child_call(op="pread", off=off, n=n)
+            want = os.pread(self.child_rfd, n, off)
+            if res.get("ok") != len(want) or res.get("sha") != hashlib.sha256(want).hexdigest():
+                got = os.pread(os.open(self.mp(self.child_name), os.O_RDONLY), n, off) \
+                    if os.path.exists(self.mp(self.child_name)) else b"?"
+                self.fail("child pread %s off=%d n=%d: mount gave %r bytes (sha %s), want %d "
+                          "(parent re-read through the mount: %s)" %
+                          (self.child_name, off, n, res.get("ok"), res.get("sha"), len(want),
+                           "same as reference" if got == want else "differs too"))
+        elif r < 0.97:
+            new = self.rng.randint(0, size_now + MiB)
+            self.note("child ftruncate %s %d" % (self.child_name, new))
+            res = self.child_call(op="ftruncate", n=new)
+            os.ftruncate(self.child_rfd, new)
+            if "err" in res:
+                self.fail("child ftruncate %d failed: %s" % (new, mh.errno_name(res["err"])))
+        else:
+            self.note("child fsync %s" % self.child_name)
+            res = self.child_call(op="fsync")
+            if "err" in res:
+                self.fail("child fsync failed: %s" % mh.errno_name(res["err"]))
+
+    # --- checks ----------------------------------------------------------------------------------
+    def listing(self, root):
+        out = set()
+        for dp, dns, fns in os.walk(root):
+            rel = os.path.relpath(dp, root)
+            for n in fns + dns:
+                out.add(os.path.normpath(os.path.join(rel, n)))
+        return out
+
+    def compare_tree(self, other, what):
+        want = self.listing(self.ref)
+        got = self.listing(other)
+        if got != want:
+            self.fail("%s: names differ: only there %s, missing %s" %
+                      (what, sorted(got - want), sorted(want - got)))
+        for name in sorted(want):
+            rp = self.rp(name)
+            if os.path.isdir(rp):
+                continue
+            with open(rp, "rb") as f:
+                w = f.read()
+            with open(os.path.join(other, name), "rb") as f:
+                g = f.read()
+            if g != w:
+                self.diff("%s: file %s" % (what, name), g, w)
+
+    def checkpoint(self, sync_backing):
+        self.note("checkpoint (backing=%s)" % sync_backing)
+        self.compare_tree(self.mnt, "checkpoint through the mount")
+        if sync_backing:
+            for h in self.handles:
+                if h.writable:
+                    os.fsync(h.mfd)
+            if self.child is not None and self.child_name is not None:
+                res = self.child_call(op="fsync")
+                if "err" in res:
+                    self.fail("child fsync failed: %s" % mh.errno_name(res["err"]))
+            self.compare_tree(self.backing, "BACKING_DIR after fsync of every open handle")
+
+    # --- main loop -------------------------------------------------------------------------------
+    def run(self):
+        os.makedirs(self.rp("d"))
+        os.makedirs(self.mp("d"))
+        ops = [(self.op_write, 30), (self.op_read, 28), (self.op_open, 8), (self.op_close, 7),
+               (self.op_truncate, 5), (self.op_rename, 3), (self.op_unlink, 1),
+               (self.op_fsync, 3), (self.op_stat, 6), (self.op_child, 9)]
+        fns = [f for f, _ in ops]
+        weights = [w for _, w in ops]
+        deadline = time.monotonic() + self.seconds
+        try:
+            while self.nops < self.max_ops and time.monotonic() < deadline:
+                self.nops += 1
+                fn = self.rng.choices(fns, weights)[0]
+                self.counts[fn.__name__] += 1
+                fn()
+                if self.nops % 400 == 0:
+                    self.checkpoint(sync_backing=(self.nops % 1200 == 0))
+            self.checkpoint(sync_backing=True)
+        finally:
+            for h in self.handles:
+                for fd in (h.mfd, h.rfd):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            self.handles = []
+            if self.child is not None:
+                try:
+                    self.child_call(op="close")
+                except Exception:
+                    pass
+                self.child.stdin.close()
+                self.child.wait(timeout=30)
+                self.child.stdout.close()
+            if self.child_rfd is not None:
+                os.close(self.child_rfd)
+        # Everything closed: the mount and BACKING_DIR must equal the reference.
+        self.compare_tree(self.mnt, "end, through the mount")
+        self.compare_tree(self.backing, "end, BACKING_DIR")
+        mh.drop_caches()
+        self.compare_tree(self.mnt, "end, through the mount after dropping caches")
+        return self.nops
+
+
+def seconds_budget():
+    return float(os.environ.get("DNVME_MODEL_SECONDS", "35"))
+
+
+class ModelTest(mh.MountedTestCase):
+    MOUNT_OPTIONS = ()
+    BUDGET_FACTOR = 1.0
+
+    def test_random_ops_match_plain_directory(self):
+        seed = int(os.environ["DNVME_SEED"]) if os.environ.get("DNVME_SEED") else \
+            random.SystemRandom().getrandbits(32)
+        sys.stderr.write("\n[%s] DNVME_SEED=%d options=%s\n" %
+                         (type(self).__name__, seed, ",".join(self.MOUNT_OPTIONS) or "-"))
+        ref = self.scratch.sub("ref")
+        run = ModelRun(self, self.mnt, ref, self.backing, seed,
+                       seconds_budget() * self.BUDGET_FACTOR,
+                       int(os.environ.get("DNVME_MODEL_OPS", "20000")))
+        nops = run.run()
+        sys.stderr.write("[%s] seed %d: %d ops OK %s\n" %
+                         (type(self).__name__, seed, nops, dict(run.counts)))
+        self.assertGreater(nops, 100, "too few operations ran to mean anything")
+
+
+class ModelSmallBuffersTest(ModelTest):
+    """Small write-behind / read-ahead windows and small engine blocks: many flushes and
+    partial-buffer edges."""
+    MOUNT_OPTIONS = ("write_behind=512K", "write_chunk=128K", "read_ahead=64K", "block_size=64K",
+                     "queue_depth=4", "intra_op_parallelism=2")
+    BUDGET_FACTOR = 0.6
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Usage: tests/mount_scripts/mount_helper_test.sh DNVMEFS_BINARY SCRATCH_DIR
+#
+# The mount helper end to end, through util-linux mount(8):
+#   - mount-scripts/install.sh into a scratch prefix (no system paths touched), checks the files;
+#   - a temporary /sbin/mount.fuse.dnvmefs link to the scratch helper (only when none exists;
+#     removed at the end), so `mount -t fuse.dnvmefs` finds it the way a real install does and
+#     the helper finds dnvmefs in ../bin next to itself;
+#   - mount -t fuse.dnvmefs, write + read a file, the file is in the backing dir, umount;
+#   - the same from an fstab line: mount --fstab TEMPFILE MNT;
+#   - ro, mount -f (fake), a bad option, a missing backing directory;
+#   - the helper called directly: mount(8)-only options are dropped.
+# Skips (exit 77) with the reason when not root, /dev/fuse or fusermount3 is missing, or the
+# binary is not built. Always unmounts and removes the link (trap).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+DNVMEFS=${1:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
+SCRATCH=${2:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
+
+skip() { echo "SKIP: $*"; exit 77; }
+[[ $(id -u) -eq 0 ]] || skip "not root: mount(8) and the /sbin helper link need root"
+[[ -c /dev/fuse ]] || skip "/dev/fuse is missing (modprobe fuse, or pass the device to the container)"
+command -v fusermount3 >/dev/null || skip "fusermount3 is missing (apt-get install fuse3)"
+[[ -x $DNVMEFS ]] || skip "$DNVMEFS is not built"
+DNVMEFS=$(cd "$(dirname "$DNVMEFS")" && pwd)/$(basename "$DNVMEFS")
+unset DNVMEFS_BIN
+
+failures=0
+pass() { echo "ok   - $*"; }
+fail() { echo "FAIL - $*"; failures=$((failures + 1)); }
+check() {  # description command...
+  local what=$1
+  shift
+  if "$@"; then pass "$what"; else fail "$what"; fi
+}
+
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+SCRATCH=$(cd "$SCRATCH" && pwd)
+PREFIX=$SCRATCH/prefix
+BACKING=$SCRATCH/backing
+MNT=$SCRATCH/mnt
+mkdir -p "$BACKING" "$MNT"
+LINK=/sbin/mount.fuse.dnvmefs
+made_link=0
+
+is_mounted() { findmnt -rn -M "$MNT" >/dev/null 2>&1; }
+unmount() {
+  is_mounted || return 0
+  umount "$MNT" 2>/dev/null || fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" || true
+}
+cleanup() {
+  unmount
+  if [[ $made_link -eq 1 && -L $LINK && $(readlink "$LINK") == "$PREFIX/sbin/mount.dnvmefs" ]]; then
+    rm -f "$LINK"
+  fi
+  rm -rf "$SCRATCH"
+}
+trap cleanup EXIT
+
+# --- install into a scratch prefix -------------------------------------------------------------
+"$ROOT/mount-scripts/install.sh" --prefix "$PREFIX" --no-helper-link --bin "$DNVMEFS" >/dev/null
+check "install.sh put dnvmefs in PREFIX/bin" test -x "$PREFIX/bin/dnvmefs"
+check "install.sh put the helper in PREFIX/sbin" test -x "$PREFIX/sbin/mount.dnvmefs"
+check "install.sh put the unit in PREFIX/lib/systemd/system" \
+  test -f "$PREFIX/lib/systemd/system/dnvmefs@.service"
+check "the unit runs PREFIX/bin/dnvmefs" \
+  grep -q "exec $PREFIX/bin/dnvmefs " "$PREFIX/lib/systemd/system/dnvmefs@.service"
+
+# --- the helper called directly ----------------------------------------------------------------
+out=$("$PREFIX/sbin/mount.dnvmefs" "$BACKING" "$MNT" -f -v \
+  -o rw,defaults,noauto,user,_netdev,nofail,x-systemd.automount,comment=x,queue_depth=64 2>&1)
+check "helper -f: mount(8)-only options dropped, the rest passed ($out)" \
+  grep -q -- "would run: $PREFIX/bin/dnvmefs $BACKING $MNT -o queue_depth=64$" <<<"$out"
+check "helper -f (fake) mounts nothing" bash -c "! findmnt -rn -M '$MNT' >/dev/null"
+rc=0
+"$PREFIX/sbin/mount.dnvmefs" "$SCRATCH/missing" "$MNT" 2>"$SCRATCH/err" || rc=$?
+check "helper: missing backing dir -> exit 32 with the reason" \
+  bash -c "[[ $rc -eq 32 ]] && grep -q 'does not exist' '$SCRATCH/err'"
+
+# --- through mount(8) --------------------------------------------------------------------------
+if [[ -e $LINK || -L $LINK ]]; then
+  echo "note: $LINK already exists ($(readlink -f "$LINK")); testing mount(8) with it as installed"
+else
+  ln -s "$PREFIX/sbin/mount.dnvmefs" "$LINK"
+  made_link=1
+fi
+
+roundtrip() {  # name: write a file through the mount, read it back, find it in the backing dir
+  local name=$1
+  head -c $((3 * 1024 * 1024 + 123)) /dev/urandom >"$SCRATCH/$name.src"
+  cp "$SCRATCH/$name.src" "$MNT/$name" && sync "$MNT/$name" &&
+    cmp -s "$SCRATCH/$name.src" "$MNT/$name" && cmp -s "$SCRATCH/$name.src" "$BACKING/$name"
+}
+
+rc=0
+mount -t fuse.dnvmefs "$BACKING" "$MNT" -o queue_depth=64 || rc=$?
+check "mount -t fuse.dnvmefs exits 0 (got $rc)" test "$rc" -eq 0
+check "the mount is there as fuse.dnvmefs" \
+  bash -c "[[ \$(findmnt -rn -o FSTYPE -M '$MNT') == fuse.dnvmefs ]]"
+check "write + read through mount -t" roundtrip via_mount_t
+rc=0
+umount "$MNT" || rc=$?
+check "umount exits 0 (got $rc)" test "$rc" -eq 0
+check "unmounted" bash -c "! findmnt -rn -M '$MNT' >/dev/null"
+unmount
+
+printf '%s %s fuse.dnvmefs defaults,queue_depth=64 0 0\n' "$BACKING" "$MNT" >"$SCRATCH/fstab"
+rc=0
+mount --fstab "$SCRATCH/fstab" "$MNT" || rc=$?
+check "mount --fstab FILE MNT exits 0 (got $rc)" test "$rc" -eq 0
+check "the fstab mount is there" bash -c "[[ \$(findmnt -rn -o FSTYPE -M '$MNT') == fuse.dnvmefs ]]"
+check "write + read through the fstab mount" roundtrip via_fstab
+check "the file written earlier is visible" cmp -s "$SCRATCH/via_mount_t.src" "$MNT/via_mount_t"
+rc=0
+umount "$MNT" || rc=$?
+check "umount of the fstab mount exits 0 (got $rc)" test "$rc" -eq 0
+unmount
+
+rc=0
+mount -t fuse.dnvmefs "$BACKING" "$MNT" -o ro || rc=$?
+check "mount -o ro exits 0 (got $rc)" test "$rc" -eq 0
+check "ro: the file is readable" cmp -s "$SCRATCH/via_fstab.src" "$MNT/via_fstab"
+check "ro: writing fails" bash -c "! : 2>/dev/null >'$MNT/ro_write'"
+unmount
+
+rc=0
+mount -f -t fuse.dnvmefs "$BACKING" "$MNT" || rc=$?
+check "mount -f (fake) exits 0 and mounts nothing" \
+  bash -c "[[ $rc -eq 0 ]] && ! findmnt -rn -M '$MNT' >/dev/null"
+
+rc=0
+mount -t fuse.dnvmefs "$BACKING" "$MNT" -o no_such_option_xyz 2>"$SCRATCH/err" || rc=$?
+check "a bad option fails (exit $rc) and mounts nothing" \
+  bash -c "[[ $rc -ne 0 ]] && ! findmnt -rn -M '$MNT' >/dev/null"
+sed 's/^/    | /' "$SCRATCH/err"
+unmount
+
+rc=0
+mount -t fuse.dnvmefs "$SCRATCH/missing" "$MNT" 2>"$SCRATCH/err" || rc=$?
+check "a missing backing directory fails (exit $rc) with the reason" \
+  bash -c "[[ $rc -ne 0 ]] && grep -q 'does not exist' '$SCRATCH/err'"
+unmount
+
+"$ROOT/mount-scripts/install.sh" --prefix "$PREFIX" --uninstall >/dev/null
+check "install.sh --uninstall removes the files" \
+  bash -c "[[ ! -e '$PREFIX/bin/dnvmefs' && ! -e '$PREFIX/sbin/mount.dnvmefs' ]]"
+
+if [[ $failures -gt 0 ]]; then
+  echo "mount_helper_test: $failures check(s) failed"
+  exit 1
+fi
+echo "mount_helper_test: all checks passed"
