@@ -1,7 +1,7 @@
 // The data path of the mount: write-behind into pinned chunks flushed as parallel O_DIRECT
 // requests, and read-ahead of sequential readers into pinned chunks.
 //
-// Why write-behind: without the kernel's writeback cache, FUSE sends a buffered writer's data one
+// Why write-behind: without the kernel's writeback cache, FUSE sends a writer's data one
 // request (<= 1 MiB) at a time and the write(2) waits for our reply. Writing each request before
 // replying would run the disk at queue depth one. Instead a sequential writer's data is copied
 // into a pinned chunk (write_chunk bytes, aligned) and the reply goes out at once; a full chunk
@@ -105,7 +105,11 @@ int Fs::Write(FileHandle& fh, const char* buf, size_t size, off_t off) {
     return err;
   }
   size_t done = 0;
-  if (wb_pool_ && !fh.client_direct) {
+  // O_DIRECT clients take the same path: O_DIRECT promises no page cache, not durability (that
+  // is fsync's job, which drains), and FUSE runs a file's direct writes one at a time (libfuse
+  // 3.14 cannot ask for FOPEN_PARALLEL_DIRECT_WRITES), so replying only after the disk would run
+  // them at queue depth one.
+  if (wb_pool_) {
     const int64_t cap = opts_.write_chunk;
     while (done < size) {
       const int64_t pos = off + static_cast<int64_t>(done);

@@ -355,6 +355,8 @@ class Mount:
         self.options = list(options)
         self.foreground = foreground
         self.extra_args = list(extra_args)
+        # -d implies -f: such a daemon stays our child even when we did not pass -f.
+        self.stays_foreground = foreground or "-d" in self.extra_args
         self.watchdog_s = watchdog_s
         self.mount_wait_s = mount_wait_s
         self.log_path = log_path or os.path.join(os.path.dirname(self.mnt),
@@ -401,7 +403,7 @@ class Mount:
                                          preexec_fn=_set_pdeathsig)
         finally:
             logf.close()
-        if self.foreground:
+        if self.stays_foreground:
             self.pid = self.proc.pid
             self._wait_mounted()
         else:

@@ -355,10 +355,9 @@ class LifecycleTest(Base):
     def test_single_threaded_and_debug_flags(self):
         for flags in (["-s"], ["-d"], ["-d", "-s"]):
             with self.subTest(flags=flags):
+                # -d implies -f: no -f is passed with it, the daemon must stay in the foreground.
                 m = mh.Mount(self.backing, self.mnt, extra_args=flags,
-                             foreground=(flags == ["-s"]))
-                if flags != ["-s"]:
-                    m.extra_args = flags  # -d implies -f: the harness must not need -f
+                             foreground=("-d" not in flags))
                 self.addCleanup(m.stop)
                 m.start()
                 data = stream(len(flags), 2 * MiB + 1)
