@@ -8,6 +8,7 @@
 #include <fuse_lowlevel.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 
 #include <cstdio>
@@ -211,11 +212,14 @@ int main(int argc, char** argv) {
         fuse_loop_cfg_destroy(cfg);
       }
       fs->DrainAll();
-      Logger().info("unmounting {}: counters {} engine {}", opts.mountpoint,
-                    fs->counters().ToJson(), fs->engine().stats().ToJson());
+      Logger().info("session loop ended ({}); unmounting {}: counters {} engine {}", loop_rc,
+                    opts.mountpoint, fs->counters().ToJson(), fs->engine().stats().ToJson());
       // The loop returns the signal number when SIGTERM/SIGINT/SIGHUP ended it: a clean exit.
       const bool by_signal = loop_rc == SIGTERM || loop_rc == SIGINT || loop_rc == SIGHUP;
-      rc = (loop_rc == 0 || by_signal) ? 0 : kExitFailure;
+      // ENODEV / ECONNABORTED: the kernel ended the connection because the filesystem was
+      // unmounted (a lazy unmount whose last file closed, or fusermount3 -u): also a clean end.
+      const bool unmounted = loop_rc == -ENODEV || loop_rc == -ECONNABORTED;
+      rc = (loop_rc == 0 || by_signal || unmounted) ? 0 : kExitFailure;
     }
     fuse_session_unmount(se);
   }

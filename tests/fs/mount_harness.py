@@ -92,6 +92,19 @@ def is_mounted(path, fstype=FSTYPE):
     return any(fstype is None or e["fstype"] == fstype for e in mounts_at(path))
 
 
+def ensure_fusectl():
+    """The watchdog aborts connections through fusectl; mount it (as systemd does) when it is
+    missing and we are root. Returns True when it is available."""
+    if any(e["fstype"] == "fusectl" for e in mountinfo()):
+        return True
+    if os.geteuid() != 0 or not os.path.isdir(FUSECTL):
+        return False
+    r = subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], capture_output=True)
+    if r.returncode == 0:
+        log("mounted fusectl at %s (for the hang watchdog)" % FUSECTL)
+    return r.returncode == 0
+
+
 def _abort_connection(path):
     """Aborts every FUSE connection mounted at `path` via fusectl; returns True if one was."""
     done = False
@@ -361,6 +374,7 @@ class Mount:
         self.mount_wait_s = mount_wait_s
         self.log_path = log_path or os.path.join(os.path.dirname(self.mnt),
                                                  "daemon-%s.log" % os.path.basename(self.mnt))
+        self.stop_wait_s = STOP_WAIT_S
         self.proc = None
         self.pid = None
         self.returncode = None
@@ -425,11 +439,20 @@ class Mount:
             pids = find_daemon_pids(self.mnt)
             self.pid = pids[0] if pids else None
             self.proc = None
+        if self.watchdog_s and not ensure_fusectl():
+            log("fusectl unavailable: the watchdog cannot abort a hung mount")
+        self.rearm_watchdog()
+        return self
+
+    def rearm_watchdog(self):
+        """(Re)starts the watchdog period; MountedTestCase calls it before every test."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.watchdog_s:
             self._timer = threading.Timer(self.watchdog_s, self._watchdog)
             self._timer.daemon = True
             self._timer.start()
-        return self
 
     def _wait_mounted(self):
         deadline = time.monotonic() + self.mount_wait_s
@@ -505,8 +528,9 @@ class Mount:
             if not _wait_pid_gone(self.pid, self.proc, 2.0):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGTERM)
-                if not _wait_pid_gone(self.pid, self.proc, STOP_WAIT_S):
-                    log("daemon %d ignored SIGTERM for %.0f s: SIGKILL" % (self.pid, STOP_WAIT_S))
+                if not _wait_pid_gone(self.pid, self.proc, self.stop_wait_s):
+                    log("daemon %d ignored SIGTERM for %.0f s: SIGKILL" %
+                        (self.pid, self.stop_wait_s))
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(self.pid, signal.SIGKILL)
                     _wait_pid_gone(self.pid, self.proc, STOP_WAIT_S)
@@ -594,6 +618,7 @@ class MountedTestCase(unittest.TestCase):
         if not self.mount.alive() or not self.mount.is_mounted():
             self.fail("daemon died or mount vanished before this test (an earlier test killed "
                       "it?); log tail:\n%s" % self.mount.log_tail())
+        self.mount.rearm_watchdog()
 
     def tearDown(self):
         if self.mount.watchdog_fired:

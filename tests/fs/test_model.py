@@ -10,6 +10,8 @@ Run: /usr/bin/python3 -m unittest -v tests.fs.test_model
 """
 
 import collections
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import mmap
@@ -24,6 +26,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mount_harness as mh  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
+
+
+def fallocate(fd, mode, off, n):
+    if _libc.fallocate(fd, mode, off, n) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
 NAMES = ["f%d" % i for i in range(6)] + ["d/g%d" % i for i in range(2)]
 MAX_HANDLES = 6
 ALIGN = 4096
@@ -109,6 +120,8 @@ class ModelRun:
             rr = fr()
         except OSError as e:
             er = e.errno
+        if em is not None:
+            self.counts["errno " + mh.errno_name(em)] += 1
         if em != er:
             self.fail("%s: mount %s, reference %s" % (
                 what, "errno %s" % mh.errno_name(em) if em else "succeeded (%r)" % (rm,),
@@ -275,6 +288,48 @@ class ModelRun:
                               lambda: os.truncate(self.mp(name), new),
                               lambda: os.truncate(self.rp(name), new))
 
+    def op_fallocate(self):
+        h = self.pick(writable=True)
+        if h is None:
+            return self.op_open()
+        size_now = os.fstat(h.rfd).st_size
+        mode = self.rng.choice([FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
+                                FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 0])
+        off = self.rng.randint(0, size_now + 64 * KiB)
+        n = self.rng.randint(1, 3 * MiB)
+        self.note("fallocate %s mode=%#x off=%d n=%d" % (h.name, mode, off, n))
+        self.same_outcome("fallocate %s mode=%#x off=%d n=%d" % (h.name, mode, off, n),
+                          lambda: fallocate(h.mfd, mode, off, n),
+                          lambda: fallocate(h.rfd, mode, off, n))
+
+    def op_copy(self):
+        src, dst = self.pick(), self.pick(writable=True)
+        if src is None or dst is None or src.direct or dst.direct:
+            return self.op_write()
+        ssize = os.fstat(src.rfd).st_size
+        n = self.rand_size()
+        soff = self.rng.randint(0, ssize + KiB)
+        doff = self.rand_off(os.fstat(dst.rfd).st_size)
+        if src.name == dst.name and abs(soff - doff) < n:
+            doff = soff + n  # overlapping ranges of one file are EINVAL; keep them apart
+        self.note("copy_file_range %s@%d -> %s@%d n=%d" % (src.name, soff, dst.name, doff, n))
+
+        def copy(sfd, dfd):
+            done = 0
+            while done < n:
+                c = os.copy_file_range(sfd, dfd, n - done, soff + done, doff + done)
+                if c == 0:
+                    break
+                done += c
+            return done
+
+        cm, cr, _ = self.same_outcome("copy_file_range %s -> %s" % (src.name, dst.name),
+                                      lambda: copy(src.mfd, dst.mfd),
+                                      lambda: copy(src.rfd, dst.rfd))
+        if cm != cr:
+            self.fail("copy_file_range copied %r bytes on the mount, %r on the reference" %
+                      (cm, cr))
+
     def op_rename(self):
         a, b = self.rng.choice(NAMES), self.rng.choice(NAMES)
         self.note("rename %s -> %s" % (a, b))
@@ -417,7 +472,8 @@ class ModelRun:
         os.makedirs(self.mp("d"))
         ops = [(self.op_write, 30), (self.op_read, 28), (self.op_open, 8), (self.op_close, 7),
                (self.op_truncate, 5), (self.op_rename, 3), (self.op_unlink, 1),
-               (self.op_fsync, 3), (self.op_stat, 6), (self.op_child, 9)]
+               (self.op_fsync, 3), (self.op_stat, 6), (self.op_child, 9),
+               (self.op_fallocate, 2), (self.op_copy, 2)]
         fns = [f for f, _ in ops]
         weights = [w for _, w in ops]
         deadline = time.monotonic() + self.seconds
@@ -425,7 +481,7 @@ class ModelRun:
             while self.nops < self.max_ops and time.monotonic() < deadline:
                 self.nops += 1
                 fn = self.rng.choices(fns, weights)[0]
-                self.counts[fn.__name__] += 1
+                self.counts[fn.__name__[3:]] += 1
                 fn()
                 if self.nops % 400 == 0:
                     self.checkpoint(sync_backing=(self.nops % 1200 == 0))

@@ -24,6 +24,7 @@ MiB = 1 << 20
 PY = sys.executable
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 SYS_renameat2 = {"x86_64": 316, "aarch64": 276}.get(os.uname().machine)
 AT_FDCWD = -100
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
@@ -646,6 +647,22 @@ class WriteBehindSemanticsTest(mh.MountedTestCase):
             os.close(fd1)
         self.assertEqual(self.read(self.m("inode")), b"new file")
         self.assertEqual(self.read(self.b("inode")), b"new file")
+
+    def test_punch_hole_after_pending_write(self):
+        # A hole punched after a write that returned must stay a hole (no late flush refill).
+        data = pattern(4 * MiB, 36)
+        fd = os.open(self.m("ph"), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            os.write(fd, data)
+            if _libc.fallocate(fd, 0x03, ctypes.c_int64(MiB), ctypes.c_int64(MiB)) != 0:
+                e = ctypes.get_errno()
+                self.fail("fallocate(PUNCH_HOLE|KEEP_SIZE) on the mount: %s" % mh.errno_name(e))
+            want = data[:MiB] + b"\0" * MiB + data[2 * MiB:]
+            self.assertBytesEqual(os.pread(fd, 4 * MiB, 0), want, "read after punch")
+        finally:
+            os.close(fd)
+        self.assertBytesEqual(self.read(self.b("ph")), want, "backing after close")
+        self.assertBytesEqual(self.read(self.m("ph")), want, "mount after close")
 
     def test_write_updates_mtime_before_close(self):
         old = 978307200 * 10**9  # 2001-01-01
