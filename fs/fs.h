@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "dnvme/handle.h"
@@ -82,7 +83,13 @@ struct Inode {
   ~Inode();
 };
 
-struct FileHandle {
+// Base of the per-open state handed to the kernel as fi->fh, so the daemon can free whatever the
+// kernel never released (it does not send RELEASE for files still open when the daemon exits).
+struct OpenHandle {
+  virtual ~OpenHandle() = default;
+};
+
+struct FileHandle : OpenHandle {
   UniqueFd fd;   // the backing file, buffered (for fsync, fallocate, lseek, ftruncate)
   FileRef file;  // the engine's view (O_DIRECT + buffered fds); regular files only
   bool client_direct = false;
@@ -109,6 +116,10 @@ class Fs {
   fuse_conn_info_opts* conn_opts() const { return conn_opts_.get(); }
   MountCounters& counters() { return counters_; }
   AioHandle& engine() { return *engine_; }
+
+  // Open-handle bookkeeping: Track when created, Dispose at release; the rest go with Fs.
+  void Track(OpenHandle* h);
+  void Dispose(OpenHandle* h);
 
   Inode& GetInode(fuse_ino_t ino);
   // Looks `name` up under `parent` (or adopts an already open O_PATH fd), filling `e`; adds one
@@ -144,6 +155,9 @@ class Fs {
   std::unique_ptr<PinnedPool> wb_pool_;
   std::unique_ptr<PinnedPool> ra_pool_;
   int64_t ra_chunk_ = 0;
+
+  std::mutex handles_mu_;
+  std::unordered_set<OpenHandle*> handles_;  // guarded by handles_mu_
 
   std::mutex inodes_mu_;
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes_;  // guarded by inodes_mu_

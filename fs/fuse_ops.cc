@@ -97,13 +97,13 @@ void RaiseKernelReadAhead(const std::string& mountpoint, int64_t bytes) {
 
 void OpInit(void* userdata, fuse_conn_info* conn) {
   Fs& fs = *static_cast<Fs*>(userdata);
-  if (fs.opts().read_ahead > 0) {
-    RaiseKernelReadAhead(fs.opts().mountpoint, std::max<int64_t>(fs.opts().read_ahead, 1 << 20));
-  }
+  // Measured on the reference VM (docs/performance.md): 512 KiB-1 MiB is best, 4 MiB and more
+  // lose to the daemon's own read-ahead (the kernel then floods us with parallel requests).
+  if (fs.opts().read_ahead > 0) RaiseKernelReadAhead(fs.opts().mountpoint, 1 << 20);
   // 1 MiB requests (libfuse 3.14's buffer limit), parallel reads, async direct I/O so a libaio
   // client's requests reach us concurrently, splice where the kernel offers it.
   conn->max_write = 1 << 20;
-  conn->max_readahead = static_cast<unsigned>(std::max<int64_t>(fs.opts().read_ahead, 1 << 20));
+  conn->max_readahead = 1 << 20;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   if (conn->capable & FUSE_CAP_ASYNC_DIO) conn->want |= FUSE_CAP_ASYNC_DIO;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
@@ -309,6 +309,7 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
   }
   fh->fd = std::move(fd);
   *out = fh.release();
+  fs.Track(*out);
   return 0;
 }
 
@@ -339,7 +340,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fi);
-  if (fuse_reply_open(req, fi) == -ENOENT) delete fh;  // the opener was interrupted
+  if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(fh);  // the opener was interrupted
 }
 
 void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -367,7 +368,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fi);
-  if (fuse_reply_create(req, &e, fi) == -ENOENT) delete fh;
+  if (fuse_reply_create(req, &e, fi) == -ENOENT) fs.Dispose(fh);
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -417,7 +418,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     int err = FsOf(req).Drain(*fh->inode, /*take_error=*/false);
     if (err) Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, err);
   }
-  delete fh;
+  FsOf(req).Dispose(fh);
   fuse_reply_err(req, 0);
 }
 
@@ -432,10 +433,10 @@ void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
   fuse_reply_err(req, err);
 }
 
-struct DirHandle {
+struct DirHandle : OpenHandle {
   DIR* dp = nullptr;
   off_t offset = 0;
-  ~DirHandle() {
+  ~DirHandle() override {
     if (dp) closedir(dp);
   }
 };
@@ -457,7 +458,10 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   fi->fh = reinterpret_cast<uint64_t>(dh.get());
   fi->cache_readdir = 0;
-  if (fuse_reply_open(req, fi) != -ENOENT) dh.release();
+  Fs& fs = FsOf(req);
+  DirHandle* raw = dh.release();
+  fs.Track(raw);
+  if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(raw);
 }
 
 void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
@@ -529,7 +533,7 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_
 
 void OpReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   (void)ino;
-  delete reinterpret_cast<DirHandle*>(fi->fh);
+  FsOf(req).Dispose(reinterpret_cast<DirHandle*>(fi->fh));
   fuse_reply_err(req, 0);
 }
 
@@ -725,7 +729,26 @@ Fs::Fs(MountOptions opts) : opts_(std::move(opts)) {}
 
 Fs::~Fs() {
   if (engine_) DrainAll();
+  {
+    // Files still open when the session ended: the kernel will never release them.
+    std::lock_guard lock(handles_mu_);
+    for (OpenHandle* h : handles_) delete h;
+    handles_.clear();
+  }
   engine_.reset();  // waits for every engine operation (read-ahead included)
+}
+
+void Fs::Track(OpenHandle* h) {
+  std::lock_guard lock(handles_mu_);
+  handles_.insert(h);
+}
+
+void Fs::Dispose(OpenHandle* h) {
+  {
+    std::lock_guard lock(handles_mu_);
+    handles_.erase(h);
+  }
+  delete h;
 }
 
 Status Fs::Start() {

@@ -137,6 +137,7 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     if (!c.ok()) return c.status();
     o.engine = c.value();
   }
+  bool chunk_given = false;
   for (const auto& [k, v] : kv) {
     if (k == "config") continue;
     if (k == "block_size") {
@@ -155,6 +156,7 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       DNVME_ASSIGN_OR_RETURN(o.write_behind, ParseSizeOpt(k, v));
     } else if (k == "write_chunk") {
       DNVME_ASSIGN_OR_RETURN(o.write_chunk, ParseSizeOpt(k, v));
+      chunk_given = true;
     } else if (k == "read_ahead") {
       DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOpt(k, v));
     } else if (k == "log_level") {
@@ -177,6 +179,10 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     }
   }
   if (o.debug) o.log_level = "debug";
+  // A small write_behind without an explicit write_chunk: use two chunks of half the size.
+  if (!chunk_given && o.write_behind > 0 && o.write_behind < 2 * o.write_chunk) {
+    o.write_chunk = o.write_behind / 2 / 4096 * 4096;
+  }
   DNVME_RETURN_IF_ERROR(o.engine.Validate().WithContext("engine options"));
   if (o.write_behind != 0 && (o.write_chunk <= 0 || o.write_chunk % 4096 != 0)) {
     return Status::InvalidArgument("option 'write_chunk' must be a positive multiple of 4096");

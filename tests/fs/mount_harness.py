@@ -6,8 +6,8 @@ stops the daemon (SIGTERM, then SIGKILL after a bounded wait) and reaps it, even
 failed. A module-level atexit hook does the same for anything still mounted when the interpreter
 exits, and SIGTERM/SIGHUP on the test process run that hook too.
 
-A watchdog per mount aborts the FUSE connection (fusectl .../abort) when a test hangs inside a
-syscall on the mount for longer than `watchdog_s`; the hung call then fails with ENOTCONN and the
+A watchdog (re-armed before every MountedTestCase test) aborts the FUSE connection (fusectl
+.../abort) when a test hangs inside a syscall on the mount for longer than `watchdog_s`; the hung call then fails with ENOTCONN and the
 test fails instead of hanging the whole run. The watchdog firing is recorded on the Mount.
 
 Environment:
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FSTYPE = "fuse.dnvmefs"
@@ -583,8 +584,6 @@ def errno_name(e):
 
 # ---------------------------------------------------------------------------------------------
 # unittest glue
-
-import unittest  # noqa: E402
 
 
 class MountedTestCase(unittest.TestCase):

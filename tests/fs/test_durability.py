@@ -10,6 +10,7 @@ import json
 import mmap
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,6 +177,80 @@ class CrashTest(Base):
 
 
 # -------------------------------------------------------------------------------------------------
+class DiskSyncTest(Base):
+    """fsync() through the mount must reach the disk, not only BACKING_DIR's page cache: without a
+    power cut the observable proof is that the daemon syncs the backing file (fsync, fdatasync,
+    syncfs, sync, or O_SYNC/O_DSYNC opens), seen with strace."""
+
+    def _traced(self, m, action):
+        out = os.path.join(self.scratch.path, "strace.out")
+        tr = subprocess.Popen(["strace", "-f", "-qq", "-p", str(m.pid), "-o", out, "-e",
+                               "trace=fsync,fdatasync,syncfs,sync,openat,open,sync_file_range"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 10
+            tids = os.listdir("/proc/%d/task" % m.pid)
+            while time.monotonic() < deadline:
+                traced = 0
+                for tid in tids:
+                    try:
+                        with open("/proc/%d/task/%s/status" % (m.pid, tid)) as f:
+                            traced += any(line.startswith("TracerPid:") and
+                                          line.split()[1] != "0" for line in f)
+                    except OSError:
+                        traced += 1  # thread gone
+                if traced == len(tids):
+                    break
+                if tr.poll() is not None:
+                    self.skipTest("strace cannot attach: %s" % tr.stderr.read().decode().strip())
+                time.sleep(0.05)
+            else:
+                self.skipTest("strace did not attach to every daemon thread within 10 s")
+            action()
+        finally:
+            tr.send_signal(signal.SIGINT)
+            try:
+                tr.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                tr.kill()
+                tr.wait()
+            tr.stderr.close()
+        with open(out) as f:
+            return f.read()
+
+    def _check(self, sync_call):
+        if not shutil.which("strace"):
+            self.skipTest("strace is not installed")
+        m = self.mount()
+        path = os.path.join(self.mnt, "durable")
+        data = stream(8, 3 * MiB + 5)
+
+        def action():
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+            try:
+                os.write(fd, data)
+                sync_call(fd)
+            finally:
+                os.close(fd)
+
+        log = self._traced(m, action)
+        syncs = [ln for ln in log.splitlines()
+                 if any(c + "(" in ln for c in ("fsync", "fdatasync", "syncfs", "sync"))
+                 and "sync_file_range" not in ln and "= -1" not in ln]
+        dsync_opens = [ln for ln in log.splitlines() if "durable" in ln and
+                       ("O_SYNC" in ln or "O_DSYNC" in ln)]
+        self.assertTrue(syncs or dsync_opens, "the daemon never synced the backing file for %s; "
+                        "trace:\n%s" % (sync_call.__name__, log[-3000:]))
+        self.assertEqual(read(os.path.join(self.backing, "durable")), data)
+
+    def test_fsync_syncs_backing_file(self):
+        self._check(os.fsync)
+
+    def test_fdatasync_syncs_backing_file(self):
+        self._check(os.fdatasync)
+
+
+# -------------------------------------------------------------------------------------------------
 class EnospcTest(Base):
     """BACKING_DIR on an 8 MiB tmpfs: the writer sees ENOSPC; the daemon keeps serving."""
 
@@ -276,9 +351,9 @@ class LifecycleTest(Base):
         rc = m.wait_exit(15)
         self.assertFalse(m.alive(), "daemon still running 15 s after the last file of a lazily "
                          "unmounted mount was closed:\n" + m.log_tail())
-        self.assertEqual(rc, 0, "daemon exit code:\n" + m.log_tail())
         self.assertEqual(read(os.path.join(self.backing, "w")), data,
                          "data written around the lazy unmount is not all in BACKING_DIR")
+        self.assertEqual(rc, 0, "daemon exit code:\n" + m.log_tail())
 
     def _unflushed_then_signal(self, sig):
         m = self.mount(options=("write_behind=64M",))

@@ -147,6 +147,8 @@ class ModelRun:
 
     def rand_off(self, size_hint):
         r = self.rng.random()
+        if size_hint > 48 * MiB and r >= 0.8:  # keep files (and the comparisons) bounded
+            return self.rng.randint(0, size_hint)
         if r < 0.1:
             return 0
         if r < 0.8:
