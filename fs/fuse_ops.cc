@@ -568,6 +568,21 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
   fuse_reply_err(req, rc == 0 ? 0 : errno);
 }
 
+// getxattr and listxattr answer alike: size 0 asks for the length, otherwise for the bytes.
+// `call(buf, size)` is the syscall, returning a length or -1 with errno.
+template <typename Call>
+void ReplyXattr(fuse_req_t req, size_t size, Call call) {
+  std::string buf(size, '\0');
+  ssize_t n = call(size ? buf.data() : nullptr, size);
+  if (n < 0) {
+    fuse_reply_err(req, errno);
+  } else if (size == 0) {
+    fuse_reply_xattr(req, static_cast<size_t>(n));
+  } else {
+    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+  }
+}
+
 void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   Inode& in = FsOf(req).GetInode(ino);
   if (!XattrCapable(in)) {
@@ -575,51 +590,17 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     return;
   }
   const std::string p = ProcPath(in.fd);
-  if (size == 0) {
-    ssize_t n = getxattr(p.c_str(), name, nullptr, 0);
-    if (n < 0) {
-      fuse_reply_err(req, errno);
-    } else {
-      fuse_reply_xattr(req, static_cast<size_t>(n));
-    }
-    return;
-  }
-  std::string buf(size, '\0');
-  ssize_t n = getxattr(p.c_str(), name, buf.data(), size);
-  if (n < 0) {
-    fuse_reply_err(req, errno);
-  } else {
-    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
-  }
+  ReplyXattr(req, size, [&](char* b, size_t n) { return getxattr(p.c_str(), name, b, n); });
 }
 
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Inode& in = FsOf(req).GetInode(ino);
-  if (!XattrCapable(in)) {
-    if (size == 0) {
-      fuse_reply_xattr(req, 0);
-    } else {
-      fuse_reply_buf(req, nullptr, 0);
-    }
+  if (!XattrCapable(in)) {  // no names; answered the same way
+    ReplyXattr(req, size, [](char*, size_t) { return ssize_t{0}; });
     return;
   }
   const std::string p = ProcPath(in.fd);
-  if (size == 0) {
-    ssize_t n = listxattr(p.c_str(), nullptr, 0);
-    if (n < 0) {
-      fuse_reply_err(req, errno);
-    } else {
-      fuse_reply_xattr(req, static_cast<size_t>(n));
-    }
-    return;
-  }
-  std::string buf(size, '\0');
-  ssize_t n = listxattr(p.c_str(), buf.data(), size);
-  if (n < 0) {
-    fuse_reply_err(req, errno);
-  } else {
-    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
-  }
+  ReplyXattr(req, size, [&](char* b, size_t n) { return listxattr(p.c_str(), b, n); });
 }
 
 void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
