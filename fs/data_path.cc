@@ -200,7 +200,7 @@ void Fs::StartReadAheadLocked(Inode& in, FileHandle& fh, int64_t from, int64_t f
   }
 }
 
-ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off) {
+ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off, ReadReply* reply) {
   Inode& in = *fh.inode;
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
   {
@@ -237,13 +237,16 @@ ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off) {
       in.cv.wait(lock, [&] { return c->ready; });
       if (!c->status.ok()) break;  // the on-demand read below reports the error properly
       const int64_t k = std::min(n - copied, c->offset + c->length - pos);
-      std::memcpy(out + copied, c->buf->data() + (pos - c->offset), static_cast<size_t>(k));
+      // No copy here: the reply points into the chunk, which the reply keeps alive.
+      reply->iov.push_back({c->buf->data() + (pos - c->offset), static_cast<size_t>(k)});
+      reply->pins.push_back(c);
       copied += k;
     }
     counters_.bytes_read_ahead_hit.fetch_add(static_cast<uint64_t>(copied),
                                              std::memory_order_relaxed);
     if (copied == n) return n;
   }
+  // The rest is read on demand into the caller's (pinned, aligned) scratch buffer.
   Status s = engine_->sync_pread(out + copied, n - copied, fh.file, off + copied);
   if (s.code() == Status::Code::kEndOfFile) {
     // The file shrank since fstat: return what is there, as read(2) would.
@@ -252,6 +255,7 @@ ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off) {
       r = pread(fh.fd.get(), out + copied, static_cast<size_t>(n - copied), off + copied);
     } while (r < 0 && errno == EINTR);
     if (r < 0) return -errno;
+    reply->iov.push_back({out + copied, static_cast<size_t>(r)});
     return copied + r;
   }
   if (!s.ok()) {
@@ -260,6 +264,7 @@ ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off) {
   }
   counters_.bytes_read_engine.fetch_add(static_cast<uint64_t>(n - copied),
                                         std::memory_order_relaxed);
+  reply->iov.push_back({out + copied, static_cast<size_t>(n - copied)});
   return n;
 }
 

@@ -17,6 +17,7 @@
 
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -133,8 +134,15 @@ class Fs {
   // Flushes the inode's pending extent and waits for every flush; returns and clears the sticky
   // error when `take_error`.
   int Drain(Inode& inode, bool take_error);
-  // Reads into `out` (at least `size` bytes); returns bytes read or -errno.
-  ssize_t Read(FileHandle& fh, char* out, size_t size, off_t off);
+  // What a read answers with: pieces of read-ahead chunks (kept alive by `pins` until the reply
+  // is sent) and/or of the caller's scratch buffer, in file order.
+  struct ReadReply {
+    std::vector<struct iovec> iov;
+    std::vector<std::shared_ptr<RaChunk>> pins;
+  };
+  // Reads up to `size` bytes at `off`; `scratch` (at least `size` bytes, pinned and aligned) takes
+  // what is read on demand. Returns bytes read (the iovecs in `reply` add up to it) or -errno.
+  ssize_t Read(FileHandle& fh, char* scratch, size_t size, off_t off, ReadReply* reply);
   // Drops read-ahead data (after writes, truncate, fallocate).
   void InvalidateReadAhead(Inode& inode);
   // Folds write-behind data not yet on disk into `st`: the size the file will have, and the

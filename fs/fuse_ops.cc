@@ -384,11 +384,12 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     }
     buf = std::move(b).value();
   }
-  ssize_t n = FsOf(req).Read(Fh(fi), buf.bytes(), size, off);
+  Fs::ReadReply reply;
+  ssize_t n = FsOf(req).Read(Fh(fi), buf.bytes(), size, off, &reply);
   if (n < 0) {
     fuse_reply_err(req, static_cast<int>(-n));
   } else {
-    fuse_reply_buf(req, buf.bytes(), static_cast<size_t>(n));
+    fuse_reply_iov(req, reply.iov.data(), static_cast<int>(reply.iov.size()));
   }
 }
 
