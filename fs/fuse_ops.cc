@@ -315,7 +315,10 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
 
 void FillOpenFlags(fuse_file_info* fi) {
   fi->keep_cache = 0;  // the page cache of this file may be stale after a truncate elsewhere
-  fi->direct_io = 0;   // buffered clients keep the kernel page cache for re-reads
+  // A write-only open (a checkpoint writer) gains nothing from the kernel page cache: it would
+  // only add a copy per byte and evict useful pages. Its writes go straight to the daemon's
+  // write-behind. Readers keep the page cache for re-reads.
+  fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY ? 1 : 0;
   fi->noflush = 0;
 }
 
