@@ -53,20 +53,9 @@ WORK=$(mktemp -d)
 cleanup() { rm -f "$FIO_FILE" "$DIR/$DNVME_FILE"; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-can_drop=1
-if [[ $(id -u) -ne 0 ]]; then
-  can_drop=0
-  echo "engine_vs_fio: not root: cannot drop the page cache before reads" >&2
-fi
-drop_caches() {
-  sync
-  if [[ $can_drop -eq 1 ]]; then
-    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || {
-      echo "engine_vs_fio: cannot write /proc/sys/vm/drop_caches" >&2
-      can_drop=0
-    }
-  fi
-}
+BENCH_NAME=engine_vs_fio
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 FIO_CMD=(fio --name=engine_vs_fio --filename="$FIO_FILE" --ioengine=libaio --direct=1 --bs=1M
   --iodepth=32 --size="$BYTES" --numjobs=1 --output-format=json)

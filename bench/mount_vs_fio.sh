@@ -102,20 +102,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-can_drop=1
-if [[ $(id -u) -ne 0 ]]; then
-  can_drop=0
-  echo "mount_vs_fio: not root: cannot drop the page cache, reads may be served from it" >&2
-fi
-drop_caches() {
-  sync
-  if [[ $can_drop -eq 1 ]]; then
-    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || {
-      echo "mount_vs_fio: cannot write /proc/sys/vm/drop_caches" >&2
-      can_drop=0
-    }
-  fi
-}
+BENCH_NAME=mount_vs_fio
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 wait_mounted() {  # mountpoint pid log name
   local mnt=$1 pid=$2 log=$3 name=$4
