@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Usage: bench/mount_knobs.sh [--size 1G] [--rounds 2]
+#
+# Measures what each of the mount's knobs is worth: runs bench/mount_vs_fio.sh (one round, no
+# passthrough_ll) once per variant below, ROUNDS times with the variant order reversed every other
+# round, and prints for each variant the median of (a) buffered psync write/read through the mount
+# / raw fio and (b) O_DIRECT libaio qd32 write/read through the mount / raw fio (raw is measured
+# in the same mount_vs_fio run, so every ratio compares runs seconds apart).
+#   default                 the defaults
+#   write_behind=0          no write-behind: every write waits for the disk
+#   read_ahead=0            no daemon read-ahead (kernel read-ahead only)
+#   max_background=12       libfuse's default background-request limit instead of our 64
+#   queue_depth=32          the engine at fio's depth
+#   intra_op_parallelism=2  two engine workers
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SIZE=1G
+ROUNDS=2
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --size) SIZE=${2:?--size needs a value}; shift 2 ;;
+    --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) echo "mount_knobs: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+VARIANTS=(default write_behind=0 read_ahead=0 max_background=12 queue_depth=32
+  intra_op_parallelism=2)
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+for ((r = 1; r <= ROUNDS; r++)); do
+  order=("${VARIANTS[@]}")
+  if ((r % 2 == 0)); then
+    order=()
+    for ((i = ${#VARIANTS[@]} - 1; i >= 0; i--)); do order+=("${VARIANTS[i]}"); done
+  fi
+  for v in "${order[@]}"; do
+    echo "round $r: $v" >&2
+    opt=()
+    [[ $v != default ]] && opt=(-o "$v")
+    "$ROOT/bench/mount_vs_fio.sh" --runs 1 --size "$SIZE" --no-passthrough "${opt[@]}" \
+      >"$OUT/$v.$r.txt" 2>"$OUT/$v.$r.err" || {
+      echo "mount_knobs: variant $v failed:" >&2
+      tail -5 "$OUT/$v.$r.err" >&2
+      exit 1
+    }
+  done
+done
+/usr/bin/python3 - "$OUT" "$ROUNDS" "${VARIANTS[@]}" <<'PY'
+import re, statistics, sys
+out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+keys = [("(a) write", "a_w"), ("(a) read", "a_r"), ("(b) write", "b_w"), ("(b) read", "b_r")]
+print("variant                  (a) write  (a) read  (b) write  (b) read   (ratios to raw fio, median of %d)" % rounds)
+for v in variants:
+    vals = {k: [] for _, k in keys}
+    for r in range(1, rounds + 1):
+        text = open("%s/%s.%d.txt" % (out, v, r)).read()
+        for label, k in keys:
+            m = re.search(re.escape(label) + r"\s.*?([0-9.]+)\s*$", text, re.M)
+            if m:
+                vals[k].append(float(m.group(1)))
+    cells = ["%9.3f" % statistics.median(vals[k]) if vals[k] else "        -" for _, k in keys]
+    print("%-24s %s" % (v, "  ".join(cells)))
+PY
