@@ -12,6 +12,7 @@
 #   max_background=12       libfuse's default background-request limit instead of our 64
 #   queue_depth=32          the engine at fio's depth
 #   intra_op_parallelism=2  two engine workers
+#   async_reply=1           O_DIRECT reads answered from the engine's completion callback
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SIZE=1G
@@ -25,7 +26,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 VARIANTS=(default write_behind=0 read_ahead=0 max_background=12 queue_depth=32
-  intra_op_parallelism=2)
+  intra_op_parallelism=2 async_reply=1)
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 for ((r = 1; r <= ROUNDS; r++)); do

@@ -200,18 +200,68 @@ void Fs::StartReadAheadLocked(Inode& in, FileHandle& fh, int64_t from, int64_t f
   }
 }
 
+void Fs::LandWritesForReader(Inode& in) {
+  // Readers see every byte accepted from writers: land the write-behind data first.
+  std::unique_lock lock(in.m);
+  if (in.wb_chunk || in.wb_inflight > 0) {
+    FlushExtentLocked(in, lock);
+    in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
+    in.wb_end = 0;
+  }
+}
+
+bool Fs::ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t off) {
+  if (!reply_pool_ || size > reply_pool_->buffer_size()) return false;
+  PinnedPool::Lease lease = reply_pool_->TryAcquire();
+  if (!lease) return false;
+  counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
+  LandWritesForReader(*fh.inode);
+  struct stat st {};
+  if (fstat(fh.fd.get(), &st) != 0) {
+    fuse_reply_err(req, errno);
+    return true;
+  }
+  if (off >= st.st_size) {
+    fuse_reply_buf(req, nullptr, 0);
+    return true;
+  }
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(size), st.st_size - off);
+  auto buf = std::make_shared<PinnedPool::Lease>(std::move(lease));
+  const int fd = fh.fd.get();  // valid until release, which cannot come while a read is pending
+  Status s = engine_->submit_pread(buf->data(), n, fh.file, off,
+                                   [this, req, buf, n, fd, off](const OpResult& r) {
+                                     if (r.status.ok()) {
+                                       counters_.bytes_read_engine.fetch_add(
+                                           static_cast<uint64_t>(n), std::memory_order_relaxed);
+                                       fuse_reply_buf(req, buf->data(), static_cast<size_t>(n));
+                                     } else if (r.status.code() == Status::Code::kEndOfFile) {
+                                       // The file shrank since fstat: answer with what is there, as
+                                       // read(2) would.
+                                       ssize_t got;
+                                       do {
+                                         got = pread(fd, buf->data(), static_cast<size_t>(n), off);
+                                       } while (got < 0 && errno == EINTR);
+                                       if (got < 0) {
+                                         fuse_reply_err(req, errno);
+                                       } else {
+                                         fuse_reply_buf(req, buf->data(), static_cast<size_t>(got));
+                                       }
+                                     } else {
+                                       counters_.errors.fetch_add(1, std::memory_order_relaxed);
+                                       fuse_reply_err(req, ErrnoOf(r.status));
+                                     }
+                                   });
+  if (!s.ok()) {
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+    fuse_reply_err(req, ErrnoOf(s));
+  }
+  return true;
+}
+
 ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off, ReadReply* reply) {
   Inode& in = *fh.inode;
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
-  {
-    // Readers see every byte accepted from writers: land the write-behind data first.
-    std::unique_lock lock(in.m);
-    if (in.wb_chunk || in.wb_inflight > 0) {
-      FlushExtentLocked(in, lock);
-      in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
-      in.wb_end = 0;
-    }
-  }
+  LandWritesForReader(in);
   struct stat st {};
   if (fstat(fh.fd.get(), &st) != 0) return -errno;
   if (off >= st.st_size) return 0;

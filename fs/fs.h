@@ -110,6 +110,9 @@ class Fs {
   Status Preflight();
   // Flushes every inode's write-behind and waits (unmount, SIGTERM).
   void DrainAll();
+  // DrainAll, then destroys the engine, which waits for every operation and its completion
+  // callback (async replies included). Call before the FUSE session is destroyed.
+  void Stop();
 
   const MountOptions& opts() const { return opts_; }
   // libfuse connection options from -o (fuse_parse_conn_info_opts), applied in init; owned.
@@ -134,6 +137,11 @@ class Fs {
   // Flushes the inode's pending extent and waits for every flush; returns and clears the sticky
   // error when `take_error`.
   int Drain(Inode& inode, bool take_error);
+  // For an O_DIRECT client: drains write-behind, then submits the read to the engine and answers
+  // `req` from the completion callback (on an engine worker). Returns false, without replying,
+  // when no reply buffer is free; the caller then reads synchronously.
+  bool ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t off);
+
   // What a read answers with: pieces of read-ahead chunks (kept alive by `pins` until the reply
   // is sent) and/or of the caller's scratch buffer, in file order.
   struct ReadReply {
@@ -151,6 +159,7 @@ class Fs {
 
  private:
   void FlushExtentLocked(Inode& inode, std::unique_lock<std::mutex>& lock);
+  void LandWritesForReader(Inode& inode);
   void StartReadAheadLocked(Inode& inode, FileHandle& fh, int64_t from, int64_t file_size);
 
   MountOptions opts_;
@@ -162,6 +171,7 @@ class Fs {
   std::unique_ptr<AioHandle> engine_;
   std::unique_ptr<PinnedPool> wb_pool_;
   std::unique_ptr<PinnedPool> ra_pool_;
+  std::unique_ptr<PinnedPool> reply_pool_;  // 1 MiB buffers for async replies
   int64_t ra_chunk_ = 0;
 
   std::mutex handles_mu_;

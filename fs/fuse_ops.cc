@@ -376,6 +376,14 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   (void)ino;
+  Fs& fs = FsOf(req);
+  FileHandle& fh = Fh(fi);
+  // An O_DIRECT client (libaio at queue depth N) sends N reads at once: with async_reply they are
+  // answered from the engine's completion, freeing this thread for the next one (measured slower
+  // on 2 cores, see options.h, hence off by default).
+  if (fh.client_direct && fs.opts().async_reply && fs.ReadAndReplyAsync(req, fh, size, off)) {
+    return;
+  }
   // One pinned, aligned buffer per FUSE thread: reads into it are plain O_DIRECT requests.
   thread_local PinnedBuffer buf;
   if (buf.size() < size) {
@@ -388,7 +396,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     buf = std::move(b).value();
   }
   Fs::ReadReply reply;
-  ssize_t n = FsOf(req).Read(Fh(fi), buf.bytes(), size, off, &reply);
+  ssize_t n = fs.Read(fh, buf.bytes(), size, off, &reply);
   if (n < 0) {
     fuse_reply_err(req, static_cast<int>(-n));
   } else {
@@ -764,17 +772,29 @@ Status Fs::Start() {
     if (!pool.ok()) return pool.status().WithContext("read-ahead buffers (read_ahead=)");
     ra_pool_ = std::move(pool).value();
   }
+  if (opts_.async_reply) {
+    // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
+    auto pool = PinnedPool::Create(size_t{1} << 20, 64);
+    if (!pool.ok()) return pool.status().WithContext("reply buffers (async_reply=)");
+    reply_pool_ = std::move(pool).value();
+  }
   return Status::Ok();
 }
 
 Status Fs::Preflight() {
   Status st = Start();
+  reply_pool_.reset();
   ra_pool_.reset();
   wb_pool_.reset();
   engine_.reset();
   if (root_.fd >= 0) close(root_.fd);
   root_.fd = -1;
   return st;
+}
+
+void Fs::Stop() {
+  DrainAll();
+  engine_.reset();
 }
 
 void Fs::DrainAll() {

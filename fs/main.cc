@@ -220,6 +220,7 @@ int main(int argc, char** argv) {
       // unmounted (a lazy unmount whose last file closed, or fusermount3 -u): also a clean end.
       const bool unmounted = loop_rc == -ENODEV || loop_rc == -ECONNABORTED;
       rc = (loop_rc == 0 || by_signal || unmounted) ? 0 : kExitFailure;
+      fs->Stop();  // no engine callback may reply into a destroyed session
     }
     fuse_session_unmount(se);
   }

@@ -30,6 +30,11 @@ struct MountOptions {
   int64_t write_behind = 64 << 20;  // pinned bytes for write-behind chunks (0 disables)
   int64_t write_chunk = 8 << 20;    // bytes per write-behind flush
   int64_t read_ahead = 16 << 20;    // bytes read ahead per sequential reader (0 disables)
+  // O_DIRECT clients' reads: submit to the engine and answer from its completion callback, so a
+  // FUSE thread is free for the next request at once. Off by default: measured 2x slower here
+  // (docs/performance.md), because the 1 MiB reply copies then run on the engine worker's
+  // thread, one after another, instead of on many FUSE threads in parallel.
+  bool async_reply = false;
   std::string log_level = "info";
   std::string log_file;
 

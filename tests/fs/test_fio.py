@@ -83,5 +83,12 @@ class FioTest(mh.MountedTestCase):
             self.assertEqual(os.stat(self.b(n)).st_size, 48 * MiB, n)
 
 
+
+class FioAsyncReplyTest(FioTest):
+    """The same fio jobs with O_DIRECT reads answered from the engine's completion callback
+    (-o async_reply=1, off by default), so that path is checked too."""
+    MOUNT_OPTIONS = ("async_reply=1",)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
