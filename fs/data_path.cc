@@ -93,7 +93,22 @@ void Fs::InvalidateReadAhead(Inode& in) {
   in.ra_next = -1;
 }
 
-int Fs::Write(FileHandle& fh, const char* buf, size_t size, off_t off) {
+bool WriteSource::CopyTo(char* dst, size_t n) {
+  fuse_bufvec d = FUSE_BUFVEC_INIT(n);
+  d.buf[0].mem = dst;
+  ssize_t r = fuse_buf_copy(&d, src_, static_cast<fuse_buf_copy_flags>(0));
+  if (r < 0) {
+    errno = static_cast<int>(-r);
+    return false;
+  }
+  if (static_cast<size_t>(r) != n) {
+    errno = EIO;
+    return false;
+  }
+  return true;
+}
+
+int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* scratch) {
   Inode& in = *fh.inode;
   counters_.write_ops.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lock(in.m);
@@ -137,7 +152,7 @@ int Fs::Write(FileHandle& fh, const char* buf, size_t size, off_t off) {
       }
       const size_t n = static_cast<size_t>(
           std::min<int64_t>(static_cast<int64_t>(size - done), cap - in.wb_len));
-      std::memcpy(in.wb_chunk->data() + in.wb_len, buf + done, n);
+      if (!src.CopyTo(in.wb_chunk->data() + in.wb_len, n)) return errno;
       in.wb_len += static_cast<int64_t>(n);
       done += n;
       in.wb_end = std::max(in.wb_end, in.wb_start + in.wb_len);
@@ -158,7 +173,9 @@ int Fs::Write(FileHandle& fh, const char* buf, size_t size, off_t off) {
   }
   lock.unlock();
   const int64_t rest = static_cast<int64_t>(size - done);
-  Status st = engine_->sync_pwrite(buf + done, rest, fh.file, off + static_cast<int64_t>(done));
+  // Into the thread's aligned scratch buffer: the engine then writes it without a bounce copy.
+  if (!src.CopyTo(scratch, static_cast<size_t>(rest))) return errno;
+  Status st = engine_->sync_pwrite(scratch, rest, fh.file, off + static_cast<int64_t>(done));
   if (!st.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
     return ErrnoOf(st);

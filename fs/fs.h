@@ -90,6 +90,19 @@ struct OpenHandle {
   virtual ~OpenHandle() = default;
 };
 
+// Where a write's bytes come from: libfuse's buffer vector, which is plain memory or, with splice,
+// a pipe holding the request's pages (then the one copy is the read from that pipe straight
+// into our pinned chunk). Consumed in order.
+class WriteSource {
+ public:
+  explicit WriteSource(fuse_bufvec* src) : src_(src) {}
+  // Moves the next `n` bytes into `dst`; false (errno set) on failure.
+  bool CopyTo(char* dst, size_t n);
+
+ private:
+  fuse_bufvec* src_;
+};
+
 struct FileHandle : OpenHandle {
   UniqueFd fd;   // the backing file, buffered (for fsync, fallocate, lseek, ftruncate)
   FileRef file;  // the engine's view (O_DIRECT + buffered fds); regular files only
@@ -133,7 +146,8 @@ class Fs {
 
   // Write-behind and read-ahead (fs/data_path.cc). Inode::m must NOT be held by the caller.
   // Returns an errno (0 on success).
-  int Write(FileHandle& fh, const char* buf, size_t size, off_t off);
+  // `scratch` (pinned, aligned, at least `size` bytes) holds data that is written synchronously.
+  int Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* scratch);
   // Flushes the inode's pending extent and waits for every flush; returns and clears the sticky
   // error when `take_error`.
   int Drain(Inode& inode, bool take_error);

@@ -109,6 +109,10 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
+  // Write payloads arrive in a pipe and are read once, straight into the pinned chunk.
+  if (fs.opts().splice_read && (conn->capable & FUSE_CAP_SPLICE_READ)) {
+    conn->want |= FUSE_CAP_SPLICE_READ;
+  }
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   // Locks stay in the kernel (flock and POSIX locks are local to this mount: correct for every
   // process on this machine). Writeback caching stays off: write-behind happens in the daemon,
@@ -374,6 +378,21 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (fuse_reply_create(req, &e, fi) == -ENOENT) fs.Dispose(fh);
 }
 
+// One pinned, aligned buffer per FUSE thread (grown on demand): reads into it and writes from it
+// are plain O_DIRECT requests, no bounce copy. Null when it cannot be pinned.
+char* ThreadScratch(size_t size) {
+  thread_local PinnedBuffer buf;
+  if (buf.size() < size) {
+    auto b = PinnedBuffer::Allocate(std::max<size_t>(size, 1 << 20));
+    if (!b.ok()) {
+      Logger().error("request buffer: {}", b.status().ToString());
+      return nullptr;
+    }
+    buf = std::move(b).value();
+  }
+  return buf.bytes();
+}
+
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   (void)ino;
   Fs& fs = FsOf(req);
@@ -384,19 +403,13 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   if (fh.client_direct && fs.opts().async_reply && fs.ReadAndReplyAsync(req, fh, size, off)) {
     return;
   }
-  // One pinned, aligned buffer per FUSE thread: reads into it are plain O_DIRECT requests.
-  thread_local PinnedBuffer buf;
-  if (buf.size() < size) {
-    auto b = PinnedBuffer::Allocate(std::max<size_t>(size, 1 << 20));
-    if (!b.ok()) {
-      Logger().error("read buffer: {}", b.status().ToString());
-      fuse_reply_err(req, ENOMEM);
-      return;
-    }
-    buf = std::move(b).value();
+  char* scratch = ThreadScratch(size);
+  if (scratch == nullptr) {
+    fuse_reply_err(req, ENOMEM);
+    return;
   }
   Fs::ReadReply reply;
-  ssize_t n = fs.Read(fh, buf.bytes(), size, off, &reply);
+  ssize_t n = fs.Read(fh, scratch, size, off, &reply);
   if (n < 0) {
     fuse_reply_err(req, static_cast<int>(-n));
   } else {
@@ -404,10 +417,16 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   }
 }
 
-void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
-             fuse_file_info* fi) {
+void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
   (void)ino;
-  int err = FsOf(req).Write(Fh(fi), data, size, off);
+  const size_t size = fuse_buf_size(bufv);
+  char* scratch = ThreadScratch(size);
+  if (scratch == nullptr) {
+    fuse_reply_err(req, ENOMEM);
+    return;
+  }
+  WriteSource src(bufv);
+  int err = FsOf(req).Write(Fh(fi), src, size, off, scratch);
   if (err) {
     fuse_reply_err(req, err);
   } else {
@@ -670,7 +689,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.open = OpOpen;
   ops.create = OpCreate;
   ops.read = OpRead;
-  ops.write = OpWrite;
+  ops.write_buf = OpWriteBuf;
   ops.flush = OpFlush;
   ops.release = OpRelease;
   ops.fsync = OpFsync;

@@ -77,6 +77,7 @@ const char* UsageText() {
          "  write_behind=SIZE            pinned memory for write-behind (0 disables; 64M)\n"
          "  write_chunk=SIZE             bytes per write-behind flush (8M)\n"
          "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
+         "  splice_read=0|1              receive write payloads through a pipe (0)\n"
          "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
          "  log_level=LEVEL log_file=PATH nonempty\n"
          "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
@@ -158,6 +159,8 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     } else if (k == "write_chunk") {
       DNVME_ASSIGN_OR_RETURN(o.write_chunk, ParseSizeOpt(k, v));
       chunk_given = true;
+    } else if (k == "splice_read") {
+      DNVME_ASSIGN_OR_RETURN(o.splice_read, ParseBool(k, v));
     } else if (k == "async_reply") {
       DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBool(k, v));
     } else if (k == "read_ahead") {

@@ -90,5 +90,12 @@ class FioAsyncReplyTest(FioTest):
     MOUNT_OPTIONS = ("async_reply=1",)
 
 
+
+class FioSpliceReadTest(FioTest):
+    """The same fio jobs with write payloads received through a pipe (-o splice_read=1, off by
+    default), so the splice path of the write handler is checked too."""
+    MOUNT_OPTIONS = ("splice_read=1",)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
