@@ -48,7 +48,7 @@ struct Worker::Request {
 // requests) before any buffer is released.
 class Worker::SliceRun {
  public:
-  SliceRun(Worker& w, Slice slice, int64_t begin, int64_t end, int64_t direct_end, int64_t req_size)
+  SliceRun(Worker& w, Slice slice, int64_t begin, int64_t direct_end, int64_t req_size)
       : w_(w),
         slice_(std::move(slice)),
         op_(*slice_.op),
@@ -56,13 +56,11 @@ class Worker::SliceRun {
         write_(op_.result.type == OpType::kWrite),
         cursor_(begin),
         end_(direct_end),
-        slice_end_(end),
         req_size_(req_size) {}
 
   const Slice& slice() const { return slice_; }
   OpState& op() { return op_; }
   int64_t direct_end() const { return end_; }
-  int64_t slice_end() const { return slice_end_; }
 
   // Nothing in flight and nothing more to submit: the worker may complete the slice.
   bool Done() const { return inflight_ == 0 && (stop_ || (cursor_ >= end_ && retry_.empty())); }
@@ -230,8 +228,7 @@ class Worker::SliceRun {
   const IoFile& f_;
   const bool write_;
   int64_t cursor_;
-  const int64_t end_;        // end of the direct part
-  const int64_t slice_end_;  // end of the slice (a buffered tail may follow the direct part)
+  const int64_t end_;  // end of the direct part (a buffered tail may follow it)
   const int64_t req_size_;
 
   size_t inflight_ = 0;
@@ -469,7 +466,7 @@ void Worker::StartSlice(Slice slice) {
   if (st.ok() && a < b) {
     st = EnsureBackend();
     if (st.ok()) {
-      active_.push_back(std::make_unique<SliceRun>(*this, std::move(slice), a, end, b,
+      active_.push_back(std::make_unique<SliceRun>(*this, std::move(slice), a, b,
                                                    RoundUp(config_.block_size, e)));
       return;
     }
