@@ -58,6 +58,15 @@ def pattern(n, seed=0):
     return bytes(out[:n])
 
 
+
+def run_threads(n, work):
+    """Runs work(0) .. work(n-1) on n threads at once and waits for all of them."""
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
 class PosixTest(mh.MountedTestCase):
 
     # --- files -----------------------------------------------------------------------------------
@@ -596,11 +605,7 @@ except OSError as e:
             except Exception as exc:  # reported below
                 errors.append(exc)
 
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(n)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        run_threads(n, work)
         self.assertEqual(errors, [])
         self.assertBytesEqual(self.read(self.m("cw")), b"".join(datas), "mount")
         self.assertBytesEqual(self.read(self.b("cw")), b"".join(datas), "backing")
@@ -942,11 +947,7 @@ class ParallelWritersTest(mh.MountedTestCase):
             except Exception as exc:  # reported below
                 errors.append((i, exc))
 
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(n)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        run_threads(n, work)
         self.assertEqual(errors, [])
         for i in range(n):
             self.assertBytesEqual(self.read(self.b("pw%d" % i)), pattern(size, 60 + i),
