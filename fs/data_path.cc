@@ -66,14 +66,22 @@ void Fs::FlushExtentLocked(Inode& in, std::unique_lock<std::mutex>& lock) {
   }
 }
 
-int Fs::Drain(Inode& in, bool take_error) {
-  std::unique_lock lock(in.m);
+int Fs::TakeErrorLocked(Inode& in) {
+  int err = ErrnoOf(in.wb_error);
+  in.wb_error = Status::Ok();
+  return err;
+}
+
+int Fs::DrainLocked(Inode& in, std::unique_lock<std::mutex>& lock, bool take_error) {
   FlushExtentLocked(in, lock);
   in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
   in.wb_end = 0;
-  int err = ErrnoOf(in.wb_error);
-  if (take_error) in.wb_error = Status::Ok();
-  return err;
+  return take_error ? TakeErrorLocked(in) : ErrnoOf(in.wb_error);
+}
+
+int Fs::Drain(Inode& in, bool take_error) {
+  std::unique_lock lock(in.m);
+  return DrainLocked(in, lock, take_error);
 }
 
 void Fs::ApplyPending(Inode& in, struct stat* st) {
@@ -87,10 +95,14 @@ void Fs::ApplyPending(Inode& in, struct stat* st) {
   if (later(in.wb_mtime, st->st_ctim)) st->st_ctim = in.wb_mtime;
 }
 
-void Fs::InvalidateReadAhead(Inode& in) {
-  std::lock_guard lock(in.m);
+void Fs::InvalidateReadAheadLocked(Inode& in) {
   in.ra_chunks.clear();  // chunks still in flight live on in their completion callbacks
   in.ra_next = -1;
+}
+
+void Fs::InvalidateReadAhead(Inode& in) {
+  std::lock_guard lock(in.m);
+  InvalidateReadAheadLocked(in);
 }
 
 bool WriteSource::CopyTo(char* dst, size_t n) {
@@ -112,13 +124,9 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
   Inode& in = *fh.inode;
   counters_.write_ops.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lock(in.m);
-  in.ra_chunks.clear();
-  in.ra_next = -1;
-  if (!in.wb_error.ok()) {  // an earlier flush failed: this writer hears of it now
-    int err = ErrnoOf(in.wb_error);
-    in.wb_error = Status::Ok();
-    return err;
-  }
+  InvalidateReadAheadLocked(in);
+  // An earlier flush failed: this writer hears of it now.
+  if (int err = TakeErrorLocked(in)) return err;
   size_t done = 0;
   // O_DIRECT clients take the same path: O_DIRECT promises no page cache, not durability (that
   // is fsync's job, which drains), and FUSE runs a file's direct writes one at a time (libfuse
@@ -163,14 +171,8 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
     counters_.bytes_written_behind.fetch_add(done, std::memory_order_relaxed);
     if (done == size) return 0;
   }
-  // Synchronous path (small, unaligned, O_DIRECT clients): earlier data must land first.
-  FlushExtentLocked(in, lock);
-  in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
-  if (!in.wb_error.ok()) {
-    int err = ErrnoOf(in.wb_error);
-    in.wb_error = Status::Ok();
-    return err;
-  }
+  // Synchronous path (small, unaligned, no free chunk): earlier data must land first.
+  if (int err = DrainLocked(in, lock, /*take_error=*/true)) return err;
   lock.unlock();
   const int64_t rest = static_cast<int64_t>(size - done);
   // Into the thread's aligned scratch buffer: the engine then writes it without a bounce copy.
@@ -217,22 +219,12 @@ void Fs::StartReadAheadLocked(Inode& in, FileHandle& fh, int64_t from, int64_t f
   }
 }
 
-void Fs::LandWritesForReader(Inode& in) {
-  // Readers see every byte accepted from writers: land the write-behind data first.
-  std::unique_lock lock(in.m);
-  if (in.wb_chunk || in.wb_inflight > 0) {
-    FlushExtentLocked(in, lock);
-    in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
-    in.wb_end = 0;
-  }
-}
-
 bool Fs::ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t off) {
   if (!reply_pool_ || size > reply_pool_->buffer_size()) return false;
   PinnedPool::Lease lease = reply_pool_->TryAcquire();
   if (!lease) return false;
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
-  LandWritesForReader(*fh.inode);
+  Drain(*fh.inode, /*take_error=*/false);  // readers see every accepted byte
   struct stat st {};
   if (fstat(fh.fd.get(), &st) != 0) {
     fuse_reply_err(req, errno);
@@ -278,7 +270,7 @@ bool Fs::ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t of
 ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off, ReadReply* reply) {
   Inode& in = *fh.inode;
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
-  LandWritesForReader(in);
+  Drain(in, /*take_error=*/false);  // readers see every accepted byte
   struct stat st {};
   if (fstat(fh.fd.get(), &st) != 0) return -errno;
   if (off >= st.st_size) return 0;

@@ -173,7 +173,11 @@ class Fs {
 
  private:
   void FlushExtentLocked(Inode& inode, std::unique_lock<std::mutex>& lock);
-  void LandWritesForReader(Inode& inode);
+  // With Inode::m held: flush the pending extent, wait for every flush, return the sticky error
+  // (clearing it when `take_error`).
+  int DrainLocked(Inode& inode, std::unique_lock<std::mutex>& lock, bool take_error);
+  int TakeErrorLocked(Inode& inode);  // returns and clears the sticky error (0 if none)
+  void InvalidateReadAheadLocked(Inode& inode);
   void StartReadAheadLocked(Inode& inode, FileHandle& fh, int64_t from, int64_t file_size);
 
   MountOptions opts_;
