@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bench/mount_knobs.sh [--size 1G] [--rounds 2]
+# Usage: bench/mount_knobs.sh [--size 1G] [--rounds 2] [--only "default clone_fd=0 ..."]
 #
 # Measures what each of the mount's knobs is worth: runs bench/mount_vs_fio.sh (one round, no
 # passthrough_ll) once per variant below, ROUNDS times with the variant order reversed every other
@@ -13,20 +13,26 @@
 #   queue_depth=32          the engine at fio's depth
 #   intra_op_parallelism=2  two engine workers
 #   async_reply=1           O_DIRECT reads answered from the engine's completion callback
+#   clone_fd=0              every loop thread reads the one shared /dev/fuse fd
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SIZE=1G
 ROUNDS=2
+ONLY=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --size) SIZE=${2:?--size needs a value}; shift 2 ;;
     --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
+    --only) ONLY=${2:?--only needs a list of variants}; shift 2 ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "mount_knobs: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 VARIANTS=(default write_behind=0 read_ahead=0 max_background=12 queue_depth=32
-  intra_op_parallelism=2 async_reply=1)
+  intra_op_parallelism=2 async_reply=1 clone_fd=0)
+if [[ -n $ONLY ]]; then
+  read -r -a VARIANTS <<<"$ONLY"
+fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 for ((r = 1; r <= ROUNDS; r++)); do

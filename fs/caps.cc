@@ -202,11 +202,16 @@ std::vector<cap_value_t> DaemonKeepSet() {
       // applied those rules for the real caller; the daemon must not apply them a second time as
       // root.
       CAP_FSETID,
+      // The control file (`.dnvme/ctl`) acts as the process that sent each request: it opens
+      // the request's path and shared-memory object under the caller's fsuid/fsgid/groups
+      // (setfsuid, setfsgid, setgroups on that thread only, restored right after), so the kernel
+      // makes exactly the permission decision open(2) would, ACLs included. Those three calls
+      // need these two capabilities. Ordinary FUSE requests do not use them: new files get
+      // their owner through fchown (CAP_CHOWN).
+      CAP_SETUID,
+      CAP_SETGID,
   };
   // Deliberately dropped:
-  // - CAP_SETUID / CAP_SETGID: not needed. New files get their owner through fchown (CAP_CHOWN)
-  //   instead of setfsuid()/setfsgid() around each create. Those calls are per thread, must be
-  //   undone on every error path, and CAP_SETUID would let a compromised daemon become any user.
   // - CAP_SYS_ADMIN: only the mount needs it, and that has happened before the drop. Unmount is
   //   done from outside or by auto_unmount (see the top of this file).
   // - CAP_SYS_RESOURCE: without it writes on behalf of users stop at the filesystem's

@@ -45,7 +45,7 @@ void Fs::FlushExtentLocked(Inode& in, std::unique_lock<std::mutex>& lock) {
   ++in.wb_inflight;
   counters_.write_behind_flushes.fetch_add(1, std::memory_order_relaxed);
   Inode* ip = &in;
-  Status st = engine_->submit_pwrite(
+  Status st = Engine()->submit_pwrite(
       chunk->data(), len, file, start, [this, ip, chunk](const OpResult& r) mutable {
         {
           std::lock_guard g(ip->m);
@@ -177,7 +177,7 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
   const int64_t rest = static_cast<int64_t>(size - done);
   // Into the thread's aligned scratch buffer: the engine then writes it without a bounce copy.
   if (!src.CopyTo(scratch, static_cast<size_t>(rest))) return errno;
-  Status st = engine_->sync_pwrite(scratch, rest, fh.file, off + static_cast<int64_t>(done));
+  Status st = Engine()->sync_pwrite(scratch, rest, fh.file, off + static_cast<int64_t>(done));
   if (!st.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
     return ErrnoOf(st);
@@ -200,16 +200,16 @@ void Fs::StartReadAheadLocked(Inode& in, FileHandle& fh, int64_t from, int64_t f
     Inode* ip = &in;
     ++in.ra_inflight;
     counters_.read_ahead_fetches.fetch_add(1, std::memory_order_relaxed);
-    Status st = engine_->submit_pread(chunk->buf->data(), chunk->length, fh.file, chunk->offset,
-                                      [ip, chunk](const OpResult& r) {
-                                        {
-                                          std::lock_guard g(ip->m);
-                                          chunk->status = r.status;
-                                          chunk->ready = true;
-                                          --ip->ra_inflight;
-                                        }
-                                        ip->cv.notify_all();
-                                      });
+    Status st = Engine()->submit_pread(chunk->buf->data(), chunk->length, fh.file, chunk->offset,
+                                       [ip, chunk](const OpResult& r) {
+                                         {
+                                           std::lock_guard g(ip->m);
+                                           chunk->status = r.status;
+                                           chunk->ready = true;
+                                           --ip->ra_inflight;
+                                         }
+                                         ip->cv.notify_all();
+                                       });
     if (!st.ok()) {
       --in.ra_inflight;
       return;
@@ -237,29 +237,29 @@ bool Fs::ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t of
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(size), st.st_size - off);
   auto buf = std::make_shared<PinnedPool::Lease>(std::move(lease));
   const int fd = fh.fd.get();  // valid until release, which cannot come while a read is pending
-  Status s = engine_->submit_pread(buf->data(), n, fh.file, off,
-                                   [this, req, buf, n, fd, off](const OpResult& r) {
-                                     if (r.status.ok()) {
-                                       counters_.bytes_read_engine.fetch_add(
-                                           static_cast<uint64_t>(n), std::memory_order_relaxed);
-                                       fuse_reply_buf(req, buf->data(), static_cast<size_t>(n));
-                                     } else if (r.status.code() == Status::Code::kEndOfFile) {
-                                       // The file shrank since fstat: answer with what is there, as
-                                       // read(2) would.
-                                       ssize_t got;
-                                       do {
-                                         got = pread(fd, buf->data(), static_cast<size_t>(n), off);
-                                       } while (got < 0 && errno == EINTR);
-                                       if (got < 0) {
-                                         fuse_reply_err(req, errno);
-                                       } else {
-                                         fuse_reply_buf(req, buf->data(), static_cast<size_t>(got));
-                                       }
-                                     } else {
-                                       counters_.errors.fetch_add(1, std::memory_order_relaxed);
-                                       fuse_reply_err(req, ErrnoOf(r.status));
-                                     }
-                                   });
+  Status s = Engine()->submit_pread(
+      buf->data(), n, fh.file, off, [this, req, buf, n, fd, off](const OpResult& r) {
+        if (r.status.ok()) {
+          counters_.bytes_read_engine.fetch_add(static_cast<uint64_t>(n),
+                                                std::memory_order_relaxed);
+          fuse_reply_buf(req, buf->data(), static_cast<size_t>(n));
+        } else if (r.status.code() == Status::Code::kEndOfFile) {
+          // The file shrank since fstat: answer with what is there, as
+          // read(2) would.
+          ssize_t got;
+          do {
+            got = pread(fd, buf->data(), static_cast<size_t>(n), off);
+          } while (got < 0 && errno == EINTR);
+          if (got < 0) {
+            fuse_reply_err(req, errno);
+          } else {
+            fuse_reply_buf(req, buf->data(), static_cast<size_t>(got));
+          }
+        } else {
+          counters_.errors.fetch_add(1, std::memory_order_relaxed);
+          fuse_reply_err(req, ErrnoOf(r.status));
+        }
+      });
   if (!s.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
     fuse_reply_err(req, ErrnoOf(s));
@@ -306,7 +306,7 @@ ssize_t Fs::Read(FileHandle& fh, char* out, size_t size, off_t off, ReadReply* r
     if (copied == n) return n;
   }
   // The rest is read on demand into the caller's (pinned, aligned) scratch buffer.
-  Status s = engine_->sync_pread(out + copied, n - copied, fh.file, off + copied);
+  Status s = Engine()->sync_pread(out + copied, n - copied, fh.file, off + copied);
   if (s.code() == Status::Code::kEndOfFile) {
     // The file shrank since fstat: return what is there, as read(2) would.
     ssize_t r;

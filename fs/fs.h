@@ -32,6 +32,7 @@
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "engine/posix/file.h"
+#include "fs/control.h"
 #include "fs/options.h"
 
 namespace dnvme::fs {
@@ -58,8 +59,14 @@ struct RaChunk {
   Status status;
 };
 
+// The control directory and its files (fs/virtual.cc): served by the daemon, never stored in
+// BACKING_DIR. kNone is every real inode.
+enum class VirtualNode : uint8_t { kNone, kCtlDir, kCtl, kStats, kConfig };
+inline constexpr const char* kCtlDirName = ".dnvme";
+
 struct Inode {
-  int fd = -1;  // O_PATH fd on the backing object; owned
+  int fd = -1;  // O_PATH fd on the backing object; owned (-1 for virtual nodes)
+  VirtualNode virt = VirtualNode::kNone;
   dev_t dev = 0;
   ino_t ino = 0;
   mode_t type = 0;       // S_IFMT bits
@@ -103,6 +110,14 @@ class WriteSource {
   fuse_bufvec* src_;
 };
 
+// An open control file: a ctl session, or a snapshot of stats/config being read.
+struct VirtualFile : OpenHandle {
+  VirtualNode kind = VirtualNode::kNone;
+  std::mutex m;
+  std::string snapshot;                 // stats/config: the document being read (guarded by m)
+  std::unique_ptr<CtlSession> session;  // ctl only
+};
+
 struct FileHandle : OpenHandle {
   UniqueFd fd;   // the backing file, buffered (for fsync, fallocate, lseek, ftruncate)
   FileRef file;  // the engine's view (O_DIRECT + buffered fds); regular files only
@@ -132,7 +147,45 @@ class Fs {
   void set_conn_opts(fuse_conn_info_opts* o) { conn_opts_.reset(o); }
   fuse_conn_info_opts* conn_opts() const { return conn_opts_.get(); }
   MountCounters& counters() { return counters_; }
-  AioHandle& engine() { return *engine_; }
+  // The mount's engine. config.set swaps it for a new one: callers keep the returned pointer for
+  // the duration of one submission only. Retired engines are destroyed once nobody holds them
+  // (by the next config.set or Stop, on a thread that holds no inode lock), which also waits for
+  // their in-flight operations.
+  std::shared_ptr<AioHandle> Engine();
+  HandleConfig EngineConfig();
+  // Applies a JSON object of HandleConfig keys on top of the live configuration (new I/O uses
+  // it at once; no remount). Returns the resulting configuration.
+  Result<HandleConfig> SetEngineConfig(const std::string& json_patch);
+  void set_session(fuse_session* se) { se_ = se; }
+
+  // ---- Control plane (fs/virtual.cc) ----
+  Inode& VirtualInode(VirtualNode kind);
+  CtlCounters& ctl_counters() { return ctl_counters_; }
+  const CtlLimits& ctl_limits() const { return ctl_limits_; }
+  static std::string version();
+  // Root (uid 0) or the user the daemon runs as may change the live configuration.
+  bool MayReconfigure(uid_t uid) const;
+  std::string StatsJson();
+  int root_fd() const { return root_.fd; }
+  // Takes a reference on the inode the kernel knows for (dev, ino), so it cannot be forgotten
+  // while a control transfer uses it; null when the kernel has never looked the file up.
+  Inode* PinInode(dev_t dev, ino_t ino);
+  void Unpin(Inode* in);
+  // Lands the inode's write-behind data (and reports its sticky error without taking it).
+  Status DrainForExternal(Inode& in);
+  // After bytes reached the backing file outside the FUSE data path: drop read-ahead and the
+  // kernel's cached pages and attributes of the inode.
+  void AfterExternalWrite(Inode& in);
+  // After a file was created in BACKING_DIR outside FUSE: drop the kernel's negative dentry.
+  void AfterExternalCreate(const std::string& dir_rel, const std::string& name);
+  // Per-uid limits of the control plane.
+  Status TakeHandleQuota(uid_t uid);
+  void ReleaseHandleQuota(uid_t uid);
+  Status TakeBufferQuota(uid_t uid, int64_t bytes);
+  void ReleaseBufferQuota(uid_t uid, int64_t bytes);
+  // Control-file engines (for the stats): registered at handle.open, unregistered at close.
+  void AddCtlEngine(AioHandle* h);
+  void RemoveCtlEngine(AioHandle* h);
 
   // Open-handle bookkeeping: Track when created, Dispose at release; the rest go with Fs.
   void Track(OpenHandle* h);
@@ -186,7 +239,25 @@ class Fs {
   };
   std::unique_ptr<fuse_conn_info_opts, FreeDeleter> conn_opts_;
   MountCounters counters_;
-  std::unique_ptr<AioHandle> engine_;
+  std::mutex engine_mu_;
+  std::shared_ptr<AioHandle> engine_;  // guarded by engine_mu_
+  HandleConfig engine_config_;         // guarded by engine_mu_
+  std::mutex reconfig_mu_;             // one config.set at a time; guards the two below
+  std::vector<std::shared_ptr<AioHandle>> retired_;
+  HandleStats retired_stats_;  // of destroyed engines, for the stats
+  fuse_session* se_ = nullptr;
+  struct timespec started_ {};
+
+  CtlCounters ctl_counters_;
+  CtlLimits ctl_limits_;
+  std::mutex quota_mu_;
+  std::map<uid_t, std::pair<int64_t, int64_t>> quota_;  // uid -> (handles, bytes); quota_mu_
+  std::mutex ctl_engines_mu_;
+  std::unordered_set<AioHandle*> ctl_engines_;  // guarded by ctl_engines_mu_
+  HandleStats ctl_closed_stats_;                // guarded by ctl_engines_mu_
+  Inode ctl_dir_, ctl_node_, stats_node_, config_node_;
+  void ReapRetiredLocked();
+  void InitVirtualNodes();
   std::unique_ptr<PinnedPool> wb_pool_;
   std::unique_ptr<PinnedPool> ra_pool_;
   std::unique_ptr<PinnedPool> reply_pool_;  // 1 MiB buffers for async replies

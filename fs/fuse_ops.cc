@@ -20,6 +20,7 @@
 
 #include "engine/common/log.h"
 #include "fs/fs.h"
+#include "fs/virtual.h"
 
 namespace dnvme::fs {
 namespace {
@@ -127,6 +128,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 void OpDestroy(void* userdata) { static_cast<Fs*>(userdata)->DrainAll(); }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (VirtualLookup(req, parent, name)) return;
   ReplyEntry(req, parent, name);
 }
 
@@ -142,6 +144,7 @@ void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   (void)fi;
+  if (VirtualGetattr(req, ino)) return;
   Fs& fs = FsOf(req);
   struct stat st {};
   int err = StatInode(fs, fs.GetInode(ino), &st);
@@ -153,6 +156,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
+  if (VirtualSetattr(req, ino, attr, valid)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   const std::string proc = ProcPath(in.fd);
@@ -207,6 +211,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
 }
 
 void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
+  if (RefuseVirtual(req, ino, EINVAL)) return;
   Inode& in = FsOf(req).GetInode(ino);
   char buf[PATH_MAX + 1];
   ssize_t n = readlinkat(in.fd, "", buf, sizeof(buf));
@@ -221,6 +226,7 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
 }
 
 void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
   if (mknodat(dir.fd, name, mode, rdev) != 0) {
     fuse_reply_err(req, errno);
@@ -231,6 +237,7 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, d
 }
 
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
   if (mkdirat(dir.fd, name, mode) != 0) {
     fuse_reply_err(req, errno);
@@ -241,6 +248,7 @@ void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
 }
 
 void OpSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
   if (symlinkat(link, dir.fd, name) != 0) {
     fuse_reply_err(req, errno);
@@ -251,6 +259,11 @@ void OpSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* 
 }
 
 void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  if (RefuseVirtual(req, ino, EPERM)) return;
+  if (RefuseVirtualName(req, newparent, newname,
+                        IsHiddenName(newparent, newname) ? EEXIST : EPERM)) {
+    return;
+  }
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   Inode& dir = fs.GetInode(newparent);
@@ -265,17 +278,23 @@ void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* ne
 }
 
 void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (RefuseVirtualName(req, parent, name, EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
   fuse_reply_err(req, unlinkat(dir.fd, name, 0) == 0 ? 0 : errno);
 }
 
 void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (RefuseVirtualName(req, parent, name, EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
   fuse_reply_err(req, unlinkat(dir.fd, name, AT_REMOVEDIR) == 0 ? 0 : errno);
 }
 
 void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
               const char* newname, unsigned int flags) {
+  if (RefuseVirtualName(req, parent, name, EPERM) ||
+      RefuseVirtualName(req, newparent, newname, EPERM)) {
+    return;
+  }
   Fs& fs = FsOf(req);
   Inode& a = fs.GetInode(parent);
   Inode& b = fs.GetInode(newparent);
@@ -304,7 +323,7 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
     FileAccess access = acc == O_RDONLY   ? FileAccess::kRead
                         : acc == O_WRONLY ? FileAccess::kWrite
                                           : FileAccess::kReadWrite;
-    auto ref = fs.engine().adopt_fd(fd.get(), access);
+    auto ref = fs.Engine()->adopt_fd(fd.get(), access);
     if (!ref.ok()) {
       Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
       return ref.status().error_number() ? ref.status().error_number() : EIO;
@@ -327,6 +346,7 @@ void FillOpenFlags(fuse_file_info* fi) {
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (VirtualOpen(req, ino, fi)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   if ((fi->flags & O_TRUNC) && (fi->flags & O_ACCMODE) != O_RDONLY) {
@@ -352,6 +372,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
               fuse_file_info* fi) {
+  if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Fs& fs = FsOf(req);
   Inode& dir = fs.GetInode(parent);
   const int strip = O_DIRECT | O_APPEND | O_NOCTTY;
@@ -394,7 +415,7 @@ char* ThreadScratch(size_t size) {
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
-  (void)ino;
+  if (VirtualRead(req, ino, size, off, fi)) return;
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
   // An O_DIRECT client (libaio at queue depth N) sends N reads at once: with async_reply they are
@@ -418,7 +439,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 }
 
 void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
-  (void)ino;
+  if (VirtualWrite(req, ino, bufv, fi)) return;
   const size_t size = fuse_buf_size(bufv);
   char* scratch = ThreadScratch(size);
   if (scratch == nullptr) {
@@ -435,7 +456,7 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
 }
 
 void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  (void)ino;
+  if (VirtualNoop(req, ino)) return;
   // close(2): hand the writer any write-behind error; the data need not be durable yet.
   FileHandle& fh = Fh(fi);
   int err = S_ISREG(fh.inode->type) ? FsOf(req).Drain(*fh.inode, /*take_error=*/true) : 0;
@@ -443,7 +464,7 @@ void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  (void)ino;
+  if (VirtualRelease(req, ino, fi)) return;
   FileHandle* fh = &Fh(fi);
   if (S_ISREG(fh->inode->type)) {
     int err = FsOf(req).Drain(*fh->inode, /*take_error=*/false);
@@ -454,7 +475,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
-  (void)ino;
+  if (VirtualNoop(req, ino)) return;
   FileHandle& fh = Fh(fi);
   int err = S_ISREG(fh.inode->type) ? FsOf(req).Drain(*fh.inode, /*take_error=*/true) : 0;
   if (!err) {
@@ -473,6 +494,7 @@ struct DirHandle : OpenHandle {
 };
 
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (VirtualOpendir(req, ino, fi)) return;
   Inode& in = FsOf(req).GetInode(ino);
   int fd = openat(in.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
@@ -497,6 +519,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
                bool plus) {
+  if (VirtualReaddir(req, ino, size, off, plus)) return;
   Fs& fs = FsOf(req);
   auto* dh = reinterpret_cast<DirHandle*>(fi->fh);
   std::string buf(size, '\0');
@@ -514,6 +537,10 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
       break;
     }
     const bool dots = std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0;
+    if (IsHiddenName(ino, d->d_name)) {  // a backing entry hidden by the control directory
+      dh->offset = d->d_off;
+      continue;
+    }
     size_t need;
     if (plus) {
       fuse_entry_param e{};
@@ -563,13 +590,13 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_
 }
 
 void OpReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  (void)ino;
+  if (VirtualReleasedir(req, ino)) return;
   FsOf(req).Dispose(reinterpret_cast<DirHandle*>(fi->fh));
   fuse_reply_err(req, 0);
 }
 
 void OpFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
-  (void)ino;
+  if (VirtualNoop(req, ino)) return;
   int fd = dirfd(reinterpret_cast<DirHandle*>(fi->fh)->dp);
   int rc = datasync ? fdatasync(fd) : fsync(fd);
   fuse_reply_err(req, rc == 0 ? 0 : errno);
@@ -577,6 +604,7 @@ void OpFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi
 
 void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
   struct statvfs sv {};
+  if (IsVirtual(req, ino)) ino = FUSE_ROOT_ID;
   if (fstatvfs(FsOf(req).GetInode(ino).fd, &sv) != 0) {
     fuse_reply_err(req, errno);
   } else {
@@ -590,6 +618,7 @@ bool XattrCapable(Inode& in) { return !S_ISLNK(in.type); }
 
 void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
                 int flags) {
+  if (RefuseVirtual(req, ino, ENOTSUP)) return;
   Inode& in = FsOf(req).GetInode(ino);
   if (!XattrCapable(in)) {
     fuse_reply_err(req, ENOTSUP);
@@ -615,6 +644,7 @@ void ReplyXattr(fuse_req_t req, size_t size, Call call) {
 }
 
 void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  if (RefuseVirtual(req, ino, ENODATA)) return;
   Inode& in = FsOf(req).GetInode(ino);
   if (!XattrCapable(in)) {
     fuse_reply_err(req, ENODATA);
@@ -626,7 +656,7 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Inode& in = FsOf(req).GetInode(ino);
-  if (!XattrCapable(in)) {  // no names; answered the same way
+  if (!XattrCapable(in) || IsVirtual(req, ino)) {  // no names; answered the same way
     ReplyXattr(req, size, [](char*, size_t) { return ssize_t{0}; });
     return;
   }
@@ -635,6 +665,7 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  if (RefuseVirtual(req, ino, ENOTSUP)) return;
   Inode& in = FsOf(req).GetInode(ino);
   if (!XattrCapable(in)) {
     fuse_reply_err(req, ENOTSUP);
@@ -646,6 +677,7 @@ void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
 
 void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
                  fuse_file_info* fi) {
+  if (RefuseVirtual(req, ino, EOPNOTSUPP)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   int err = fs.Drain(in, /*take_error=*/false);
@@ -655,6 +687,7 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
 }
 
 void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
+  if (RefuseVirtual(req, ino, EINVAL)) return;
   Fs& fs = FsOf(req);
   int err = fs.Drain(fs.GetInode(ino), /*take_error=*/false);
   if (err) {
@@ -737,17 +770,20 @@ std::string MountCounters::ToJson() const {
   return j.dump();
 }
 
-Fs::Fs(MountOptions opts) : opts_(std::move(opts)) {}
+Fs::Fs(MountOptions opts) : opts_(std::move(opts)) {
+  ctl_limits_.max_handles = opts_.ctl_max_handles;
+  ctl_limits_.max_buffer_bytes = opts_.ctl_max_bytes;
+}
 
 Fs::~Fs() {
-  if (engine_) DrainAll();
+  DrainAll();
   {
     // Files still open when the session ended: the kernel will never release them.
     std::lock_guard lock(handles_mu_);
     for (OpenHandle* h : handles_) delete h;
     handles_.clear();
   }
-  engine_.reset();  // waits for every engine operation (read-ahead included)
+  Stop();  // waits for every engine operation (read-ahead included)
 }
 
 void Fs::Track(OpenHandle* h) {
@@ -774,9 +810,15 @@ Status Fs::Start() {
   root_.type = S_IFDIR;
   root_.nlookup = 2;  // never forgotten
 
+  clock_gettime(CLOCK_REALTIME, &started_);
+  InitVirtualNodes();
   auto h = AioHandle::Create(opts_.engine);
   if (!h.ok()) return h.status().WithContext("engine");
-  engine_ = std::move(h).value();
+  {
+    std::lock_guard lock(engine_mu_);
+    engine_ = std::shared_ptr<AioHandle>(std::move(h).value());
+    engine_config_ = opts_.engine;
+  }
   if (opts_.write_behind > 0) {
     const size_t n = static_cast<size_t>(opts_.write_behind / opts_.write_chunk);
     auto pool = PinnedPool::Create(static_cast<size_t>(opts_.write_chunk), n);
@@ -805,7 +847,10 @@ Status Fs::Preflight() {
   reply_pool_.reset();
   ra_pool_.reset();
   wb_pool_.reset();
-  engine_.reset();
+  {
+    std::lock_guard lock(engine_mu_);
+    engine_.reset();
+  }
   if (root_.fd >= 0) close(root_.fd);
   root_.fd = -1;
   return st;
@@ -813,11 +858,18 @@ Status Fs::Preflight() {
 
 void Fs::Stop() {
   DrainAll();
-  engine_.reset();
+  std::shared_ptr<AioHandle> last;
+  {
+    std::lock_guard lock(engine_mu_);
+    last = std::move(engine_);
+  }
+  last.reset();  // waits for every operation of the engine and its callbacks
+  std::lock_guard lock(reconfig_mu_);
+  retired_.clear();  // nothing can hold them any more: the session loop has ended
 }
 
 void Fs::DrainAll() {
-  if (!engine_) return;
+  if (!Engine()) return;
   std::vector<Inode*> all;
   {
     std::lock_guard lock(inodes_mu_);
@@ -877,6 +929,7 @@ int Fs::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
 void Fs::Forget(fuse_ino_t ino, uint64_t n) {
   if (ino == FUSE_ROOT_ID) return;
   Inode* in = reinterpret_cast<Inode*>(ino);
+  if (in->virt != VirtualNode::kNone) return;  // control nodes live as long as the Fs
   std::unique_ptr<Inode> dead;
   std::lock_guard lock(inodes_mu_);
   if (n > in->nlookup) {

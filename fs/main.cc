@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   if (!fuse_complaint.empty()) std::fprintf(stderr, "%s\n", fuse_complaint.c_str());
+  fs->set_session(se);  // for the control file's cache invalidations
   int rc = kExitFailure;
   if (fuse_set_signal_handlers(se) != 0) {
     std::fprintf(stderr, "dnvmefs: error: cannot install signal handlers\n");
@@ -205,15 +206,15 @@ int main(int argc, char** argv) {
         loop_rc = fuse_session_loop(se);
       } else {
         fuse_loop_config* cfg = fuse_loop_cfg_create();
-        fuse_loop_cfg_set_clone_fd(cfg, 1);
+        fuse_loop_cfg_set_clone_fd(cfg, opts.clone_fd ? 1 : 0);
         fuse_loop_cfg_set_idle_threads(cfg, 16);
         fuse_loop_cfg_set_max_threads(cfg, 64);
         loop_rc = fuse_session_loop_mt(se, cfg);
         fuse_loop_cfg_destroy(cfg);
       }
       fs->DrainAll();
-      Logger().info("session loop ended ({}); unmounting {}: counters {} engine {}", loop_rc,
-                    opts.mountpoint, fs->counters().ToJson(), fs->engine().stats().ToJson());
+      Logger().info("session loop ended ({}); unmounting {}: stats {}", loop_rc, opts.mountpoint,
+                    fs->StatsJson());
       // The loop returns the signal number when SIGTERM/SIGINT/SIGHUP ended it: a clean exit.
       const bool by_signal = loop_rc == SIGTERM || loop_rc == SIGINT || loop_rc == SIGHUP;
       // ENODEV / ECONNABORTED: the kernel ended the connection because the filesystem was

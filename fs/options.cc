@@ -79,6 +79,9 @@ const char* UsageText() {
          "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
          "  splice_read=0|1              receive write payloads through a pipe (0)\n"
          "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
+         "  clone_fd=0|1                 one /dev/fuse fd per loop thread (1)\n"
+         "  ctl_max_handles=N            control-file handles per uid (8)\n"
+         "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
          "  log_level=LEVEL log_file=PATH nonempty\n"
          "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
 }
@@ -163,6 +166,15 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       DNVME_ASSIGN_OR_RETURN(o.splice_read, ParseBool(k, v));
     } else if (k == "async_reply") {
       DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBool(k, v));
+    } else if (k == "clone_fd") {
+      DNVME_ASSIGN_OR_RETURN(o.clone_fd, ParseBool(k, v));
+    } else if (k == "ctl_max_handles") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_handles, ParseInt(k, v.value_or("")));
+      if (o.ctl_max_handles < 0 || o.ctl_max_handles > 4096) {
+        return Status::InvalidArgument("option 'ctl_max_handles' must be 0..4096");
+      }
+    } else if (k == "ctl_max_bytes") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_bytes, ParseSizeOpt(k, v));
     } else if (k == "read_ahead") {
       DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOpt(k, v));
     } else if (k == "log_level") {

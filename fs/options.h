@@ -39,6 +39,13 @@ struct MountOptions {
   // from the pipe into the pinned chunk. Off by default: no gain measured here (fio psync 1 GiB
   // writes, 5 alternated rounds: median 1.28 GiB/s with, 1.31 without; same daemon CPU).
   bool splice_read = false;
+  // Multi-threaded loop: each worker thread opens its own /dev/fuse fd (clone_fd), so the kernel
+  // hands requests to threads without one shared queue. Measured in docs/performance.md.
+  bool clone_fd = true;
+  // Control-file limits per uid (docs/control-protocol.md): engine handles open, and bytes of
+  // client shared memory registered, over all of that uid's ctl sessions.
+  int64_t ctl_max_handles = 8;
+  int64_t ctl_max_bytes = int64_t{64} << 30;
   std::string log_level = "info";
   std::string log_file;
 

@@ -155,7 +155,7 @@ std::string HandleConfig::ToJson() const {
   return j.dump();
 }
 
-Result<HandleConfig> HandleConfig::FromJson(std::string_view text) {
+Result<HandleConfig> HandleConfig::FromJson(std::string_view text, const HandleConfig& base) {
   json j;
   try {
     j = json::parse(text.begin(), text.end());
@@ -166,7 +166,7 @@ Result<HandleConfig> HandleConfig::FromJson(std::string_view text) {
     return Status::InvalidArgument(std::string("config must be a JSON object, got ") +
                                    j.type_name());
   }
-  HandleConfig c;
+  HandleConfig c = base;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     const json& v = it.value();
@@ -199,6 +199,10 @@ Result<HandleConfig> HandleConfig::FromJson(std::string_view text) {
   }
   DNVME_RETURN_IF_ERROR(c.Validate());
   return c;
+}
+
+Result<HandleConfig> HandleConfig::FromJson(std::string_view text) {
+  return FromJson(text, HandleConfig{});
 }
 
 Result<HandleConfig> HandleConfig::FromJsonFile(const std::string& path) {

@@ -1,6 +1,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,26 @@
 namespace dnvme {
 
 const char* OpTypeName(OpType type) { return type == OpType::kWrite ? "write" : "read"; }
+
+HandleStats& HandleStats::operator+=(const HandleStats& o) {
+  ops_read += o.ops_read;
+  ops_written += o.ops_written;
+  ops_failed += o.ops_failed;
+  bytes_read += o.bytes_read;
+  bytes_written += o.bytes_written;
+  bytes_direct += o.bytes_direct;
+  bytes_bounce += o.bytes_bounce;
+  bytes_buffered += o.bytes_buffered;
+  direct_fallbacks += o.direct_fallbacks;
+  requests += o.requests;
+  submit_calls += o.submit_calls;
+  submit_retries += o.submit_retries;
+  short_transfers += o.short_transfers;
+  validate_checks += o.validate_checks;
+  inflight_requests += o.inflight_requests;
+  max_inflight_requests = std::max(max_inflight_requests, o.max_inflight_requests);
+  return *this;
+}
 
 std::string HandleStats::ToJson() const {
   nlohmann::json j = {
@@ -30,6 +51,8 @@ std::string HandleStats::ToJson() const {
       {"submit_retries", submit_retries},
       {"short_transfers", short_transfers},
       {"validate_checks", validate_checks},
+      {"inflight_requests", inflight_requests},
+      {"max_inflight_requests", max_inflight_requests},
   };
   return j.dump();
 }
@@ -209,6 +232,10 @@ class HandleImpl {
     s.submit_retries = r(counters_.submit_retries);
     s.short_transfers = r(counters_.short_transfers);
     s.validate_checks = r(counters_.validate_checks);
+    s.inflight_requests = static_cast<uint64_t>(
+        std::max<int64_t>(0, counters_.inflight.load(std::memory_order_relaxed)));
+    s.max_inflight_requests =
+        static_cast<uint64_t>(counters_.max_inflight.load(std::memory_order_relaxed));
     return s;
   }
 

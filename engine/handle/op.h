@@ -84,6 +84,16 @@ struct HandleCounters {
   std::atomic<uint64_t> direct_fallbacks{0};
   std::atomic<uint64_t> requests{0}, submit_calls{0}, submit_retries{0}, short_transfers{0};
   std::atomic<uint64_t> validate_checks{0};
+  // Gauges: libaio requests in flight now (all workers), and the most ever in flight at once.
+  std::atomic<int64_t> inflight{0}, max_inflight{0};
+
+  void AddInflight(int64_t n) {
+    const int64_t now = inflight.fetch_add(n, std::memory_order_relaxed) + n;
+    int64_t seen = max_inflight.load(std::memory_order_relaxed);
+    while (now > seen &&
+           !max_inflight.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
 };
 
 }  // namespace dnvme

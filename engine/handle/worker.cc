@@ -345,6 +345,7 @@ void Worker::Loop() {
       for (auto& r : requests_) {
         if (r.run != nullptr) Release(r);  // what is left was in flight, now gone
       }
+      counters_->AddInflight(-static_cast<int64_t>(inflight_));
       inflight_ = 0;
     }
     FinishDoneRuns();
@@ -365,6 +366,7 @@ bool Worker::SubmitBatch() {
       }
       done += static_cast<size_t>(rc);
       inflight_ += static_cast<size_t>(rc);
+      counters_->AddInflight(rc);
       counters_->submit_calls.fetch_add(1, std::memory_order_relaxed);
       counters_->requests.fetch_add(static_cast<uint64_t>(rc), std::memory_order_relaxed);
       idle_retries_ = 0;
@@ -413,6 +415,7 @@ Status Worker::Reap(long min_nr) {
     const io_event& ev = events_[static_cast<size_t>(i)];
     Request& r = *static_cast<Request*>(ev.obj->data);
     --inflight_;
+    counters_->AddInflight(-1);
     r.run->Complete(r, static_cast<long>(ev.res));
   }
   return Status::Ok();

@@ -46,8 +46,10 @@ struct HandleConfig {
   // JSON with every key above (direct as "auto" | "required" | "never").
   std::string ToJson() const;
 
-  // Starts from the defaults and applies every key present in `json` (one JSON object). Sizes may
-  // be integers or strings with K/M/G/T suffixes (powers of 1024). Booleans must be JSON booleans.
+  // Starts from `base` (the defaults unless given) and applies every key present in `json` (one
+  // JSON object), so a partial object changes only what it names. Sizes may be integers or
+  // strings with K/M/G/T suffixes (powers of 1024). Booleans must be JSON booleans.
+  static Result<HandleConfig> FromJson(std::string_view json, const HandleConfig& base);
   static Result<HandleConfig> FromJson(std::string_view json);
   static Result<HandleConfig> FromJsonFile(const std::string& path);
 

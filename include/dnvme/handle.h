@@ -63,7 +63,8 @@ struct OpResult {
   Status status;              // first failure; the message names path, offset and errno
 };
 
-// Counters since the handle was created. Monotonic; read with AioHandle::stats().
+// Counters since the handle was created (monotonic) and two gauges; read with
+// AioHandle::stats().
 struct HandleStats {
   uint64_t ops_read = 0;
   uint64_t ops_written = 0;
@@ -79,7 +80,14 @@ struct HandleStats {
   uint64_t submit_retries = 0;    // io_submit answered EINTR or EAGAIN (or accepted nothing)
   uint64_t short_transfers = 0;   // completions with fewer bytes than asked, then continued
   uint64_t validate_checks = 0;   // operations checked by validate=true
+  // Gauges, not counters: libaio requests in flight now (the queue depth in use, all workers
+  // together), and the most that were ever in flight at once.
+  uint64_t inflight_requests = 0;
+  uint64_t max_inflight_requests = 0;
 
+  // Adds another handle's numbers (counters and in-flight summed; the high-water mark is the
+  // larger of the two), for totals over several handles.
+  HandleStats& operator+=(const HandleStats& o);
   std::string ToJson() const;
 };
 

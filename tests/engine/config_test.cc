@@ -45,6 +45,22 @@ TEST(ConfigTest, EmptyObjectGivesDefaults) {
   EXPECT_EQ(r.value(), HandleConfig{});
 }
 
+TEST(ConfigTest, PartialObjectChangesOnlyItsKeysOfTheBase) {
+  HandleConfig base;
+  base.queue_depth = 32;
+  base.intra_op_parallelism = 4;
+  const Result<HandleConfig> r = HandleConfig::FromJson(R"({"block_size": "256K"})", base);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->block_size, 256 * kKiB);
+  EXPECT_EQ(r->queue_depth, 32);
+  EXPECT_EQ(r->intra_op_parallelism, 4);
+  // A bad key still fails and names the key, base or not.
+  const Result<HandleConfig> bad = HandleConfig::FromJson(R"({"queue_depth": 0})", base);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("queue_depth"), std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(ConfigTest, DefaultJsonRoundTrips) {
   const HandleConfig c;
   const Result<HandleConfig> r = HandleConfig::FromJson(c.ToJson());

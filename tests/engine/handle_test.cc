@@ -192,6 +192,13 @@ TEST_P(ModeTest, RoundTripsAndCountsSubmissions) {
         << "lock-step batches of queue_depth=4 must share io_submit calls. " << s.ToJson();
   }
   EXPECT_LE(s.submit_calls, s.requests) << s.ToJson();
+  // The queue-depth gauge: nothing in flight once every operation returned; at some point more
+  // than nothing and never more than queue_depth per worker.
+  EXPECT_EQ(s.inflight_requests, 0u) << s.ToJson();
+  EXPECT_GT(s.max_inflight_requests, 0u) << s.ToJson();
+  EXPECT_LE(s.max_inflight_requests,
+            static_cast<uint64_t>(handle_->get_queue_depth() * handle_->get_intra_op_parallelism()))
+      << s.ToJson();
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ModeTest,

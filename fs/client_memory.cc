@@ -1,0 +1,158 @@
+#include "fs/client_memory.h"
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "engine/common/log.h"
+
+namespace dnvme::fs {
+namespace {
+
+// One registered mapping as the signal handler sees it. `state`: 0 free, 1 being set up or torn
+// down (ignored by the handler), 2 live.
+struct Slot {
+  std::atomic<uintptr_t> start{0};
+  std::atomic<uintptr_t> end{0};
+  std::atomic<int> state{0};
+  std::atomic<bool> revoked{false};
+};
+static_assert(std::atomic<uintptr_t>::is_always_lock_free, "the SIGBUS handler needs lock-free");
+static_assert(std::atomic<int>::is_always_lock_free, "the SIGBUS handler needs lock-free");
+
+Slot g_slots[ClientMapping::kMaxMappings];
+long g_page = 4096;
+
+void OnSigbus(int sig, siginfo_t* info, void* /*ucontext*/) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (Slot& s : g_slots) {
+    if (s.state.load(std::memory_order_acquire) != 2) continue;
+    const uintptr_t start = s.start.load(std::memory_order_relaxed);
+    const uintptr_t end = s.end.load(std::memory_order_relaxed);
+    if (addr < start || addr >= end) continue;
+    // The client shrank its object: put private zero pages over the rest of the mapping so the
+    // faulting copy (and any later one) completes; the transfer is then reported as failed.
+    const uintptr_t page = addr & ~static_cast<uintptr_t>(g_page - 1);
+    void* p = mmap(reinterpret_cast<void*>(page), end - page, PROT_READ | PROT_WRITE,
+                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      s.revoked.store(true, std::memory_order_release);
+      return;
+    }
+    break;
+  }
+  // Not ours (or the repair failed): the default action, so a real bug still dumps core.
+  signal(sig, SIG_DFL);
+}
+
+void InstallHandlerOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    g_page = sysconf(_SC_PAGESIZE);
+    if (g_page <= 0) g_page = 4096;
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, nullptr) != 0) {
+      Logger().error("installing the SIGBUS handler for client memory failed: {}",
+                     std::strerror(errno));
+    }
+  });
+}
+
+int TakeSlot(uintptr_t start, uintptr_t end) {
+  for (int i = 0; i < ClientMapping::kMaxMappings; ++i) {
+    int expected = 0;
+    if (g_slots[i].state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+      g_slots[i].start.store(start, std::memory_order_relaxed);
+      g_slots[i].end.store(end, std::memory_order_relaxed);
+      g_slots[i].revoked.store(false, std::memory_order_relaxed);
+      g_slots[i].state.store(2, std::memory_order_release);
+      return i;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ClientMapping>> ClientMapping::Map(int fd, int64_t offset, int64_t size,
+                                                          bool writable, const std::string& label) {
+  InstallHandlerOnce();
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat " + label);
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(label + " is not a shared-memory object (not a regular file)");
+  }
+  struct statfs sf {};
+  if (fstatfs(fd, &sf) != 0) return Status::FromErrno(errno, "fstatfs " + label);
+  // Only memory objects: mapping a file of a real filesystem (or of this very mount, which would
+  // deadlock on its own page faults) is refused.
+  if (sf.f_type != TMPFS_MAGIC && sf.f_type != static_cast<decltype(sf.f_type)>(HUGETLBFS_MAGIC)) {
+    return Status::InvalidArgument(
+        label + " is not on tmpfs or hugetlbfs (not a /dev/shm object or memfd)");
+  }
+  if (offset % g_page != 0) {
+    return Status::InvalidArgument("'offset' " + std::to_string(offset) +
+                                   " is not a multiple of the page size " + std::to_string(g_page));
+  }
+  if (offset > st.st_size) {
+    return Status::InvalidArgument("'offset' " + std::to_string(offset) + " is past the end of " +
+                                   label + " (" + std::to_string(st.st_size) + " bytes)");
+  }
+  if (size == 0) size = st.st_size - offset;
+  if (size <= 0) return Status::InvalidArgument(label + " is empty");
+  if (size > st.st_size - offset) {
+    return Status::InvalidArgument("'size' " + std::to_string(size) + " at 'offset' " +
+                                   std::to_string(offset) + " is past the end of " + label + " (" +
+                                   std::to_string(st.st_size) + " bytes)");
+  }
+  auto m = std::unique_ptr<ClientMapping>(new ClientMapping());
+  m->label_ = label;
+  m->size_ = size;
+  m->map_len_ = static_cast<size_t>((size + g_page - 1) / g_page * g_page);
+
+  // A memfd that allows sealing is sealed against shrinking, which removes the SIGBUS case.
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals >= 0 && !(seals & F_SEAL_SEAL) && !(seals & F_SEAL_SHRINK)) {
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0) seals |= F_SEAL_SHRINK;
+  }
+  m->sealed_ = seals >= 0 && (seals & F_SEAL_SHRINK);
+
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* p = mmap(nullptr, m->map_len_, prot, MAP_SHARED, fd, offset);
+  if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap " + label);
+  m->base_ = static_cast<char*>(p);
+  m->writable_ = writable;
+  const auto start = reinterpret_cast<uintptr_t>(p);
+  m->slot_ = TakeSlot(start, start + m->map_len_);
+  if (m->slot_ < 0) {
+    return Status::ResourceExhausted(EMFILE, "too many client buffers registered in the daemon");
+  }
+  return m;
+}
+
+ClientMapping::~ClientMapping() {
+  if (slot_ >= 0) {
+    g_slots[slot_].state.store(1, std::memory_order_release);  // the handler ignores it now
+  }
+  if (base_ != nullptr && munmap(base_, map_len_) != 0) {
+    Logger().error("munmap of client buffer {} failed: {}", label_, std::strerror(errno));
+  }
+  if (slot_ >= 0) g_slots[slot_].state.store(0, std::memory_order_release);
+}
+
+bool ClientMapping::revoked() const {
+  return slot_ >= 0 && g_slots[slot_].revoked.load(std::memory_order_acquire);
+}
+
+}  // namespace dnvme::fs

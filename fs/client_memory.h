@@ -1,0 +1,62 @@
+// Client shared memory mapped into the daemon for control-file transfers (buffer.register).
+//
+// The danger of mapping another process's memory: if the client shrinks the object (ftruncate of a
+// /dev/shm file, or of a memfd without F_SEAL_SHRINK) the daemon's next touch of the lost pages
+// raises SIGBUS and would kill the daemon and every mount user. Two defences:
+//   - memfds that allow sealing get F_SEAL_SHRINK at registration, so they cannot shrink at all;
+//   - every mapping is listed in a fixed, lock-free table read by a SIGBUS handler. A fault inside
+//     a listed mapping is repaired by mapping anonymous zero pages over the lost range (the same
+//     thing Wayland compositors do for client shm pools) and marking the mapping revoked; the
+//     transfer then completes harmlessly and is reported as failed (EFAULT). A fault anywhere
+//     else is re-raised with the default action: a real bug still crashes with a core.
+// Kernel-side accesses (O_DIRECT requests, pread/pwrite into the mapping) fail with EFAULT on
+// their own and never raise a signal.
+//
+// Thread safety: ClientMapping is immutable after Map() except for the revoked flag, which the
+// signal handler sets and any thread may read. The table is updated with atomics only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dnvme/status.h"
+
+namespace dnvme::fs {
+
+class ClientMapping {
+ public:
+  // Maps [offset, offset + size) of the open object `fd` (size 0: to the end of the object).
+  // `writable` maps it read-write (a pread target) as well as readable. Installs the SIGBUS
+  // handler on first use. The fd may be closed afterwards.
+  static Result<std::unique_ptr<ClientMapping>> Map(int fd, int64_t offset, int64_t size,
+                                                    bool writable, const std::string& label);
+  ~ClientMapping();
+  ClientMapping(const ClientMapping&) = delete;
+  ClientMapping& operator=(const ClientMapping&) = delete;
+
+  char* data() const { return base_; }
+  int64_t size() const { return size_; }
+  bool writable() const { return writable_; }
+  bool sealed() const { return sealed_; }
+  const std::string& label() const { return label_; }
+  // True once the owner shrank the object under us and the SIGBUS handler patched the mapping.
+  bool revoked() const;
+
+  // How many mappings the table can hold (the control plane's limits stay below it).
+  static constexpr int kMaxMappings = 4096;
+
+ private:
+  ClientMapping() = default;
+  char* base_ = nullptr;
+  int64_t size_ = 0;  // bytes the client asked for
+  size_t map_len_ = 0;
+  bool writable_ = false;
+  bool sealed_ = false;
+  int slot_ = -1;
+  std::string label_;
+};
+
+}  // namespace dnvme::fs

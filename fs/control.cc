@@ -1,0 +1,550 @@
+#include "fs/control.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/fsuid.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "engine/common/log.h"
+#include "engine/posix/file.h"
+#include "fs/fs.h"
+
+namespace dnvme::fs {
+namespace {
+
+using nlohmann::json;
+
+Status Err(int err, std::string msg) {
+  if (err == EINVAL) return Status::InvalidArgument(std::move(msg));
+  return Status::IoError(err, std::move(msg));
+}
+
+// Runs the calling thread with the caller's filesystem identity (fsuid, fsgid, supplementary
+// groups) until destroyed. These are per-thread in the kernel; glibc's setgroups() would change
+// every thread of the daemon, hence the raw syscall. A daemon not running as root cannot switch:
+// it serves only its own uid (which is all FUSE lets through without allow_other anyway).
+class AsCaller {
+ public:
+  static Result<std::unique_ptr<AsCaller>> Enter(const Caller& c) {
+    auto a = std::unique_ptr<AsCaller>(new AsCaller());
+    if (geteuid() != 0) {
+      if (c.uid != geteuid()) {
+        return Err(EACCES, "the daemon runs as uid " + std::to_string(geteuid()) +
+                               " and cannot act for uid " + std::to_string(c.uid));
+      }
+      return a;
+    }
+    int n = getgroups(0, nullptr);
+    if (n < 0) return Status::FromErrno(errno, "getgroups");
+    a->saved_groups_.resize(static_cast<size_t>(n));
+    if (n > 0 && getgroups(n, a->saved_groups_.data()) < 0) {
+      return Status::FromErrno(errno, "getgroups");
+    }
+    a->saved_uid_ = static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1)));
+    a->saved_gid_ = static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1)));
+    a->switched_ = true;  // from here the destructor restores
+    if (syscall(SYS_setgroups, c.groups.size(), c.groups.data()) != 0) {
+      return Status::FromErrno(errno, "setgroups for the caller");
+    }
+    setfsgid(c.gid);
+    if (static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != c.gid) {
+      return Err(EPERM, "cannot take the caller's gid " + std::to_string(c.gid));
+    }
+    setfsuid(c.uid);
+    if (static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != c.uid) {
+      return Err(EPERM, "cannot take the caller's uid " + std::to_string(c.uid));
+    }
+    return a;
+  }
+
+  ~AsCaller() {
+    if (!switched_) return;
+    setfsuid(saved_uid_);
+    setfsgid(saved_gid_);
+    const bool groups_ok = syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data()) == 0;
+    if (!groups_ok || static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != saved_uid_ ||
+        static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != saved_gid_) {
+      // A FUSE thread left with a client's identity would serve other users wrongly: stop.
+      Logger().critical("could not restore the daemon's identity after a control request");
+      std::abort();
+    }
+  }
+
+ private:
+  AsCaller() = default;
+  bool switched_ = false;
+  uid_t saved_uid_ = 0;
+  gid_t saved_gid_ = 0;
+  std::vector<gid_t> saved_groups_;
+};
+
+// openat2 below `dirfd`: the path cannot leave it (.., absolute symlinks, /proc magic links).
+Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
+  struct open_how how {};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOCTTY);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd;
+  do {
+    fd = syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof(how));
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EXDEV) return Err(EXDEV, "'" + rel + "' resolves outside the mount");
+    return Status::FromErrno(err, "open '" + rel + "'");
+  }
+  return UniqueFd(static_cast<int>(fd));
+}
+
+std::string Dirname(const std::string& rel) {
+  const size_t slash = rel.rfind('/');
+  return slash == std::string::npos ? std::string() : rel.substr(0, slash);
+}
+
+std::string Basename(const std::string& rel) {
+  const size_t slash = rel.rfind('/');
+  return slash == std::string::npos ? rel : rel.substr(slash + 1);
+}
+
+json RecordJson(const CtlOpRecord& r) {
+  json j = {{"op_id", r.op_id},   {"op", r.write ? "pwrite" : "pread"},
+            {"path", r.path},     {"file_offset", r.file_offset},
+            {"length", r.length}, {"bytes", r.bytes_done},
+            {"ok", r.status.ok()}};
+  if (!r.status.ok()) {
+    const int err = r.status.error_number() ? r.status.error_number() : EIO;
+    j["error"] = {{"code", ErrnoName(err)}, {"errno", err}, {"message", r.status.message()}};
+  }
+  return j;
+}
+
+}  // namespace
+
+Caller CallerOf(fuse_req_t req) {
+  Caller c;
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  c.uid = ctx->uid;
+  c.gid = ctx->gid;
+  c.pid = ctx->pid;
+  gid_t groups[64];
+  int n = fuse_req_getgroups(req, 64, groups);
+  if (n > 64) {
+    c.groups.resize(static_cast<size_t>(n));
+    n = fuse_req_getgroups(req, n, c.groups.data());
+  }
+  if (n > 0 && c.groups.empty()) c.groups.assign(groups, groups + n);
+  if (n < 0) c.groups.clear();  // unknown (the process is gone): no supplementary groups
+  if (n >= 0 && static_cast<size_t>(n) < c.groups.size()) c.groups.resize(static_cast<size_t>(n));
+  return c;
+}
+
+CtlSession::CtlSession(Fs& fs, uid_t owner) : fs_(fs), owner_(owner) {
+  fs_.ctl_counters().sessions_open.fetch_add(1, std::memory_order_relaxed);
+}
+
+CtlSession::~CtlSession() {
+  std::lock_guard lock(mu_);
+  for (auto& [id, h] : handles_) {
+    std::vector<std::shared_ptr<CtlOpRecord>> done;
+    {
+      std::unique_lock hl(h->m);
+      h->cv.wait(hl, [&] { return h->running == 0; });
+      done.swap(h->ops);
+    }
+    for (auto& rec : done) FinishRecord(*rec);
+    fs_.RemoveCtlEngine(h->engine.get());
+    h->engine.reset();
+    fs_.ReleaseHandleQuota(owner_);
+    fs_.ctl_counters().handles_open.fetch_sub(1, std::memory_order_relaxed);
+  }
+  for (auto& [id, b] : buffers_) {
+    fs_.ReleaseBufferQuota(owner_, b.map->size());
+    fs_.ctl_counters().buffers_registered.fetch_sub(1, std::memory_order_relaxed);
+    fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(b.map->size()),
+                                                  std::memory_order_relaxed);
+  }
+  fs_.ctl_counters().sessions_open.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void CtlSession::Request(std::string_view text, const Caller& caller) {
+  std::lock_guard lock(mu_);
+  fs_.ctl_counters().requests.fetch_add(1, std::memory_order_relaxed);
+  auto req = ParseCtlRequest(text, fs_.opts().mountpoint);
+  std::string id = req.ok() ? req->id_json : std::string();
+  Result<std::string> body =
+      req.ok() ? Dispatch(req.value(), caller) : Result<std::string>(req.status());
+  if (body.ok()) {
+    answer_ = CtlOkResponse(id, body.value());
+  } else {
+    fs_.ctl_counters().request_errors.fetch_add(1, std::memory_order_relaxed);
+    Logger().info("control request from pid {} uid {} refused: {}", caller.pid, caller.uid,
+                  body.status().ToString());
+    answer_ = CtlErrorResponse(id, body.status());
+  }
+  answer_pos_ = 0;
+}
+
+std::string CtlSession::ReadAnswer(size_t size) {
+  std::lock_guard lock(mu_);
+  const size_t n = std::min(size, answer_.size() - answer_pos_);
+  std::string out = answer_.substr(answer_pos_, n);
+  answer_pos_ += n;
+  return out;
+}
+
+Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& caller) {
+  switch (r.op) {
+    case CtlOp::kHello: {
+      const CtlLimits& l = fs_.ctl_limits();
+      json j = {{"protocol", 1},
+                {"version", fs_.version()},
+                {"mountpoint", fs_.opts().mountpoint},
+                {"limits",
+                 {{"max_handles", l.max_handles},
+                  {"max_buffer_bytes", l.max_buffer_bytes},
+                  {"max_buffers", l.max_buffers},
+                  {"max_request_bytes", kMaxRequestBytes}}}};
+      return j.dump();
+    }
+    case CtlOp::kConfigGet:
+      return json{{"config", json::parse(fs_.EngineConfig().ToJson())}}.dump();
+    case CtlOp::kConfigSet: {
+      if (!fs_.MayReconfigure(caller.uid)) {
+        return Err(EPERM, "only root or the mount's owner may change the live configuration");
+      }
+      DNVME_ASSIGN_OR_RETURN(HandleConfig c, fs_.SetEngineConfig(r.config_json));
+      return json{{"config", json::parse(c.ToJson())}}.dump();
+    }
+    case CtlOp::kStats:
+      return json{{"stats", json::parse(fs_.StatsJson())}}.dump();
+    case CtlOp::kHandleOpen:
+      return OpenHandle(r, caller);
+    case CtlOp::kHandleClose:
+      return CloseHandle(r.handle);
+    case CtlOp::kBufferRegister:
+      return Register(r, caller);
+    case CtlOp::kBufferUnregister:
+      return Unregister(r.buffer);
+    case CtlOp::kPread:
+    case CtlOp::kPwrite:
+      return Transfer(r, caller);
+    case CtlOp::kWait:
+      return Wait(r.handle);
+    case CtlOp::kFsync:
+      return Fsync(r, caller);
+  }
+  return Err(EOPNOTSUPP, "op not handled");
+}
+
+Result<std::string> CtlSession::OpenHandle(const CtlRequest& r, const Caller& caller) {
+  (void)caller;
+  DNVME_ASSIGN_OR_RETURN(HandleConfig cfg,
+                         HandleConfig::FromJson(r.config_json, fs_.EngineConfig()));
+  DNVME_RETURN_IF_ERROR(fs_.TakeHandleQuota(owner_));
+  auto engine = AioHandle::Create(cfg);
+  if (!engine.ok()) {
+    fs_.ReleaseHandleQuota(owner_);
+    return engine.status().WithContext("handle.open");
+  }
+  auto h = std::make_unique<CtlHandle>();
+  h->engine = std::move(engine).value();
+  const int64_t id = next_handle_++;
+  fs_.AddCtlEngine(h->engine.get());
+  handles_.emplace(id, std::move(h));
+  fs_.ctl_counters().handles_open.fetch_add(1, std::memory_order_relaxed);
+  return json{{"handle", id}, {"config", json::parse(cfg.ToJson())}}.dump();
+}
+
+Result<std::string> CtlSession::CloseHandle(int64_t id) {
+  auto it = handles_.find(id);
+  if (it == handles_.end())
+    return Err(EBADF, "no handle " + std::to_string(id) + " in this session");
+  CtlHandle& h = *it->second;
+  std::vector<std::shared_ptr<CtlOpRecord>> done;
+  {
+    std::unique_lock hl(h.m);
+    h.cv.wait(hl, [&] { return h.running == 0; });
+    done.swap(h.ops);
+  }
+  const size_t n = done.size();
+  for (auto& rec : done) FinishRecord(*rec);
+  fs_.RemoveCtlEngine(h.engine.get());
+  handles_.erase(it);  // destroys the engine (nothing in flight)
+  fs_.ReleaseHandleQuota(owner_);
+  fs_.ctl_counters().handles_open.fetch_sub(1, std::memory_order_relaxed);
+  return json{{"uncollected", n}}.dump();
+}
+
+Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& caller) {
+  if (static_cast<int64_t>(buffers_.size()) >= fs_.ctl_limits().max_buffers) {
+    return Err(EMFILE, "this session already has " + std::to_string(buffers_.size()) +
+                           " buffers registered (the limit)");
+  }
+  std::string source = r.shm.empty() ? r.source : "/dev/shm/" + r.shm;
+  // Only shared-memory objects, named in one of two shapes; anything else (a file of this mount,
+  // a device) is refused before it is opened.
+  static const std::regex kShm(R"(^/dev/shm/[^/]+$)");
+  static const std::regex kProcFd(R"(^/proc/[0-9]{1,10}/fd/[0-9]{1,10}$)");
+  if (!std::regex_match(source, kShm) && !std::regex_match(source, kProcFd)) {
+    return Err(EINVAL, "'source' must be /dev/shm/NAME or /proc/PID/fd/N, not '" + source + "'");
+  }
+  if (source == "/dev/shm/." || source == "/dev/shm/..") {
+    return Err(EINVAL, "'source' must name an object in /dev/shm");
+  }
+  UniqueFd fd;
+  bool writable = true;
+  {
+    DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
+    // The caller's own permission decides: read-write when it may write the object (a pread
+    // target), else read-only (a pwrite source only).
+    // /proc/PID/fd/N is a link by nature; a /dev/shm name must not be one (a link planted in
+    // the shared directory could point anywhere).
+    const int nofollow = source.rfind("/dev/shm/", 0) == 0 ? O_NOFOLLOW : 0;
+    int raw = open(source.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | nofollow);
+    if (raw < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
+      writable = false;
+      raw = open(source.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | nofollow);
+    }
+    if (raw < 0)
+      return Status::FromErrno(errno, "open '" + source + "' as uid " + std::to_string(caller.uid));
+    fd.Reset(raw);
+  }
+  DNVME_ASSIGN_OR_RETURN(
+      auto map, ClientMapping::Map(fd.get(), r.region_offset, r.region_size, writable, source));
+  DNVME_RETURN_IF_ERROR(fs_.TakeBufferQuota(owner_, map->size()));
+  const int64_t id = next_buffer_++;
+  const int64_t size = map->size();
+  const bool sealed = map->sealed();
+  buffers_[id] = Buffer{std::shared_ptr<ClientMapping>(std::move(map)), caller.uid};
+  fs_.ctl_counters().buffers_registered.fetch_add(1, std::memory_order_relaxed);
+  fs_.ctl_counters().bytes_registered.fetch_add(static_cast<uint64_t>(size),
+                                                std::memory_order_relaxed);
+  return json{{"buffer", id}, {"size", size}, {"writable", writable}, {"sealed", sealed}}.dump();
+}
+
+Result<std::string> CtlSession::Unregister(int64_t id) {
+  auto it = buffers_.find(id);
+  if (it == buffers_.end())
+    return Err(EBADF, "no buffer " + std::to_string(id) + " in this session");
+  // A transfer still in flight holds the mapping: it stays mapped until that finishes.
+  if (it->second.map.use_count() > 1) {
+    return Err(EBUSY, "buffer " + std::to_string(id) +
+                          " has transfers in flight or not yet collected by wait");
+  }
+  fs_.ReleaseBufferQuota(owner_, it->second.map->size());
+  fs_.ctl_counters().buffers_registered.fetch_sub(1, std::memory_order_relaxed);
+  fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(it->second.map->size()),
+                                                std::memory_order_relaxed);
+  buffers_.erase(it);
+  return std::string("{}");
+}
+
+void CtlSession::FinishRecord(CtlOpRecord& rec) {
+  if (rec.pinned != nullptr) {
+    // A write through the control file is seen by later reads through the mount: drop the
+    // daemon's read-ahead and the kernel's cached pages and attributes of the file.
+    if (rec.write) fs_.AfterExternalWrite(*rec.pinned);
+    fs_.Unpin(rec.pinned);
+    rec.pinned = nullptr;
+  }
+  rec.file = FileRef();
+  rec.buffer.reset();
+}
+
+Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& caller) {
+  const bool write = r.op == CtlOp::kPwrite;
+  auto hit = handles_.find(r.handle);
+  if (hit == handles_.end()) {
+    return Err(EBADF, "no handle " + std::to_string(r.handle) + " in this session");
+  }
+  auto bit = buffers_.find(r.buffer);
+  if (bit == buffers_.end()) {
+    return Err(EBADF, "no buffer " + std::to_string(r.buffer) + " in this session");
+  }
+  CtlHandle& h = *hit->second;
+  std::shared_ptr<ClientMapping> map = bit->second.map;
+  if (r.buffer_offset > map->size() || r.length > map->size() - r.buffer_offset) {
+    return Err(EINVAL, "buffer_offset " + std::to_string(r.buffer_offset) + " + length " +
+                           std::to_string(r.length) + " is past the end of buffer " +
+                           std::to_string(r.buffer) + " (" + std::to_string(map->size()) +
+                           " bytes)");
+  }
+  if (!write && !map->writable()) {
+    return Err(EACCES, "buffer " + std::to_string(r.buffer) +
+                           " is registered read-only (the caller may not write it): it can be "
+                           "the source of a pwrite, not the target of a pread");
+  }
+  if (map->revoked())
+    return Err(EFAULT, "buffer " + std::to_string(r.buffer) + " was shrunk by its owner");
+
+  // Open the file as the caller: the same permission decision as open(2) on the mount.
+  UniqueFd fd;
+  bool created = false;
+  {
+    DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
+    const int flags = (write ? O_WRONLY : O_RDONLY) | O_NONBLOCK;
+    auto opened = OpenBeneath(fs_.root_fd(), r.path, flags, 0);
+    if (!opened.ok() && write && opened.status().error_number() == ENOENT) {
+      // DeepSpeed's pwrite creates the file; so does this one (owned by the caller).
+      opened = OpenBeneath(fs_.root_fd(), r.path, flags | O_CREAT | O_EXCL, 0644);
+      created = opened.ok();
+    }
+    if (!opened.ok()) return opened.status();
+    fd = std::move(opened).value();
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat '" + r.path + "'");
+  if (!S_ISREG(st.st_mode)) return Err(EINVAL, "'" + r.path + "' is not a regular file");
+  if (created) fs_.AfterExternalCreate(Dirname(r.path), Basename(r.path));
+
+  auto rec = std::make_shared<CtlOpRecord>();
+  rec->op_id = next_op_++;
+  rec->write = write;
+  rec->path = r.path;
+  rec->file_offset = r.file_offset;
+  rec->length = r.length;
+  rec->buffer = map;
+  // Coherence with the mount: data still in the mount's write-behind must reach the file first
+  // (a read sees it; a write is not overwritten by it later).
+  rec->pinned = fs_.PinInode(st.st_dev, st.st_ino);
+  if (rec->pinned != nullptr) {
+    Status drained = fs_.DrainForExternal(*rec->pinned);
+    if (!drained.ok()) {
+      FinishRecord(*rec);
+      return drained;
+    }
+  }
+  auto file = h.engine->adopt_fd(fd.get(), write ? FileAccess::kWrite : FileAccess::kRead);
+  if (!file.ok()) {
+    FinishRecord(*rec);
+    return file.status();
+  }
+  rec->file = std::move(file).value();
+  char* buf = map->data() + r.buffer_offset;
+  CtlCounters& cc = fs_.ctl_counters();
+
+  if (!r.async) {
+    Status st2 = write ? h.engine->sync_pwrite(buf, r.length, rec->file, r.file_offset)
+                       : h.engine->sync_pread(buf, r.length, rec->file, r.file_offset);
+    if (st2.ok() && map->revoked()) {
+      st2 = Err(EFAULT, "buffer " + std::to_string(r.buffer) +
+                            " was shrunk by its owner during the transfer");
+    }
+    FinishRecord(*rec);
+    if (!st2.ok()) {
+      cc.ops_failed.fetch_add(1, std::memory_order_relaxed);
+      return st2;
+    }
+    (write ? cc.ops_written : cc.ops_read).fetch_add(1, std::memory_order_relaxed);
+    (write ? cc.bytes_written : cc.bytes_read)
+        .fetch_add(static_cast<uint64_t>(r.length), std::memory_order_relaxed);
+    return json{{"bytes", r.length}, {"op_id", rec->op_id}}.dump();
+  }
+
+  {
+    std::lock_guard hl(h.m);
+    if (static_cast<int64_t>(h.ops.size()) >= fs_.ctl_limits().max_pending) {
+      FinishRecord(*rec);
+      return Err(EAGAIN, "handle " + std::to_string(r.handle) + " has " +
+                             std::to_string(h.ops.size()) +
+                             " operations not yet collected; call wait first");
+    }
+    h.ops.push_back(rec);
+    ++h.running;
+  }
+  CtlHandle* hp = &h;
+  Completion done = [hp, rec, &cc](const OpResult& res) {
+    {
+      std::lock_guard hl(hp->m);
+      rec->bytes_done = res.bytes_done;
+      rec->status = res.status;
+      if (rec->status.ok() && rec->buffer->revoked()) {
+        rec->status =
+            Status::IoError(EFAULT, "the buffer was shrunk by its owner during the transfer");
+      }
+      rec->finished = true;
+      if (rec->status.ok()) {
+        (rec->write ? cc.ops_written : cc.ops_read).fetch_add(1, std::memory_order_relaxed);
+        (rec->write ? cc.bytes_written : cc.bytes_read)
+            .fetch_add(static_cast<uint64_t>(rec->length), std::memory_order_relaxed);
+      } else {
+        cc.ops_failed.fetch_add(1, std::memory_order_relaxed);
+      }
+      --hp->running;
+    }
+    hp->cv.notify_all();
+  };
+  Status sub = write ? h.engine->submit_pwrite(buf, r.length, rec->file, r.file_offset, done)
+                     : h.engine->submit_pread(buf, r.length, rec->file, r.file_offset, done);
+  if (!sub.ok()) {
+    {
+      std::lock_guard hl(h.m);
+      --h.running;
+      h.ops.pop_back();
+    }
+    FinishRecord(*rec);
+    return sub;
+  }
+  return json{{"op_id", rec->op_id}, {"async", true}}.dump();
+}
+
+Result<std::string> CtlSession::Wait(int64_t id) {
+  auto it = handles_.find(id);
+  if (it == handles_.end())
+    return Err(EBADF, "no handle " + std::to_string(id) + " in this session");
+  CtlHandle& h = *it->second;
+  std::vector<std::shared_ptr<CtlOpRecord>> done;
+  {
+    std::unique_lock hl(h.m);
+    h.cv.wait(hl, [&] { return h.running == 0; });
+    done.swap(h.ops);
+  }
+  return Collect(h, std::move(done));
+}
+
+std::string CtlSession::Collect(CtlHandle& h, std::vector<std::shared_ptr<CtlOpRecord>> done) {
+  (void)h;
+  json ops = json::array();
+  int failed = 0;
+  for (auto& rec : done) {
+    FinishRecord(*rec);
+    if (!rec->status.ok()) ++failed;
+    ops.push_back(RecordJson(*rec));
+  }
+  return json{{"completed", done.size()}, {"failed", failed}, {"ops", ops}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<std::string> CtlSession::Fsync(const CtlRequest& r, const Caller& caller) {
+  UniqueFd fd;
+  {
+    DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
+    const std::string rel = r.path.empty() ? "." : r.path;
+    auto opened = OpenBeneath(fs_.root_fd(), rel, O_RDONLY | O_NONBLOCK, 0);
+    if (!opened.ok() && opened.status().error_number() == EACCES) {
+      opened = OpenBeneath(fs_.root_fd(), rel, O_WRONLY | O_NONBLOCK, 0);
+    }
+    if (!opened.ok()) return opened.status();
+    fd = std::move(opened).value();
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat '" + r.path + "'");
+  if (S_ISREG(st.st_mode)) {
+    Inode* in = fs_.PinInode(st.st_dev, st.st_ino);
+    if (in != nullptr) {
+      Status drained = fs_.DrainForExternal(*in);
+      fs_.Unpin(in);
+      DNVME_RETURN_IF_ERROR(drained);
+    }
+  }
+  if (fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync '" + r.path + "'");
+  return std::string("{}");
+}
+
+}  // namespace dnvme::fs

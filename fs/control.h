@@ -1,0 +1,131 @@
+// The control plane behind `<mount>/.dnvme/` (docs/control-protocol.md): the `ctl` sessions and
+// the `stats` / `config` documents.
+//
+// A CtlSession belongs to one open of `ctl`. Each write() is one request, processed at once on the
+// FUSE thread that received it; the answer waits in the session for the next read(). Handles
+// (engine instances with their own parameters) and registered client buffers belong to the
+// session and go away with it (release waits for their in-flight operations first).
+//
+// Identity: every request acts as the process that sent it (the FUSE request's uid, gid and
+// supplementary groups): paths are opened inside BACKING_DIR with openat2(RESOLVE_BENEATH) under
+// that identity (setfsuid/setfsgid/setgroups on the serving thread only), so the kernel makes the
+// same permission decision open(2) would, ACLs included. Shared-memory objects are opened the same
+// way. Limits (handles and registered bytes) are counted per uid across all its sessions.
+//
+// Thread contract: a session serialises its own requests (one mutex); different sessions run in
+// parallel. Completion callbacks of a session's asynchronous transfers run on engine workers and
+// only touch the per-handle record list under its own mutex. Coherence work (draining the
+// mount's write-behind, invalidating read-ahead and the kernel's page cache) runs on the FUSE
+// thread, never in a callback, so a callback never waits for a FUSE reply.
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dnvme/handle.h"
+#include "fs/client_memory.h"
+#include "fs/ctl_protocol.h"
+
+namespace dnvme::fs {
+
+class Fs;
+struct Inode;
+
+// Who sent a request (from fuse_req_ctx and fuse_req_getgroups).
+struct Caller {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;
+  std::vector<gid_t> groups;
+};
+Caller CallerOf(fuse_req_t req);
+
+// Counters of the control file; relaxed atomics.
+struct CtlCounters {
+  std::atomic<uint64_t> requests{0}, request_errors{0};
+  std::atomic<uint64_t> ops_read{0}, ops_written{0}, ops_failed{0};
+  std::atomic<uint64_t> bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> sessions_open{0}, handles_open{0}, buffers_registered{0};
+  std::atomic<uint64_t> bytes_registered{0};
+  std::atomic<uint64_t> config_changes{0};
+};
+
+struct CtlLimits {
+  int64_t max_handles = 8;                       // per uid, all sessions together
+  int64_t max_buffer_bytes = int64_t{64} << 30;  // registered bytes per uid
+  int64_t max_buffers = 256;                     // per session
+  int64_t max_pending = 4096;                    // async operations not yet collected, per handle
+};
+
+// One asynchronous or finished transfer of a session.
+struct CtlOpRecord {
+  uint64_t op_id = 0;
+  bool write = false;
+  std::string path;
+  int64_t file_offset = 0;
+  int64_t length = 0;
+  int64_t bytes_done = 0;
+  Status status;
+  bool finished = false;
+  // Held until the outcome is collected: the buffer (kept mapped), the inode pin (for coherence
+  // work after a write), the file.
+  std::shared_ptr<ClientMapping> buffer;
+  Inode* pinned = nullptr;
+  FileRef file;
+};
+
+struct CtlHandle {
+  std::unique_ptr<AioHandle> engine;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<CtlOpRecord>> ops;  // guarded by m; submission order
+  int running = 0;                                // guarded by m
+};
+
+class CtlSession {
+ public:
+  CtlSession(Fs& fs, uid_t owner);
+  ~CtlSession();  // waits for in-flight transfers, unmaps buffers, gives the limits back
+
+  // Processes one request (the bytes of one write()); the answer replaces the pending one.
+  void Request(std::string_view text, const Caller& caller);
+  // Copies up to `size` bytes of the pending answer (consumed as read); empty at its end.
+  std::string ReadAnswer(size_t size);
+
+ private:
+  struct Buffer {
+    std::shared_ptr<ClientMapping> map;
+    uid_t uid = 0;
+  };
+  Result<std::string> Dispatch(const CtlRequest& r, const Caller& caller);
+  Result<std::string> OpenHandle(const CtlRequest& r, const Caller& caller);
+  Result<std::string> CloseHandle(int64_t id);
+  Result<std::string> Register(const CtlRequest& r, const Caller& caller);
+  Result<std::string> Unregister(int64_t id);
+  Result<std::string> Transfer(const CtlRequest& r, const Caller& caller);
+  Result<std::string> Wait(int64_t id);
+  Result<std::string> Fsync(const CtlRequest& r, const Caller& caller);
+  // Collects finished records of `h`: coherence work and unpinning; returns their JSON.
+  std::string Collect(CtlHandle& h, std::vector<std::shared_ptr<CtlOpRecord>> done);
+  void FinishRecord(CtlOpRecord& rec);
+
+  Fs& fs_;
+  const uid_t owner_;
+  std::mutex mu_;  // serialises requests; guards everything below
+  std::string answer_;
+  size_t answer_pos_ = 0;
+  int64_t next_handle_ = 1, next_buffer_ = 1;
+  uint64_t next_op_ = 1;
+  std::map<int64_t, std::unique_ptr<CtlHandle>> handles_;
+  std::map<int64_t, Buffer> buffers_;
+};
+
+}  // namespace dnvme::fs

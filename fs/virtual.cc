@@ -1,0 +1,540 @@
+#include "fs/virtual.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/common/log.h"
+#include "fs/fs.h"
+
+#ifndef DNVME_VERSION
+#define DNVME_VERSION "unknown"
+#endif
+
+namespace dnvme::fs {
+namespace {
+
+using nlohmann::json;
+
+constexpr double kVirtualTimeout = 1.0;
+
+Fs& FsOf(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req)); }
+
+// Control nodes' inode numbers as the kernel shows them: far from any real ext4/xfs number.
+constexpr ino_t kVirtualInoBase = 0x7fffffff00000000ULL;
+
+struct NodeInfo {
+  VirtualNode kind;
+  const char* name;
+  mode_t mode;
+};
+constexpr NodeInfo kFiles[] = {
+    {VirtualNode::kCtl, "ctl", S_IFREG | 0666},        // every user: requests act as the caller
+    {VirtualNode::kStats, "stats", S_IFREG | 0444},    // read-only
+    {VirtualNode::kConfig, "config", S_IFREG | 0644},  // written by root or the mount's owner
+};
+
+Inode* AsInode(fuse_ino_t ino) {
+  if (ino == FUSE_ROOT_ID) return nullptr;
+  return reinterpret_cast<Inode*>(ino);
+}
+
+VirtualNode KindOf(fuse_ino_t ino) {
+  Inode* in = AsInode(ino);
+  return in == nullptr ? VirtualNode::kNone : in->virt;
+}
+
+void FillStat(Fs& fs, VirtualNode kind, struct stat* st, const struct timespec& t) {
+  std::memset(st, 0, sizeof(*st));
+  st->st_ino = kVirtualInoBase + static_cast<ino_t>(kind);
+  st->st_uid = geteuid();
+  st->st_gid = getegid();
+  st->st_blksize = 4096;
+  st->st_atim = st->st_mtim = st->st_ctim = t;
+  if (kind == VirtualNode::kCtlDir) {
+    st->st_mode = S_IFDIR | 0555;
+    st->st_nlink = 2;
+    return;
+  }
+  for (const NodeInfo& f : kFiles) {
+    if (f.kind == kind) st->st_mode = f.mode;
+  }
+  st->st_nlink = 1;
+  (void)fs;
+}
+
+fuse_entry_param EntryOf(Fs& fs, VirtualNode kind, const struct timespec& t) {
+  fuse_entry_param e{};
+  e.ino = reinterpret_cast<fuse_ino_t>(&fs.VirtualInode(kind));
+  FillStat(fs, kind, &e.attr, t);
+  e.attr_timeout = kVirtualTimeout;
+  e.entry_timeout = kVirtualTimeout;
+  return e;
+}
+
+struct timespec Now() {
+  struct timespec t {};
+  clock_gettime(CLOCK_REALTIME, &t);
+  return t;
+}
+
+std::string Snapshot(Fs& fs, VirtualNode kind) {
+  if (kind == VirtualNode::kStats) return json::parse(fs.StatsJson()).dump(2) + "\n";
+  return json::parse(fs.EngineConfig().ToJson()).dump(2) + "\n";
+}
+
+}  // namespace
+
+bool IsVirtual(fuse_req_t req, fuse_ino_t ino) {
+  (void)req;
+  return KindOf(ino) != VirtualNode::kNone;
+}
+
+bool IsHiddenName(fuse_ino_t parent, const char* name) {
+  return parent == FUSE_ROOT_ID && std::strcmp(name, kCtlDirName) == 0;
+}
+
+bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err) {
+  if (!IsVirtual(req, ino)) return false;
+  fuse_reply_err(req, err);
+  return true;
+}
+
+bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err) {
+  if (!IsVirtual(req, parent) && !IsHiddenName(parent, name)) return false;
+  fuse_reply_err(req, err);
+  return true;
+}
+
+bool VirtualLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Fs& fs = FsOf(req);
+  const struct timespec t = Now();
+  if (IsHiddenName(parent, name)) {
+    fuse_entry_param e = EntryOf(fs, VirtualNode::kCtlDir, t);
+    fuse_reply_entry(req, &e);
+    return true;
+  }
+  if (KindOf(parent) != VirtualNode::kCtlDir) return false;
+  for (const NodeInfo& f : kFiles) {
+    if (std::strcmp(name, f.name) == 0) {
+      fuse_entry_param e = EntryOf(fs, f.kind, t);
+      fuse_reply_entry(req, &e);
+      return true;
+    }
+  }
+  fuse_reply_err(req, ENOENT);
+  return true;
+}
+
+bool VirtualGetattr(fuse_req_t req, fuse_ino_t ino) {
+  const VirtualNode kind = KindOf(ino);
+  if (kind == VirtualNode::kNone) return false;
+  struct stat st {};
+  FillStat(FsOf(req), kind, &st, Now());
+  fuse_reply_attr(req, &st, kVirtualTimeout);
+  return true;
+}
+
+bool VirtualSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid) {
+  (void)attr;
+  const VirtualNode kind = KindOf(ino);
+  if (kind == VirtualNode::kNone) return false;
+  // `echo '{...}' > config` truncates first and `touch` sets times: harmless no-ops on a control
+  // file. Ownership and modes are fixed.
+  const int allowed = FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |
+                      FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME;
+  if (kind == VirtualNode::kCtlDir || (valid & ~allowed) != 0) {
+    fuse_reply_err(req, EPERM);
+    return true;
+  }
+  return VirtualGetattr(req, ino);
+}
+
+bool VirtualOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Fs& fs = FsOf(req);
+  const VirtualNode kind = KindOf(ino);
+  if (kind == VirtualNode::kNone) return false;
+  const int acc = fi->flags & O_ACCMODE;
+  if (kind == VirtualNode::kCtlDir) {
+    fuse_reply_err(req, EISDIR);
+    return true;
+  }
+  if (kind == VirtualNode::kStats && acc != O_RDONLY) {
+    fuse_reply_err(req, EACCES);
+    return true;
+  }
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  if (kind == VirtualNode::kConfig && acc != O_RDONLY && !fs.MayReconfigure(ctx->uid)) {
+    fuse_reply_err(req, EACCES);
+    return true;
+  }
+  auto vf = std::make_unique<VirtualFile>();
+  vf->kind = kind;
+  if (kind == VirtualNode::kCtl) {
+    vf->session = std::make_unique<CtlSession>(fs, ctx->uid);
+  } else {
+    vf->snapshot = Snapshot(fs, kind);
+  }
+  // direct_io: every read and write reaches us whatever the (zero) file size says, and nothing
+  // of a per-session answer lands in the shared page cache.
+  fi->direct_io = 1;
+  fi->keep_cache = 0;
+  fi->nonseekable = kind == VirtualNode::kCtl ? 1 : 0;
+  VirtualFile* raw = vf.release();
+  fs.Track(raw);
+  fi->fh = reinterpret_cast<uint64_t>(raw);
+  if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(raw);
+  return true;
+}
+
+bool VirtualRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  if (KindOf(ino) == VirtualNode::kNone) return false;
+  auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
+  if (vf->kind == VirtualNode::kCtl) {
+    std::string part = vf->session->ReadAnswer(size);
+    fuse_reply_buf(req, part.data(), part.size());
+    return true;
+  }
+  std::lock_guard lock(vf->m);
+  // Reading from the start again (pread at 0, or a rewind) gets fresh numbers.
+  if (off == 0) vf->snapshot = Snapshot(FsOf(req), vf->kind);
+  const size_t from = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), vf->snapshot.size());
+  const size_t n = std::min(size, vf->snapshot.size() - from);
+  fuse_reply_buf(req, vf->snapshot.data() + from, n);
+  return true;
+}
+
+bool VirtualWrite(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, fuse_file_info* fi) {
+  Fs& fs = FsOf(req);
+  if (KindOf(ino) == VirtualNode::kNone) return false;
+  auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
+  const size_t size = fuse_buf_size(bufv);
+  std::string text(size, '\0');
+  fuse_bufvec dst = FUSE_BUFVEC_INIT(size);
+  dst.buf[0].mem = text.data();
+  const ssize_t got = fuse_buf_copy(&dst, bufv, static_cast<fuse_buf_copy_flags>(0));
+  if (got < 0) {
+    fuse_reply_err(req, static_cast<int>(-got));
+    return true;
+  }
+  text.resize(static_cast<size_t>(got));
+  if (vf->kind == VirtualNode::kCtl) {
+    vf->session->Request(text, CallerOf(req));
+    fuse_reply_write(req, size);
+    return true;
+  }
+  if (vf->kind != VirtualNode::kConfig) {
+    fuse_reply_err(req, EBADF);
+    return true;
+  }
+  if (!fs.MayReconfigure(fuse_req_ctx(req)->uid)) {
+    fuse_reply_err(req, EACCES);
+    return true;
+  }
+  auto applied = fs.SetEngineConfig(text);
+  if (!applied.ok()) {
+    Logger().warn("write to {}/config refused: {}", kCtlDirName, applied.status().ToString());
+    fuse_reply_err(req, EINVAL);
+    return true;
+  }
+  fuse_reply_write(req, size);
+  return true;
+}
+
+bool VirtualNoop(fuse_req_t req, fuse_ino_t ino) {
+  if (KindOf(ino) == VirtualNode::kNone) return false;
+  fuse_reply_err(req, 0);
+  return true;
+}
+
+bool VirtualRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (KindOf(ino) == VirtualNode::kNone) return false;
+  // A ctl session waits here for its in-flight transfers, then unmaps its buffers.
+  FsOf(req).Dispose(reinterpret_cast<VirtualFile*>(fi->fh));
+  fuse_reply_err(req, 0);
+  return true;
+}
+
+bool VirtualOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  const VirtualNode kind = KindOf(ino);
+  if (kind == VirtualNode::kNone) return false;
+  if (kind != VirtualNode::kCtlDir) {
+    fuse_reply_err(req, ENOTDIR);
+    return true;
+  }
+  fi->fh = 0;
+  fi->cache_readdir = 0;
+  fuse_reply_open(req, fi);
+  return true;
+}
+
+bool VirtualReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
+  Fs& fs = FsOf(req);
+  if (KindOf(ino) != VirtualNode::kCtlDir) return false;
+  std::string buf(size, '\0');
+  size_t used = 0;
+  const struct timespec t = Now();
+  // Entries 0 and 1 are "." and ".."; 2.. the files. `off` is the index of the next entry.
+  const int total = 2 + static_cast<int>(std::size(kFiles));
+  for (int i = static_cast<int>(off); i < total; ++i) {
+    const char* name = i == 0 ? "." : i == 1 ? ".." : kFiles[i - 2].name;
+    size_t need;
+    if (plus) {
+      fuse_entry_param e{};
+      if (i >= 2) {
+        e = EntryOf(fs, kFiles[i - 2].kind, t);
+      } else {
+        e.attr.st_ino = kVirtualInoBase;
+        e.attr.st_mode = S_IFDIR;
+      }
+      need = fuse_add_direntry_plus(req, &buf[used], size - used, name, &e, i + 1);
+    } else {
+      struct stat st {};
+      FillStat(fs, i >= 2 ? kFiles[i - 2].kind : VirtualNode::kCtlDir, &st, t);
+      need = fuse_add_direntry(req, &buf[used], size - used, name, &st, i + 1);
+    }
+    if (need > size - used) break;  // the kernel never counted it (the lookup is not taken)
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+  return true;
+}
+
+bool VirtualReleasedir(fuse_req_t req, fuse_ino_t ino) {
+  if (KindOf(ino) == VirtualNode::kNone) return false;
+  fuse_reply_err(req, 0);
+  return true;
+}
+
+// ---- Fs: the control plane's side of the filesystem state ----
+
+void Fs::InitVirtualNodes() {
+  ctl_dir_.virt = VirtualNode::kCtlDir;
+  ctl_dir_.type = S_IFDIR;
+  ctl_node_.virt = VirtualNode::kCtl;
+  stats_node_.virt = VirtualNode::kStats;
+  config_node_.virt = VirtualNode::kConfig;
+  for (Inode* in : {&ctl_node_, &stats_node_, &config_node_}) in->type = S_IFREG;
+}
+
+Inode& Fs::VirtualInode(VirtualNode kind) {
+  switch (kind) {
+    case VirtualNode::kCtl:
+      return ctl_node_;
+    case VirtualNode::kStats:
+      return stats_node_;
+    case VirtualNode::kConfig:
+      return config_node_;
+    default:
+      return ctl_dir_;
+  }
+}
+
+std::string Fs::version() { return DNVME_VERSION; }
+
+bool Fs::MayReconfigure(uid_t uid) const { return uid == 0 || uid == geteuid(); }
+
+std::shared_ptr<AioHandle> Fs::Engine() {
+  std::lock_guard lock(engine_mu_);
+  return engine_;
+}
+
+HandleConfig Fs::EngineConfig() {
+  std::lock_guard lock(engine_mu_);
+  return engine_config_;
+}
+
+void Fs::ReapRetiredLocked() {
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    // Only this list holds it, and nobody can take a new reference: destroying it waits for its
+    // in-flight operations (their callbacks take Inode::m, which this thread does not hold).
+    if (it->use_count() == 1) {
+      retired_stats_ += (*it)->stats();
+      it->reset();
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Result<HandleConfig> Fs::SetEngineConfig(const std::string& json_patch) {
+  std::lock_guard rl(reconfig_mu_);
+  const HandleConfig base = EngineConfig();
+  auto c = HandleConfig::FromJson(json_patch, base);
+  if (!c.ok()) return c.status();
+  if (c.value() == base) return c;
+  auto fresh = AioHandle::Create(c.value());
+  if (!fresh.ok()) return fresh.status().WithContext("new engine");
+  std::shared_ptr<AioHandle> old;
+  {
+    std::lock_guard lock(engine_mu_);
+    old = std::move(engine_);
+    engine_ = std::shared_ptr<AioHandle>(std::move(fresh).value());
+    engine_config_ = c.value();
+  }
+  retired_.push_back(std::move(old));
+  ReapRetiredLocked();
+  ctl_counters_.config_changes.fetch_add(1, std::memory_order_relaxed);
+  Logger().info("live configuration changed to {}", c->ToJson());
+  return c;
+}
+
+std::string Fs::StatsJson() {
+  HandleStats engine_total;
+  {
+    std::lock_guard rl(reconfig_mu_);
+    ReapRetiredLocked();
+    engine_total = retired_stats_;
+    for (auto& r : retired_) engine_total += r->stats();
+  }
+  if (auto e = Engine()) engine_total += e->stats();
+  HandleStats ctl_total;
+  {
+    std::lock_guard lock(ctl_engines_mu_);
+    ctl_total = ctl_closed_stats_;
+    for (AioHandle* h : ctl_engines_) ctl_total += h->stats();
+  }
+  auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  const CtlCounters& c = ctl_counters_;
+  struct timespec now = Now();
+  json j = {
+      {"mount",
+       {{"backing", opts_.backing},
+        {"mountpoint", opts_.mountpoint},
+        {"uptime_s", static_cast<double>(now.tv_sec - started_.tv_sec) +
+                         (now.tv_nsec - started_.tv_nsec) / 1e9},
+        {"write_behind", opts_.write_behind},
+        {"write_chunk", opts_.write_chunk},
+        {"read_ahead", opts_.read_ahead},
+        {"async_reply", opts_.async_reply},
+        {"splice_read", opts_.splice_read},
+        {"clone_fd", opts_.clone_fd}}},
+      {"config", json::parse(EngineConfig().ToJson())},
+      {"fuse", json::parse(counters_.ToJson())},
+      {"engine", json::parse(engine_total.ToJson())},
+      {"ctl",
+       {{"requests", r(c.requests)},
+        {"request_errors", r(c.request_errors)},
+        {"ops_read", r(c.ops_read)},
+        {"ops_written", r(c.ops_written)},
+        {"ops_failed", r(c.ops_failed)},
+        {"bytes_read", r(c.bytes_read)},
+        {"bytes_written", r(c.bytes_written)},
+        {"sessions_open", r(c.sessions_open)},
+        {"handles_open", r(c.handles_open)},
+        {"buffers_registered", r(c.buffers_registered)},
+        {"bytes_registered", r(c.bytes_registered)},
+        {"config_changes", r(c.config_changes)},
+        {"engine", json::parse(ctl_total.ToJson())}}},
+  };
+  return j.dump();
+}
+
+Inode* Fs::PinInode(dev_t dev, ino_t ino) {
+  std::lock_guard lock(inodes_mu_);
+  auto it = inodes_.find({dev, ino});
+  if (it == inodes_.end()) return nullptr;
+  ++it->second->nlookup;
+  return it->second.get();
+}
+
+void Fs::Unpin(Inode* in) { Forget(reinterpret_cast<fuse_ino_t>(in), 1); }
+
+Status Fs::DrainForExternal(Inode& in) {
+  if (!S_ISREG(in.type)) return Status::Ok();
+  int err = Drain(in, /*take_error=*/false);
+  if (err) {
+    return Status::IoError(err, std::string("data written through the mount earlier did not reach "
+                                            "the disk: ") +
+                                    std::strerror(err));
+  }
+  return Status::Ok();
+}
+
+void Fs::AfterExternalWrite(Inode& in) {
+  InvalidateReadAhead(in);
+  if (se_ == nullptr) return;
+  int rc = fuse_lowlevel_notify_inval_inode(se_, reinterpret_cast<fuse_ino_t>(&in), 0, 0);
+  if (rc != 0 && rc != -ENOENT) {
+    Logger().warn("invalidating the kernel cache of inode {} failed: {}", in.ino,
+                  std::strerror(-rc));
+  }
+}
+
+void Fs::AfterExternalCreate(const std::string& dir_rel, const std::string& name) {
+  if (se_ == nullptr) return;
+  fuse_ino_t parent = FUSE_ROOT_ID;
+  Inode* pinned = nullptr;
+  if (!dir_rel.empty()) {
+    int fd = openat(root_.fd, dir_rel.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st {};
+    const bool ok = fstat(fd, &st) == 0;
+    close(fd);
+    if (!ok) return;
+    pinned = PinInode(st.st_dev, st.st_ino);
+    if (pinned == nullptr) return;  // the kernel never saw the directory: nothing cached
+    parent = reinterpret_cast<fuse_ino_t>(pinned);
+  }
+  int rc = fuse_lowlevel_notify_inval_entry(se_, parent, name.c_str(), name.size());
+  if (rc != 0 && rc != -ENOENT) {
+    Logger().warn("invalidating the kernel entry '{}' failed: {}", name, std::strerror(-rc));
+  }
+  if (pinned != nullptr) Unpin(pinned);
+}
+
+Status Fs::TakeHandleQuota(uid_t uid) {
+  std::lock_guard lock(quota_mu_);
+  auto& q = quota_[uid];
+  if (q.first >= ctl_limits_.max_handles) {
+    return Status::ResourceExhausted(EMFILE, "uid " + std::to_string(uid) + " already has " +
+                                                 std::to_string(q.first) +
+                                                 " control handles open (limit ctl_max_handles=" +
+                                                 std::to_string(ctl_limits_.max_handles) + ")");
+  }
+  ++q.first;
+  return Status::Ok();
+}
+
+void Fs::ReleaseHandleQuota(uid_t uid) {
+  std::lock_guard lock(quota_mu_);
+  auto& q = quota_[uid];
+  if (q.first > 0) --q.first;
+}
+
+Status Fs::TakeBufferQuota(uid_t uid, int64_t bytes) {
+  std::lock_guard lock(quota_mu_);
+  auto& q = quota_[uid];
+  if (bytes > ctl_limits_.max_buffer_bytes - q.second) {
+    return Status::ResourceExhausted(
+        EDQUOT,
+        "registering " + std::to_string(bytes) + " bytes would take uid " + std::to_string(uid) +
+            " past its limit of " + std::to_string(ctl_limits_.max_buffer_bytes) +
+            " registered bytes (ctl_max_bytes=); " + std::to_string(q.second) + " are registered");
+  }
+  q.second += bytes;
+  return Status::Ok();
+}
+
+void Fs::ReleaseBufferQuota(uid_t uid, int64_t bytes) {
+  std::lock_guard lock(quota_mu_);
+  auto& q = quota_[uid];
+  q.second = std::max<int64_t>(0, q.second - bytes);
+}
+
+void Fs::AddCtlEngine(AioHandle* h) {
+  std::lock_guard lock(ctl_engines_mu_);
+  ctl_engines_.insert(h);
+}
+
+void Fs::RemoveCtlEngine(AioHandle* h) {
+  std::lock_guard lock(ctl_engines_mu_);
+  if (ctl_engines_.erase(h) != 0) ctl_closed_stats_ += h->stats();
+}
+
+}  // namespace dnvme::fs
