@@ -176,7 +176,7 @@ void CtlSession::Request(std::string_view text, const Caller& caller) {
   std::lock_guard lock(mu_);
   fs_.ctl_counters().requests.fetch_add(1, std::memory_order_relaxed);
   auto req = ParseCtlRequest(text, fs_.opts().mountpoint);
-  std::string id = req.ok() ? req->id_json : std::string();
+  std::string id = req.ok() ? req->id_json : ExtractCtlId(text);
   Result<std::string> body =
       req.ok() ? Dispatch(req.value(), caller) : Result<std::string>(req.status());
   if (body.ok()) {

@@ -175,6 +175,20 @@ Result<std::string> NormaliseCtlPath(std::string_view path, const std::string& m
   return out;
 }
 
+std::string ExtractCtlId(std::string_view text) {
+  if (text.size() > kMaxRequestBytes || NestingDepth(text, kMaxRequestDepth) > kMaxRequestDepth) {
+    return "";
+  }
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("id")) return "";
+  const json& id = j["id"];
+  if (id.is_number_integer() ||
+      (id.is_string() && id.get_ref<const std::string&>().size() <= 128)) {
+    return id.dump();
+  }
+  return "";
+}
+
 Result<CtlRequest> ParseCtlRequest(std::string_view text, const std::string& mountpoint) {
   if (text.size() > kMaxRequestBytes) {
     return Err(E2BIG, "request of " + std::to_string(text.size()) + " bytes; the limit is " +

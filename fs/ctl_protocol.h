@@ -78,6 +78,10 @@ struct CtlRequest {
 // `mountpoint` (absolute) lets a path be given as an absolute path inside the mount.
 Result<CtlRequest> ParseCtlRequest(std::string_view text, const std::string& mountpoint);
 
+// The request's "id", re-serialised, when the text is a JSON object with a valid id ("" if not):
+// so that even a refused request's answer carries its id.
+std::string ExtractCtlId(std::string_view text);
+
 // Checks a path from a request and returns it relative to the mount root ("" is the root itself).
 // Accepts "a/b", "/MOUNTPOINT/a/b"; refuses "..", other absolute paths, NUL bytes, ".dnvme".
 Result<std::string> NormaliseCtlPath(std::string_view path, const std::string& mountpoint);

@@ -9,7 +9,9 @@ PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-de
   # The FUSE filesystem (fs/, mount-scripts/, bench/mount_vs_fio.sh): libfuse3 headers and its
   # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and
   # pkg-config to find both.
-  libfuse3-dev fuse3 libcap-dev pkg-config)
+  libfuse3-dev fuse3 libcap-dev pkg-config
+  # The libFuzzer target of the control-file parser (tests/fuzz/run.sh): clang and its runtime.
+  clang libclang-rt-14-dev)
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the release build (build/), the ASan+UBSan build (build-asan/),
-# then the clang-format check. Runs all three and exits non-zero if any failed.
+# Builds and runs every test: the release build (build/), the ASan+UBSan build (build-asan/), the
+# control-file parser's libFuzzer target for 60 s (build-fuzz/), then the clang-format check. Runs
+# all of them and exits non-zero if any failed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -27,8 +28,16 @@ run_suite() {  # name build_dir cmake args...
 run_suite release "$ROOT/build" -DDNVME_BUILD_TESTS=ON
 run_suite asan "$ROOT/build-asan" -DDNVME_BUILD_TESTS=ON -DDNVME_SANITIZE=ON
 
+echo "=== fuzz: control-file request parser (60 s) ==="
+if ! tests/fuzz/run.sh 60 "$ROOT/build-fuzz" >"$ROOT/build-fuzz.log" 2>&1; then
+  tail -40 "$ROOT/build-fuzz.log"
+  failed+=("fuzz")
+else
+  grep -E "^(Done|stat::number_of_executed_units)" "$ROOT/build-fuzz.log" || true
+fi
+
 echo "=== clang-format check ==="
-mapfile -t sources < <(find include engine tools tests -type f \( -name '*.cc' -o -name '*.h' \) | sort)
+mapfile -t sources < <(find include engine fs tools tests -type f \( -name '*.cc' -o -name '*.h' \) | sort)
 if [[ ${#sources[@]} -gt 0 ]] && ! clang-format --dry-run -Werror "${sources[@]}"; then
   failed+=("clang-format")
 else

@@ -34,5 +34,8 @@ struct Command {
 
 // `dnvme io`: the DeepSpeed ds_io equivalent (tools/dnvme/io_cmd.cc).
 Command AddIoCommand(CLI::App& parent);
+// `dnvme ctl`: config get/set, stats, raw requests and a transfer benchmark through a mount's
+// control file (tools/dnvme/ctl_cmd.cc).
+Command AddCtlCommand(CLI::App& parent);
 
 }  // namespace dnvme::cli

@@ -1,4 +1,4 @@
-// dnvme: the dnvmefs command-line tool. Subcommands: io (later tune, report, ctl).
+// dnvme: the dnvmefs command-line tool. Subcommands: io, ctl (later tune, report).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
 
   std::vector<dnvme::cli::Command> commands;
   commands.push_back(dnvme::cli::AddIoCommand(app));
+  commands.push_back(dnvme::cli::AddCtlCommand(app));
 
   try {
     app.parse(argc, argv);

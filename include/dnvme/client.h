@@ -1,0 +1,105 @@
+// Client of a dnvmefs mount's control file `<mount>/.dnvme/ctl` (docs/control-protocol.md).
+//
+// A CtlClient is one ctl session: handles and registered buffers it creates belong to it and are
+// released by the daemon when it is destroyed (the file is closed). Transfers move bytes between
+// the client's shared memory (a SharedBuffer, or any /dev/shm object) and files of the mount
+// through the daemon's engine, without the FUSE data copies.
+//
+// Errors: an answer with "ok": false becomes a Status whose error_number() is the answer's errno
+// (EACCES, EBADF, EINVAL, ...) and whose message is the daemon's message.
+//
+// Thread contract: a CtlClient is used by one thread at a time (the session answers one request
+// at a time; a second thread's request would take the first one's answer). Use one client per
+// thread for parallel requests. SharedBuffer is a plain owned mapping: not synchronised.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dnvme/config.h"
+#include "dnvme/status.h"
+
+namespace dnvme {
+
+// Shared memory to register with the daemon: a new /dev/shm object (mode 0600, unique name)
+// mapped read-write here. Moves; unmaps, closes and unlinks on destruction (a registered buffer
+// stays mapped in the daemon until unregistered). /dev/shm rather than a memfd because the kernel
+// lets the daemon, which runs with few capabilities, open /proc/PID/fd/N only of processes that
+// hold no more capabilities than it does; a root client with a full set would be refused.
+class SharedBuffer {
+ public:
+  static Result<SharedBuffer> Create(size_t size, const std::string& name = "dnvme-client");
+  SharedBuffer() = default;
+  SharedBuffer(SharedBuffer&& o) noexcept { *this = std::move(o); }
+  SharedBuffer& operator=(SharedBuffer&& o) noexcept;
+  ~SharedBuffer();
+
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+  // What buffer.register's "source" names: /dev/shm/<name>.
+  std::string source() const;
+
+ private:
+  int fd_ = -1;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;  // in /dev/shm
+};
+
+// The outcome of one asynchronous transfer, from wait.
+struct CtlOpOutcome {
+  uint64_t op_id = 0;
+  bool write = false;
+  std::string path;
+  int64_t file_offset = 0;
+  int64_t length = 0;
+  int64_t bytes = 0;
+  Status status;
+};
+
+class CtlClient {
+ public:
+  // Opens MOUNTPOINT/.dnvme/ctl.
+  static Result<CtlClient> Open(const std::string& mountpoint);
+  CtlClient() = default;
+  CtlClient(CtlClient&& o) noexcept { *this = std::move(o); }
+  CtlClient& operator=(CtlClient&& o) noexcept;
+  ~CtlClient();
+
+  // One raw request (a JSON object) and its answer's JSON text; ok=false answers become errors.
+  Result<std::string> Call(const std::string& request_json);
+
+  Result<HandleConfig> ConfigGet();
+  // Applies a JSON object of HandleConfig keys to the mount's live configuration.
+  Result<HandleConfig> ConfigSet(const std::string& config_json);
+  Result<std::string> Stats();  // the stats document (JSON)
+
+  // handle.open with these parameters; returns the handle id.
+  Result<int64_t> OpenHandle(const HandleConfig& config);
+  Status CloseHandle(int64_t handle);
+  // buffer.register of /dev/shm/NAME (`shm`) or /proc/PID/fd/N (`source`), whole object or a
+  // page-aligned part of it; returns the buffer id.
+  Result<int64_t> RegisterShm(const std::string& shm_name, int64_t offset = 0, int64_t size = 0);
+  Result<int64_t> RegisterSource(const std::string& source, int64_t offset = 0, int64_t size = 0);
+  Result<int64_t> Register(const SharedBuffer& buffer) { return RegisterSource(buffer.source()); }
+  Status Unregister(int64_t buffer);
+
+  // Synchronous transfers return the bytes moved; asynchronous ones the op id (see Wait).
+  // `path` is relative to the mount root, or absolute inside the mount.
+  Result<int64_t> Pread(int64_t handle, int64_t buffer, int64_t buffer_offset, int64_t length,
+                        const std::string& path, int64_t file_offset, bool async = false);
+  Result<int64_t> Pwrite(int64_t handle, int64_t buffer, int64_t buffer_offset, int64_t length,
+                         const std::string& path, int64_t file_offset, bool async = false);
+  // Waits for every asynchronous transfer of `handle` and returns their outcomes.
+  Result<std::vector<CtlOpOutcome>> Wait(int64_t handle);
+  Status Fsync(const std::string& path);
+
+ private:
+  Result<int64_t> Transfer(const char* op, int64_t handle, int64_t buffer, int64_t buffer_offset,
+                           int64_t length, const std::string& path, int64_t file_offset,
+                           bool async);
+  int fd_ = -1;
+};
+
+}  // namespace dnvme

@@ -1,0 +1,611 @@
+"""The control directory <mount>/.dnvme/ (ctl, stats, config) of a real dnvmefs mount: every
+request and its error paths, coherence with the mount both ways, live config.set, counters, the
+security cases (hostile requests from an unprivileged uid), client memory shrunk under the daemon.
+
+Run: /usr/bin/python3 -m unittest -v tests.fs.test_ctl   (root: the security cases switch uid)
+"""
+
+import errno
+import hashlib
+import json
+import mmap
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mount_harness as mh  # noqa: E402
+
+KiB, MiB = 1 << 10, 1 << 20
+PY = sys.executable
+NOBODY = 65534
+
+
+def pattern(n, seed=0):
+    out = bytearray()
+    i = 0
+    while len(out) < n:
+        out += hashlib.sha256(b"%d/%d" % (seed, i)).digest() * 128
+        i += 1
+    return bytes(out[:n])
+
+
+class Ctl:
+    """One ctl session: write one request, read the whole answer."""
+
+    def __init__(self, mnt):
+        self.fd = os.open(os.path.join(mnt, ".dnvme", "ctl"), os.O_RDWR)
+
+    def raw(self, data):
+        if isinstance(data, str):
+            data = data.encode()
+        n = os.write(self.fd, data)
+        assert n == len(data), (n, len(data))
+        out = b""
+        while True:
+            chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                break
+            out += chunk
+        return json.loads(out)
+
+    def req(self, op, **fields):
+        return self.raw(json.dumps(dict(op=op, **fields)))
+
+    def ok(self, op, **fields):
+        a = self.req(op, **fields)
+        assert a.get("ok") is True, "%s %s -> %s" % (op, fields, a)
+        return a
+
+    def close(self):
+        os.close(self.fd)
+
+
+class Shm:
+    """A /dev/shm object of `size` bytes mapped here."""
+
+    def __init__(self, name, size, mode=0o600):
+        self.name, self.path, self.size = name, "/dev/shm/" + name, size
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
+        os.fchmod(fd, mode)
+        os.ftruncate(fd, size)
+        self.map = mmap.mmap(fd, size)
+        os.close(fd)
+
+    def close(self):
+        self.map.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class CtlCase(mh.MountedTestCase):
+    MOUNT_OPTIONS = ("allow_other", "default_permissions")
+
+    def setUp(self):
+        super().setUp()
+        self.ctl = Ctl(self.mnt)
+        self.shms = []
+
+    def tearDown(self):
+        self.ctl.close()
+        for s in self.shms:
+            s.close()
+        super().tearDown()
+
+    def shm(self, size, mode=0o600):
+        s = Shm("dnvme-test-%d-%d" % (os.getpid(), len(self.shms)), size, mode)
+        self.shms.append(s)
+        return s
+
+    def assertErr(self, answer, code, what=""):
+        self.assertIs(answer.get("ok"), False, "%s: expected %s, got %s" % (what, code, answer))
+        self.assertEqual(answer["error"]["code"], code, "%s: %s" % (what, answer))
+        self.assertEqual(answer["error"]["errno"], getattr(errno, code), answer)
+        self.assertTrue(answer["error"]["message"], answer)
+
+    def stats(self):
+        return self.ctl.ok("stats")["stats"]
+
+    def wait_sessions(self, n, timeout=60.0):
+        """RELEASE of a closed file reaches the daemon asynchronously (and a session's release
+        waits for its transfers): poll the stats until only `n` sessions are open."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.stats()["ctl"]
+            if st["sessions_open"] == n:
+                return st
+            if time.monotonic() > deadline:
+                self.fail("sessions still open after %.0fs: %s" % (timeout, st))
+            time.sleep(0.05)
+
+    def backing_snapshot(self):
+        out = {}
+        for root, dirs, files in os.walk(self.backing):
+            for f in files:
+                p = os.path.join(root, f)
+                if not os.path.isfile(p) or os.path.islink(p):
+                    continue  # fifos would block, links point elsewhere
+                with open(p, "rb") as fh:
+                    out[os.path.relpath(p, self.backing)] = hashlib.sha256(fh.read()).hexdigest()
+        return out
+
+
+class ControlDirectoryTest(CtlCase):
+    def test_directory_is_virtual_hidden_and_protected(self):
+        st = os.stat(self.m(".dnvme"))
+        self.assertTrue(st.st_mode & 0o040000)
+        self.assertEqual(sorted(os.listdir(self.m(".dnvme"))), ["config", "ctl", "stats"])
+        self.assertNotIn(".dnvme", os.listdir(self.mnt), "hidden from the root listing")
+        self.assertFalse(os.path.exists(self.b(".dnvme")), "never stored in BACKING_DIR")
+        for what, call, code in [
+                ("mkdir in it", lambda: os.mkdir(self.m(".dnvme", "x")), errno.EPERM),
+                ("create in it", lambda: open(self.m(".dnvme", "x"), "w"), errno.EPERM),
+                ("unlink ctl", lambda: os.unlink(self.m(".dnvme", "ctl")), errno.EPERM),
+                ("rmdir it", lambda: os.rmdir(self.m(".dnvme")), errno.EPERM),
+                ("rename it", lambda: os.rename(self.m(".dnvme"), self.m("x")), errno.EPERM),
+                ("mkdir over it", lambda: os.mkdir(self.m(".dnvme")), errno.EEXIST),
+                ("chmod ctl", lambda: os.chmod(self.m(".dnvme", "ctl"), 0o600), errno.EPERM),
+                ("write stats", lambda: open(self.m(".dnvme", "stats"), "w"), errno.EACCES)]:
+            with self.assertRaises(OSError, msg=what) as cm:
+                call()
+            self.assertEqual(cm.exception.errno, code, what)
+        self.assertFalse(os.path.exists(self.b(".dnvme")))
+
+    def test_stats_and_config_documents(self):
+        with open(self.m(".dnvme", "stats")) as f:
+            s = json.load(f)
+        for key in ("mount", "config", "fuse", "engine", "ctl"):
+            self.assertIn(key, s)
+        for key in ("bytes_direct", "bytes_bounce", "bytes_buffered", "inflight_requests",
+                    "max_inflight_requests", "ops_failed"):
+            self.assertIn(key, s["engine"])
+        for key in ("bytes_written_behind", "bytes_read_ahead_hit", "errors", "write_ops"):
+            self.assertIn(key, s["fuse"])
+        self.assertEqual(s["mount"]["backing"], os.path.realpath(self.backing))
+        with open(self.m(".dnvme", "config")) as f:
+            c = json.load(f)
+        self.assertEqual(c, s["config"])
+        self.assertEqual(c, self.ctl.ok("config.get")["config"])
+        # The same fd re-read from 0 gets fresh numbers.
+        fd = os.open(self.m(".dnvme", "stats"), os.O_RDONLY)
+        try:
+            a = json.loads(os.pread(fd, 1 << 20, 0))
+            self.write(self.m("statbump"), b"z" * MiB)
+            b = json.loads(os.pread(fd, 1 << 20, 0))
+        finally:
+            os.close(fd)
+        self.assertGreater(b["fuse"]["write_ops"], a["fuse"]["write_ops"])
+
+
+class RequestErrorsTest(CtlCase):
+    """Every malformed or hostile request gets a JSON error with a code; the daemon stays up
+    and BACKING_DIR does not change."""
+
+    def test_bad_requests(self):
+        self.write(self.m("keep"), pattern(3 * MiB, 1))
+        os.mkdir(self.m("adir"))
+        os.mkfifo(self.m("afifo"))
+        before = self.backing_snapshot()
+        h = self.ctl.ok("handle.open")["handle"]
+        s = self.shm(MiB)
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        good = dict(handle=h, buffer=b, length=4096, path="keep")
+        cases = [
+            ("not json", "{op: hello", "EBADMSG"),
+            ("empty", " ", "EBADMSG"),
+            ("array", "[1, 2]", "EBADMSG"),
+            ("string", '"hello"', "EBADMSG"),
+            ("no op", "{}", "EINVAL"),
+            ("op not a string", '{"op": 7}', "EINVAL"),
+            ("unknown op", '{"op": "format.disk"}', "EOPNOTSUPP"),
+            ("unknown field", json.dumps(dict(op="stats", verbose=True)), "EINVAL"),
+            ("bad id", json.dumps(dict(op="stats", id=[1])), "EINVAL"),
+            ("too deep", '{"op": "stats", "x": ' + "[" * 50 + "]" * 50 + "}", "EINVAL"),
+            ("over-long", json.dumps(dict(op="stats", pad="x" * (70 * KiB))), "E2BIG"),
+            ("length as string", json.dumps(dict(good, op="pread", length="4096")), "EINVAL"),
+            ("length float", json.dumps(dict(good, op="pread", length=4096.5)), "EINVAL"),
+            ("negative length", json.dumps(dict(good, op="pread", length=-1)), "EINVAL"),
+            ("negative offset", json.dumps(dict(good, op="pwrite", file_offset=-4096)), "EINVAL"),
+            ("huge offset", json.dumps(dict(good, op="pwrite", file_offset=2 ** 63)), "EINVAL"),
+            ("huge length", json.dumps(dict(good, op="pread", length=2 ** 70)), "EINVAL"),
+            ("async not bool", json.dumps(dict(good, op="pread", **{"async": "yes"})), "EINVAL"),
+            ("missing path", json.dumps(dict(op="pread", handle=h, buffer=b, length=1)), "EINVAL"),
+            ("dotdot", json.dumps(dict(good, op="pwrite", path="../escape")), "EINVAL"),
+            ("inner dotdot", json.dumps(dict(good, op="pwrite", path="a/../../x")), "EINVAL"),
+            ("absolute outside", json.dumps(dict(good, op="pwrite", path="/etc/passwd")), "EXDEV"),
+            ("control dir", json.dumps(dict(good, op="pwrite", path=".dnvme/ctl")), "EPERM"),
+            ("slash", json.dumps(dict(good, op="pwrite", path="/")), "EXDEV"),
+            ("mount root", json.dumps(dict(good, op="pwrite", path=self.mnt)), "EISDIR"),
+            ("NUL in path", json.dumps(dict(good, op="pwrite", path="a\u0000b")), "EINVAL"),
+            ("unknown handle", json.dumps(dict(good, op="pread", handle=99)), "EBADF"),
+            ("unknown buffer", json.dumps(dict(good, op="pread", buffer=99)), "EBADF"),
+            ("past buffer end", json.dumps(dict(good, op="pread", buffer_offset=MiB - 10)),
+             "EINVAL"),
+            ("missing file", json.dumps(dict(good, op="pread", path="nothere")), "ENOENT"),
+            ("dot", json.dumps(dict(good, op="pwrite", path=".")), "EISDIR"),
+            ("directory", json.dumps(dict(good, op="pwrite", path="adir")), "EISDIR"),
+            ("fifo", json.dumps(dict(good, op="pread", path="afifo")), "EINVAL"),
+            ("close unknown handle", json.dumps(dict(op="handle.close", handle=42)), "EBADF"),
+            ("wait unknown handle", json.dumps(dict(op="wait", handle=42)), "EBADF"),
+            ("unregister unknown", json.dumps(dict(op="buffer.unregister", buffer=42)), "EBADF"),
+            ("bad handle config", json.dumps(dict(op="handle.open", queue_depth=0)), "EINVAL"),
+            ("bad handle key", json.dumps(dict(op="handle.open", num_threads=4)), "EINVAL"),
+            ("config.set not object", json.dumps(dict(op="config.set", config=5)), "EINVAL"),
+            ("config.set bad key", json.dumps(dict(op="config.set", config={"qd": 1})),
+             "EINVAL"),
+            ("config.set string bool",
+             json.dumps(dict(op="config.set", config={"single_submit": "true"})), "EINVAL"),
+            ("register both", json.dumps(dict(op="buffer.register", shm="a", source="/dev/shm/a")),
+             "EINVAL"),
+            ("register none", json.dumps(dict(op="buffer.register")), "EINVAL"),
+            ("register slash", json.dumps(dict(op="buffer.register", shm="../etc")), "EINVAL"),
+            ("register a disk file", json.dumps(dict(op="buffer.register", source="/etc/passwd")),
+             "EINVAL"),
+            ("register missing", json.dumps(dict(op="buffer.register", shm="dnvme-none-x")),
+             "ENOENT"),
+            ("register unaligned offset", json.dumps(dict(op="buffer.register", shm=s.name,
+                                                           offset=100)), "EINVAL"),
+            ("register past end", json.dumps(dict(op="buffer.register", shm=s.name,
+                                                   size=2 * MiB)), "EINVAL"),
+        ]
+        for what, text, code in cases:
+            self.assertErr(self.ctl.raw(text), code, what)
+        # The id is echoed on errors and answers alike.
+        self.assertEqual(self.ctl.raw('{"op": "nope", "id": "abc"}')["id"], "abc")
+        self.assertEqual(self.ctl.req("hello", id=7)["id"], 7)
+        self.assertTrue(self.mount.alive())
+        self.assertEqual(self.backing_snapshot(), before, "a refused request changed BACKING_DIR")
+        st = self.stats()["ctl"]
+        self.assertGreaterEqual(st["request_errors"], len(cases))
+
+    def test_request_split_by_the_kernel_is_refused(self):
+        # More than max_write (1 MiB) in one write(): the kernel sends it in pieces, and each is
+        # refused on its own: E2BIG for the full pieces, the tail as not JSON.
+        before = self.backing_snapshot()
+        a = self.ctl.raw(json.dumps(dict(op="config.set", config={"queue_depth": 1},
+                                         pad="y" * (3 * MiB))))
+        self.assertIs(a["ok"], False, a)
+        self.assertIn(a["error"]["code"], ("E2BIG", "EBADMSG"), a)
+        self.assertIs(self.ctl.req("hello")["ok"], True)
+        self.assertEqual(self.ctl.ok("config.get")["config"]["queue_depth"], 128)
+        self.assertEqual(self.backing_snapshot(), before)
+
+
+class TransferTest(CtlCase):
+    def test_sync_round_trip_offsets_and_stats(self):
+        size = 8 * MiB + 12345
+        s = self.shm(16 * MiB)
+        data = pattern(size, 2)
+        s.map[100:100 + size] = data
+        h = self.ctl.ok("handle.open", block_size=262144, queue_depth=8,
+                        intra_op_parallelism=2)["handle"]
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        before = self.stats()
+        a = self.ctl.ok("pwrite", handle=h, buffer=b, buffer_offset=100, length=size,
+                        path="f", file_offset=4096)
+        self.assertEqual(a["bytes"], size)
+        self.assertBytesEqual(self.read(self.b("f"))[4096:], data, "backing file")
+        self.assertEqual(self.read(self.b("f"))[:4096], b"\0" * 4096)
+        s.map[:] = b"\0" * s.size
+        a = self.ctl.ok("pread", handle=h, buffer=b, buffer_offset=3, length=size,
+                        path=os.path.join(self.mnt, "f"), file_offset=4096)
+        self.assertEqual(a["bytes"], size)
+        self.assertBytesEqual(bytes(s.map[3:3 + size]), data, "read back")
+        after = self.stats()
+        self.assertEqual(after["ctl"]["bytes_written"] - before["ctl"]["bytes_written"], size)
+        self.assertEqual(after["ctl"]["bytes_read"] - before["ctl"]["bytes_read"], size)
+        self.assertEqual(after["ctl"]["ops_written"] - before["ctl"]["ops_written"], 1)
+        self.assertEqual(after["ctl"]["ops_read"] - before["ctl"]["ops_read"], 1)
+        eng_b, eng_a = before["ctl"]["engine"], after["ctl"]["engine"]
+        moved = sum(eng_a[k] - eng_b[k] for k in ("bytes_direct", "bytes_bounce",
+                                                   "bytes_buffered"))
+        self.assertEqual(moved, 2 * size, "every byte counted once on one path")
+        self.assertGreater(eng_a["bytes_bounce"], eng_b["bytes_bounce"],
+                           "buffer_offset 3 is misaligned: bounce path")
+        self.assertGreater(eng_a["max_inflight_requests"], 0)
+        self.assertLessEqual(eng_a["max_inflight_requests"], 8 * 2 * 2,
+                             "queue depth in use within qd x workers (two handles at most)")
+
+    def test_async_many_then_wait_reports_each(self):
+        s = self.shm(4 * MiB)
+        s.map[:] = pattern(4 * MiB, 3)
+        h = self.ctl.ok("handle.open")["handle"]
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        ids = []
+        for i in range(4):
+            ids.append(self.ctl.ok("pwrite", handle=h, buffer=b, buffer_offset=i * MiB,
+                                   length=MiB, path="parts", file_offset=i * MiB,
+                                   **{"async": True})["op_id"])
+        # A read past the end of a file fails in wait, with its own status.
+        self.write(self.m("short"), b"s" * 1000)
+        bad = self.ctl.ok("pread", handle=h, buffer=b, length=MiB, path="short",
+                          **{"async": True})["op_id"]
+        busy = self.ctl.req("buffer.unregister", buffer=b)
+        self.assertErr(busy, "EBUSY", "unregister with transfers not collected")
+        w = self.ctl.ok("wait", handle=h)
+        self.assertEqual(w["completed"], 5)
+        self.assertEqual(w["failed"], 1)
+        by_id = {o["op_id"]: o for o in w["ops"]}
+        for i in ids:
+            self.assertTrue(by_id[i]["ok"], by_id[i])
+            self.assertEqual(by_id[i]["bytes"], MiB)
+        self.assertFalse(by_id[bad]["ok"])
+        self.assertIn(by_id[bad]["error"]["code"], ("ENODATA", "EIO"), by_id[bad])
+        self.assertBytesEqual(self.read(self.m("parts")), pattern(4 * MiB, 3), "parts")
+        self.assertEqual(self.ctl.ok("wait", handle=h)["completed"], 0, "nothing left")
+        self.ctl.ok("fsync", path="parts")
+        self.ctl.ok("buffer.unregister", buffer=b)
+        self.assertErr(self.ctl.req("buffer.unregister", buffer=b), "EBADF", "twice")
+        self.ctl.ok("handle.close", handle=h)
+        self.assertErr(self.ctl.req("handle.close", handle=h), "EBADF", "twice")
+
+    def test_session_close_with_transfers_in_flight(self):
+        s = self.shm(32 * MiB)
+        c = Ctl(self.mnt)
+        h = c.ok("handle.open", block_size=65536, queue_depth=4)["handle"]
+        b = c.ok("buffer.register", shm=s.name)["buffer"]
+        for i in range(8):
+            c.ok("pwrite", handle=h, buffer=b, length=32 * MiB, path="inflight%d" % i,
+                 **{"async": True})
+        c.close()  # release waits for the transfers, then unmaps and frees the handle
+        st = self.wait_sessions(1)
+        self.assertEqual(st["buffers_registered"], 0, st)
+        self.assertEqual(st["handles_open"], 0, st)
+        for i in range(8):
+            self.assertEqual(os.stat(self.m("inflight%d" % i)).st_size, 32 * MiB)
+
+
+class CoherenceTest(CtlCase):
+    def test_pread_sees_data_still_in_write_behind(self):
+        data = pattern(6 * MiB + 77, 4)
+        s = self.shm(8 * MiB)
+        h = self.ctl.ok("handle.open")["handle"]
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        fd = os.open(self.m("wb"), os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, data)  # accepted into write-behind; not closed, not fsynced
+            self.ctl.ok("pread", handle=h, buffer=b, length=len(data), path="wb")
+            self.assertBytesEqual(bytes(s.map[:len(data)]), data, "ctl pread of write-behind")
+        finally:
+            os.close(fd)
+
+    def test_pwrite_is_seen_by_mount_readers_with_cached_pages(self):
+        old, new = pattern(4 * MiB, 5), pattern(4 * MiB, 6)
+        self.write(self.m("cached"), old)
+        with open(self.m("cached"), "rb") as reader:
+            self.assertEqual(reader.read(), old)  # pages now in the kernel's cache
+            s = self.shm(4 * MiB)
+            s.map[:] = new
+            h = self.ctl.ok("handle.open")["handle"]
+            b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+            self.ctl.ok("pwrite", handle=h, buffer=b, length=4 * MiB, path="cached")
+            reader.seek(0)
+            self.assertBytesEqual(reader.read(), new, "open reader after ctl pwrite")
+        self.assertBytesEqual(self.read(self.m("cached")), new, "new open")
+        # An async pwrite is visible after wait.
+        s.map[:MiB] = b"q" * MiB
+        self.ctl.ok("pwrite", handle=h, buffer=b, length=MiB, path="cached", file_offset=MiB,
+                    **{"async": True})
+        self.ctl.ok("wait", handle=h)
+        self.assertEqual(self.read(self.m("cached"))[MiB:2 * MiB], b"q" * MiB)
+
+    def test_pwrite_creates_a_file_the_mount_sees_at_once(self):
+        self.assertFalse(os.path.exists(self.m("later")))  # a negative entry in the kernel
+        os.mkdir(self.m("dir"))
+        self.assertFalse(os.path.exists(self.m("dir", "later")))
+        s = self.shm(MiB)
+        s.map[:] = pattern(MiB, 7)
+        h = self.ctl.ok("handle.open")["handle"]
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        for p in ("later", "dir/later"):
+            self.ctl.ok("pwrite", handle=h, buffer=b, length=MiB, path=p)
+            self.assertTrue(os.path.exists(self.m(p)), p)
+            self.assertBytesEqual(self.read(self.m(p)), pattern(MiB, 7), p)
+            self.assertEqual(os.stat(self.b(p)).st_uid, 0)
+
+
+class LiveConfigTest(CtlCase):
+    def test_config_set_changes_stats_and_behaviour(self):
+        def requests_for_8m():
+            e0 = self.stats()["engine"]
+            self.write(self.m("cfg.bin"), pattern(8 * MiB, 8))
+            fd = os.open(self.m("cfg.bin"), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            e1 = self.stats()["engine"]
+            return e1["requests"] - e0["requests"]
+
+        base = requests_for_8m()
+        a = self.ctl.ok("config.set", config={"block_size": "128K"})
+        self.assertEqual(a["config"]["block_size"], 128 * KiB)
+        self.assertEqual(self.stats()["config"]["block_size"], 128 * KiB)
+        small = requests_for_8m()
+        self.assertGreaterEqual(small, 64, "8 MiB in 128 KiB requests")
+        self.assertGreater(small, 2 * base, "block_size took effect on new I/O")
+        self.assertBytesEqual(self.read(self.b("cfg.bin")), pattern(8 * MiB, 8), "data")
+        # The config file takes the same JSON; a bad one is refused with EINVAL.
+        with open(self.m(".dnvme", "config"), "w") as f:
+            f.write('{"block_size": 1048576, "queue_depth": 64}\n')
+        with open(self.m(".dnvme", "config")) as f:
+            c = json.load(f)
+        self.assertEqual((c["block_size"], c["queue_depth"]), (MiB, 64))
+        with self.assertRaises(OSError) as cm:
+            with open(self.m(".dnvme", "config"), "w") as f:
+                f.write('{"queue_depth": "deep"}')
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertEqual(self.ctl.ok("config.get")["config"]["queue_depth"], 64, "unchanged")
+        self.assertGreaterEqual(self.stats()["ctl"]["config_changes"], 2)
+        self.ctl.ok("config.set", config={"queue_depth": 128})
+
+
+class LimitsTest(CtlCase):
+    MOUNT_OPTIONS = ("allow_other", "default_permissions", "ctl_max_handles=2",
+                     "ctl_max_bytes=3M")
+
+    def test_handle_and_byte_limits_per_uid(self):
+        self.ctl.ok("handle.open")
+        other = Ctl(self.mnt)  # a second session of the same uid shares the limit
+        try:
+            other.ok("handle.open")
+            self.assertErr(other.req("handle.open"), "EMFILE", "third handle of the uid")
+            s1, s2 = self.shm(2 * MiB), self.shm(2 * MiB)
+            self.ctl.ok("buffer.register", shm=s1.name)
+            self.assertErr(other.req("buffer.register", shm=s2.name), "EDQUOT", "past 3M")
+            other.ok("buffer.register", shm=s2.name, size=MiB)  # what is left fits
+        finally:
+            other.close()
+        # The closed session gave its share back.
+        self.wait_sessions(1)
+        self.ctl.ok("handle.open")
+
+
+HOSTILE = r"""
+import ctypes, json, os, sys
+os.setgroups([]); os.setgid(%(uid)d); os.setuid(%(uid)d)
+# setuid() from root left this process non-dumpable, which a login of that user would not be;
+# the kernel then refuses everyone else /proc/PID/fd access. Undo it (PR_SET_DUMPABLE).
+ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)
+mnt = sys.argv[1]
+fd = os.open(os.path.join(mnt, ".dnvme", "ctl"), os.O_RDWR)
+def req(**kw):
+    os.write(fd, json.dumps(kw).encode())
+    out = b""
+    while True:
+        c = os.read(fd, 1 << 20)
+        if not c:
+            return json.loads(out)
+        out += c
+def code(a):
+    return "OK" if a["ok"] else a["error"]["code"]
+res = {}
+h = req(op="handle.open")["handle"]
+mine = "dnvme-nobody-%%d" %% os.getpid()
+sfd = os.open("/dev/shm/" + mine, os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(sfd, 1 << 20)
+b = req(op="buffer.register", shm=mine)["buffer"]
+memfd = os.memfd_create("nobody", os.MFD_ALLOW_SEALING)
+os.ftruncate(memfd, 1 << 20)
+m = req(op="buffer.register", source="/proc/%%d/fd/%%d" %% (os.getpid(), memfd))
+res["memfd"] = code(m)
+res["memfd_sealed"] = m.get("sealed")
+res["read_secret"] = code(req(op="pread", handle=h, buffer=b, length=4096, path="secret"))
+res["write_rootfile"] = code(req(op="pwrite", handle=h, buffer=b, length=4096, path="rootfile"))
+res["create_in_rootdir"] = code(req(op="pwrite", handle=h, buffer=b, length=4096,
+                                    path="rootdir/new"))
+res["symlink_out"] = code(req(op="pread", handle=h, buffer=b, length=4096, path="link_out"))
+res["fsync_secret"] = code(req(op="fsync", path="secret"))
+res["root_shm"] = code(req(op="buffer.register", shm=sys.argv[2]))
+ro = req(op="buffer.register", shm=sys.argv[3])
+res["readable_shm"] = code(ro)
+res["readable_shm_writable"] = ro.get("writable")
+if ro["ok"]:
+    res["pread_into_readonly"] = code(req(op="pread", handle=h, buffer=ro["buffer"],
+                                          length=4096, path="pub"))
+# Files that are not memory objects, lent through /proc: refused before mapping (one on disk,
+# one on this very mount, which the daemon must never map).
+disk = os.open("/var/tmp/dnvme-nobody-%%d" %% os.getpid(), os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(disk, 1 << 20)
+res["disk_file"] = code(req(op="buffer.register", source="/proc/%%d/fd/%%d" %% (os.getpid(), disk)))
+os.unlink("/var/tmp/dnvme-nobody-%%d" %% os.getpid())
+onmount = os.open(os.path.join(mnt, "pub"), os.O_RDONLY)
+res["mount_file"] = code(req(op="buffer.register",
+                             source="/proc/%%d/fd/%%d" %% (os.getpid(), onmount)))
+res["proc_of_init"] = code(req(op="buffer.register", source="/proc/1/fd/0"))
+res["config_set"] = code(req(op="config.set", config={"queue_depth": 1}))
+res["write_public"] = code(req(op="pwrite", handle=h, buffer=b, length=4096, path="pubdir/mine"))
+try:
+    open(os.path.join(mnt, ".dnvme", "config"), "w")
+    res["config_file"] = "OK"
+except PermissionError:
+    res["config_file"] = "EACCES"
+os.unlink("/dev/shm/" + mine)
+print(json.dumps(res))
+"""
+
+
+class SecurityTest(CtlCase):
+    NEED_ROOT = True
+
+    def test_hostile_requests_from_an_unprivileged_uid(self):
+        os.chmod(self.scratch.path, 0o755)
+        d = os.path.dirname(self.scratch.path)
+        while d != "/":
+            if not os.stat(d).st_mode & 0o001:
+                self.skipTest("%s is not searchable by other users" % d)
+            d = os.path.dirname(d)
+        self.write(self.m("secret"), b"root only" * 1000)
+        os.chmod(self.m("secret"), 0o600)
+        self.write(self.m("rootfile"), b"r" * 8192)
+        os.chmod(self.m("rootfile"), 0o644)
+        os.mkdir(self.m("rootdir"), 0o755)
+        os.mkdir(self.m("pubdir"))
+        os.chmod(self.m("pubdir"), 0o777)
+        self.write(self.m("pub"), b"p" * 8192)
+        os.chmod(self.m("pub"), 0o644)
+        os.symlink("/etc/shadow", self.m("link_out"))
+        secret_shm = self.shm(MiB, 0o600)
+        public_shm = self.shm(MiB, 0o644)
+        before = self.backing_snapshot()
+        r = subprocess.run([PY, "-c", HOSTILE % {"uid": NOBODY}, self.mnt, secret_shm.name,
+                            public_shm.name], capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        res = json.loads(r.stdout)
+        self.assertEqual(res["memfd"], "OK", "the caller's own memfd through /proc")
+        self.assertTrue(res["memfd_sealed"], "sealed against shrinking")
+        self.assertEqual(res["read_secret"], "EACCES")
+        self.assertEqual(res["write_rootfile"], "EACCES")
+        self.assertEqual(res["create_in_rootdir"], "EACCES")
+        self.assertEqual(res["symlink_out"], "EXDEV")
+        self.assertEqual(res["fsync_secret"], "EACCES")
+        self.assertEqual(res["root_shm"], "EACCES")
+        self.assertEqual(res["readable_shm"], "OK")
+        self.assertIs(res["readable_shm_writable"], False)
+        self.assertEqual(res["pread_into_readonly"], "EACCES")
+        self.assertIn(res["proc_of_init"], ("EACCES", "EPERM"))
+        self.assertEqual(res["disk_file"], "EINVAL", "not a memory object")
+        self.assertEqual(res["mount_file"], "EINVAL", "a file of the mount itself")
+        self.assertEqual(res["config_set"], "EPERM")
+        self.assertEqual(res["config_file"], "EACCES")
+        self.assertEqual(res["write_public"], "OK")
+        after = self.backing_snapshot()
+        self.assertEqual(after.pop(os.path.join("pubdir", "mine")), hashlib.sha256(
+            b"\0" * 4096).hexdigest())
+        self.assertEqual(after, before, "hostile requests changed BACKING_DIR")
+        self.assertEqual(os.stat(self.b("pubdir", "mine")).st_uid, NOBODY, "owned by the caller")
+        self.assertEqual(self.ctl.ok("config.get")["config"]["queue_depth"], 128)
+        self.assertTrue(self.mount.alive())
+
+
+class ShrunkBufferTest(CtlCase):
+    """A client truncates its registered /dev/shm object: the daemon survives (SIGBUS repaired)
+    and the transfer reports EFAULT."""
+
+    def test_truncated_shm_under_transfer(self):
+        self.write(self.m("src"), pattern(4 * MiB, 9))
+        s = self.shm(4 * MiB)
+        h = self.ctl.ok("handle.open")["handle"]
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        self.assertFalse(self.ctl.ok("buffer.register", shm=s.name, size=4096)["sealed"])
+        os.truncate(s.path, 0)
+        for what, fields in [
+                ("pread aligned", dict(op="pread", path="src", buffer_offset=0)),
+                ("pwrite aligned", dict(op="pwrite", path="dst", buffer_offset=0)),
+                ("pwrite misaligned (bounce copy)", dict(op="pwrite", path="dst2",
+                                                         buffer_offset=1)),
+                ("pread misaligned (bounce copy)", dict(op="pread", path="src",
+                                                        buffer_offset=1))]:
+            op = fields.pop("op")
+            a = self.ctl.req(op, handle=h, buffer=b, length=2 * MiB, **fields)
+            self.assertIs(a["ok"], False, "%s: %s" % (what, a))
+            self.assertIn(a["error"]["code"], ("EFAULT", "EIO"), "%s: %s" % (what, a))
+            self.assertTrue(self.mount.alive(), "daemon died on %s" % what)
+        self.assertBytesEqual(self.read(self.m("src")), pattern(4 * MiB, 9), "source intact")
+        self.assertIs(self.ctl.req("hello")["ok"], True)
+
+
+if __name__ == "__main__":
+    unittest.main()
