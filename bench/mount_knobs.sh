@@ -13,7 +13,7 @@
 #   queue_depth=32          the engine at fio's depth
 #   intra_op_parallelism=2  two engine workers
 #   async_reply=1           O_DIRECT reads answered from the engine's completion callback
-#   clone_fd=0              every loop thread reads the one shared /dev/fuse fd
+#   clone_fd=1              one /dev/fuse fd per loop thread (default: all share one)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SIZE=1G
@@ -29,7 +29,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 VARIANTS=(default write_behind=0 read_ahead=0 max_background=12 queue_depth=32
-  intra_op_parallelism=2 async_reply=1 clone_fd=0)
+  intra_op_parallelism=2 async_reply=1 clone_fd=1)
 if [[ -n $ONLY ]]; then
   read -r -a VARIANTS <<<"$ONLY"
 fi

@@ -79,7 +79,7 @@ const char* UsageText() {
          "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
          "  splice_read=0|1              receive write payloads through a pipe (0)\n"
          "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
-         "  clone_fd=0|1                 one /dev/fuse fd per loop thread (1)\n"
+         "  clone_fd=0|1                 one /dev/fuse fd per loop thread (0)\n"
          "  ctl_max_handles=N            control-file handles per uid (8)\n"
          "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
          "  log_level=LEVEL log_file=PATH nonempty\n"

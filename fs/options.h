@@ -40,8 +40,11 @@ struct MountOptions {
   // writes, 5 alternated rounds: median 1.28 GiB/s with, 1.31 without; same daemon CPU).
   bool splice_read = false;
   // Multi-threaded loop: each worker thread opens its own /dev/fuse fd (clone_fd), so the kernel
-  // hands requests to threads without one shared queue. Measured in docs/performance.md.
-  bool clone_fd = true;
+  // hands requests to threads without one shared queue. Off by default: on the 2-core reference
+  // VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio without it
+  // and 0.61-0.70 with it; reads within noise (docs/performance.md). Worth re-measuring on
+  // many-core machines.
+  bool clone_fd = false;
   // Control-file limits per uid (docs/control-protocol.md): engine handles open, and bytes of
   // client shared memory registered, over all of that uid's ctl sessions.
   int64_t ctl_max_handles = 8;

@@ -607,5 +607,56 @@ class ShrunkBufferTest(CtlCase):
         self.assertIs(self.ctl.req("hello")["ok"], True)
 
 
+def dnvme_bin():
+    return os.environ.get("DNVME_BIN") or os.path.join(os.path.dirname(mh.daemon_bin()), "dnvme")
+
+
+class CliTest(CtlCase):
+    """`dnvme ctl` (the C++ client) against the live mount."""
+
+    def run_cli(self, *args):
+        r = subprocess.run([dnvme_bin(), "-v", "warn", "ctl"] + list(args), capture_output=True,
+                           timeout=120)
+        return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+    def test_config_stats_call_and_bench(self):
+        if not os.path.exists(dnvme_bin()):
+            self.skipTest("%s not built" % dnvme_bin())
+        cfg = os.path.join(self.scratch.path, "tuned.json")
+        with open(cfg, "w") as f:
+            json.dump({"block_size": 524288, "queue_depth": 48, "overlap_events": True}, f)
+        rc, out, err = self.run_cli(self.mnt, "config", "set", cfg)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(out)["queue_depth"], 48)
+        rc, out, err = self.run_cli(self.mnt, "config", "get")
+        self.assertEqual((rc, json.loads(out)["block_size"]), (0, 524288), err)
+        rc, out, err = self.run_cli(self.mnt, "stats")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(out)["config"]["queue_depth"], 48)
+        rc, out, err = self.run_cli(self.mnt, "call", '{"op": "hello"}')
+        self.assertEqual((rc, json.loads(out)["protocol"]), (0, 1), err)
+        rc, out, err = self.run_cli(self.mnt, "bench", "--size", "8M", "--loops", "2", "--json",
+                                    "--file", "clibench.dat")
+        self.assertEqual(rc, 0, err)
+        j = json.loads(out)
+        self.assertGreater(j["write_gibps"], 0)
+        self.assertGreater(j["read_gibps"], 0)
+        self.assertFalse(os.path.exists(self.b("clibench.dat")), "removed unless --keep")
+        # Bad input: exit 2 with one message; a missing mount: exit 1.
+        rc, out, err = self.run_cli(self.mnt, "config", "set", '{"queue_depth": "deep"}')
+        self.assertEqual(rc, 2, err)
+        self.assertIn("queue_depth", err)
+        rc, out, err = self.run_cli(self.mnt, "bench", "--size", "0")
+        self.assertEqual(rc, 2, err)
+        rc, out, err = self.run_cli(os.path.join(self.scratch.path, "nomount"), "stats")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("No such file", err)
+        rc, out, err = self.run_cli(self.mnt, "call", '{"op": "wait", "handle": 9}')
+        self.assertEqual(rc, 1, err)
+        self.assertIn("no handle 9", err)
+        self.run_cli(self.mnt, "config", "set", '{"block_size": 1048576, "queue_depth": 128, '
+                     '"overlap_events": false}')
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -6,6 +6,7 @@
 //   bench --size S --file F    1 shared-memory buffer -> F (pwrite) and back (pread) through the
 //                              daemon's engine, --loops times; prints GiB/s per direction
 #include <spdlog/fmt/fmt.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,7 +85,15 @@ int RunBench(CtlClient& client, const CtlOptions& o) {
   std::vector<double> wr, rd;
   std::vector<char> check;
   for (int loop = 0; loop < o.loops; ++loop) {
-    if (!o.no_write || loop == 0) {
+    // --no-write still needs the file: written once, untimed, unless it is already big enough
+    // (a previous --keep run), so a read can be timed after the caller dropped the caches.
+    bool need_file = loop == 0 && o.no_write;
+    if (need_file) {
+      struct stat st {};
+      const std::string path = o.mountpoint + "/" + o.file;
+      need_file = stat(path.c_str(), &st) != 0 || st.st_size < *size;
+    }
+    if (!o.no_write || need_file) {
       auto t0 = std::chrono::steady_clock::now();
       auto n = client.Pwrite(*handle, *id, 0, *size, o.file, 0);
       if (!n.ok()) return Fail(n.status());
@@ -152,7 +161,8 @@ Command AddCtlCommand(CLI::App& parent) {
   bench->add_option("--intra-op-parallelism", o->intra_op_parallelism, "Handle workers");
   bench->add_option("--loops", o->loops, "Timed loops (median printed)")->capture_default_str();
   bench->add_flag("--no-read", o->no_read, "Write only");
-  bench->add_flag("--no-write", o->no_write, "Read only (one untimed write creates the file)");
+  bench->add_flag("--no-write", o->no_write,
+                  "Read only (an untimed write creates the file unless it exists)");
   bench->add_flag("--keep", o->keep, "Keep the file");
   bench->add_flag("--json", o->json, "One JSON line");
 

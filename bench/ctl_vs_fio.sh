@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Usage: bench/ctl_vs_fio.sh [--backing DIR] [--size 1G] [--runs 3] [-o dnvmefs-options]
+#                            [--ctl-args "--queue-depth 32 ..."]
+#
+# Transfers through the control file against fio on the same backing directory, in one run:
+#   raw  fio straight on BACKING: ioengine=libaio direct=1 iodepth=32 bs=1M, a write
+#        (end_fsync=1) then a cold read (sync + drop caches first)
+#   ctl  `dnvme ctl MNT bench`: SIZE bytes of a client's shared memory (/dev/shm) written to a
+#        file of a dnvmefs mount of BACKING through .dnvme/ctl (pwrite + fsync), then, after
+#        sync + drop caches, read back into the shared memory (pread). The bytes go between the
+#        client's memory (mapped by the daemon) and the disk through the engine: no FUSE copy.
+# The two alternate, and their order is reversed every other round. Prints every job, the
+# medians, and ctl/raw for write and read (goal >= 0.97 both ways). Run as root (drop caches).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DNVMEFS=${DNVMEFS:-$ROOT/build/bin/dnvmefs}
+DNVME=${DNVME:-$ROOT/build/bin/dnvme}
+PY=/usr/bin/python3
+BACKING=$ROOT/var/bench-backing
+SIZE=1G
+RUNS=3
+OPTS=
+CTL_ARGS=
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --backing) BACKING=${2:?--backing needs a directory}; shift 2 ;;
+    --size) SIZE=${2:?--size needs a value}; shift 2 ;;
+    --runs) RUNS=${2:?--runs needs a number}; shift 2 ;;
+    -o) OPTS=${2:?-o needs options}; shift 2 ;;
+    --ctl-args) CTL_ARGS=${2?--ctl-args needs a value}; shift 2 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) echo "ctl_vs_fio: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+die() { echo "ctl_vs_fio: $*" >&2; exit 1; }
+[[ -x $DNVMEFS && -x $DNVME ]] || die "build first: scripts/build.sh ($DNVMEFS, $DNVME)"
+command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
+[[ -c /dev/fuse ]] || die "/dev/fuse is missing"
+[[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs must be a positive integer, got '$RUNS'"
+mkdir -p "$BACKING"
+BACKING=$(cd "$BACKING" && pwd -P)
+
+WORK=$(mktemp -d)
+MNT=$WORK/mnt
+mkdir -p "$MNT"
+DNV_PID=
+cleanup() {
+  if findmnt -rn -M "$MNT" >/dev/null 2>&1; then
+    fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null || true
+  fi
+  if [[ -n $DNV_PID ]]; then
+    for _ in $(seq 50); do kill -0 "$DNV_PID" 2>/dev/null || break; sleep 0.1; done
+    kill "$DNV_PID" 2>/dev/null || true
+    wait "$DNV_PID" 2>/dev/null || true
+  fi
+  rm -f "$BACKING/cvf_raw.dat" "$BACKING/cvf_ctl.dat"
+  findmnt -rn -M "$MNT" >/dev/null 2>&1 || rm -rf "$WORK"
+}
+trap cleanup EXIT
+BENCH_NAME=ctl_vs_fio
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+"$DNVMEFS" "$BACKING" "$MNT" -f ${OPTS:+-o "$OPTS"} >"$WORK/dnvmefs.log" 2>&1 &
+DNV_PID=$!
+for _ in $(seq 150); do
+  [[ $(findmnt -rn -o FSTYPE -M "$MNT" 2>/dev/null) == fuse* ]] && break
+  kill -0 "$DNV_PID" 2>/dev/null || { sed 's/^/  | /' "$WORK/dnvmefs.log" >&2; die "dnvmefs exited"; }
+  sleep 0.1
+done
+[[ $(findmnt -rn -o FSTYPE -M "$MNT" 2>/dev/null) == fuse* ]] || die "dnvmefs did not mount"
+
+RESULTS=$WORK/results.tsv
+: >"$RESULTS"
+FIO=(--bs=1M --size="$SIZE" --numjobs=1 --fallocate=none --ioengine=libaio --direct=1
+  --iodepth=32 --output-format=json)
+raw_job() {  # run op
+  local out=$WORK/fio.json extra=()
+  [[ $2 == write ]] && extra=(--end_fsync=1)
+  fio --name=cvf_raw --filename="$BACKING/cvf_raw.dat" --rw="$2" "${FIO[@]}" "${extra[@]}" \
+    >"$out" 2>"$WORK/fio.err" || { cat "$WORK/fio.err" >&2; die "fio $2 failed"; }
+  $PY - "$out" "$1" "$2" >>"$RESULTS" <<'PYEOF'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+print(f"{sys.argv[2]}\traw\t{sys.argv[3]}\t{job[sys.argv[3]]['bw_bytes'] / 2**30:.6f}")
+PYEOF
+}
+ctl_job() {  # run op
+  local flag=--no-read
+  [[ $2 == read ]] && flag=--no-write
+  # shellcheck disable=SC2086  # CTL_ARGS is a list of flags
+  "$DNVME" -v warn ctl "$MNT" bench --size "$SIZE" --file cvf_ctl.dat --loops 1 --keep --json \
+    $flag $CTL_ARGS >"$WORK/ctl.json" 2>"$WORK/ctl.err" || { cat "$WORK/ctl.err" >&2; die "dnvme ctl bench $2 failed"; }
+  $PY - "$WORK/ctl.json" "$1" "$2" >>"$RESULTS" <<'PYEOF'
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+print(f"{sys.argv[2]}\tctl\t{sys.argv[3]}\t{j[sys.argv[3] + '_gibps']:.6f}")
+if sys.argv[3] == "write":
+    print("# ctl handle config " + json.dumps(j["config"]), file=sys.stderr)
+PYEOF
+}
+
+echo "ctl_vs_fio: $(date -u +%Y-%m-%dT%H:%M:%SZ) backing=$BACKING size=$SIZE runs=$RUNS" \
+  "loadavg=$(cut -d' ' -f1-3 /proc/loadavg) kernel=$(uname -r)"
+echo "  raw: fio ${FIO[*]} (+ --end_fsync=1 on the write)"
+echo "  ctl: dnvme ctl MNT bench --size $SIZE --loops 1 --keep {--no-read|--no-write} $CTL_ARGS"
+for ((run = 1; run <= RUNS; run++)); do
+  order=(raw ctl)
+  ((run % 2 == 0)) && order=(ctl raw)
+  for v in "${order[@]}"; do
+    echo "  run $run: $v" >&2
+    sync
+    "${v}_job" "$run" write
+    drop_caches
+    "${v}_job" "$run" read
+    rm -f "$BACKING/cvf_$v.dat"
+  done
+done
+
+$PY - "$RESULTS" <<'PYEOF'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+print(f"\n{'run':>3}  {'variant':<7} {'op':<5} {'GiB/s':>7}")
+for run, v, op, bw in rows:
+    print(f"{run:>3}  {v:<7} {op:<5} {float(bw):>7.3f}")
+med = {}
+for v in ("raw", "ctl"):
+    for op in ("write", "read"):
+        med[v, op] = statistics.median(float(bw) for _, vv, o, bw in rows if vv == v and o == op)
+print()
+for op in ("write", "read"):
+    print(f"median {op:<5}  raw {med['raw', op]:.3f}  ctl {med['ctl', op]:.3f} GiB/s"
+          f"   ctl/raw {med['ctl', op] / med['raw', op]:.3f}  (goal >= 0.97)")
+PYEOF
