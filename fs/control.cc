@@ -9,7 +9,6 @@
 
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "engine/common/log.h"
 #include "engine/posix/file.h"
@@ -20,9 +19,34 @@ namespace {
 
 using nlohmann::json;
 
-Status Err(int err, std::string msg) {
-  if (err == EINVAL) return Status::InvalidArgument(std::move(msg));
-  return Status::IoError(err, std::move(msg));
+Status Err(int err, std::string msg) { return CtlError(err, std::move(msg)); }
+
+// "/dev/shm/NAME" (one component, not . or ..) or "/proc/PID/fd/N" (decimal numbers).
+bool IsDigits(std::string_view s) {
+  return !s.empty() && s.size() <= 10 &&
+         s.find_first_not_of("0123456789") == std::string_view::npos;
+}
+bool IsShmSource(std::string_view s) {
+  constexpr std::string_view kPrefix = "/dev/shm/";
+  if (s.substr(0, kPrefix.size()) != kPrefix) return false;
+  const std::string_view name = s.substr(kPrefix.size());
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos;
+}
+bool IsProcFdSource(std::string_view s) {
+  constexpr std::string_view kPrefix = "/proc/";
+  if (s.substr(0, kPrefix.size()) != kPrefix) return false;
+  s.remove_prefix(kPrefix.size());
+  const size_t mid = s.find("/fd/");
+  return mid != std::string_view::npos && IsDigits(s.substr(0, mid)) && IsDigits(s.substr(mid + 4));
+}
+
+// Waits until none of `h`'s transfers is running and takes every record (finished, uncollected).
+std::vector<std::shared_ptr<CtlOpRecord>> TakeFinished(CtlHandle& h) {
+  std::vector<std::shared_ptr<CtlOpRecord>> done;
+  std::unique_lock lock(h.m);
+  h.cv.wait(lock, [&] { return h.running == 0; });
+  done.swap(h.ops);
+  return done;
 }
 
 // Runs the calling thread with the caller's filesystem identity (fsuid, fsgid, supplementary
@@ -151,13 +175,7 @@ CtlSession::CtlSession(Fs& fs, uid_t owner) : fs_(fs), owner_(owner) {
 CtlSession::~CtlSession() {
   std::lock_guard lock(mu_);
   for (auto& [id, h] : handles_) {
-    std::vector<std::shared_ptr<CtlOpRecord>> done;
-    {
-      std::unique_lock hl(h->m);
-      h->cv.wait(hl, [&] { return h->running == 0; });
-      done.swap(h->ops);
-    }
-    for (auto& rec : done) FinishRecord(*rec);
+    for (auto& rec : TakeFinished(*h)) FinishRecord(*rec);
     fs_.RemoveCtlEngine(h->engine.get());
     h->engine.reset();
     fs_.ReleaseHandleQuota(owner_);
@@ -266,12 +284,7 @@ Result<std::string> CtlSession::CloseHandle(int64_t id) {
   if (it == handles_.end())
     return Err(EBADF, "no handle " + std::to_string(id) + " in this session");
   CtlHandle& h = *it->second;
-  std::vector<std::shared_ptr<CtlOpRecord>> done;
-  {
-    std::unique_lock hl(h.m);
-    h.cv.wait(hl, [&] { return h.running == 0; });
-    done.swap(h.ops);
-  }
+  std::vector<std::shared_ptr<CtlOpRecord>> done = TakeFinished(h);
   const size_t n = done.size();
   for (auto& rec : done) FinishRecord(*rec);
   fs_.RemoveCtlEngine(h.engine.get());
@@ -289,13 +302,8 @@ Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& call
   std::string source = r.shm.empty() ? r.source : "/dev/shm/" + r.shm;
   // Only shared-memory objects, named in one of two shapes; anything else (a file of this mount,
   // a device) is refused before it is opened.
-  static const std::regex kShm(R"(^/dev/shm/[^/]+$)");
-  static const std::regex kProcFd(R"(^/proc/[0-9]{1,10}/fd/[0-9]{1,10}$)");
-  if (!std::regex_match(source, kShm) && !std::regex_match(source, kProcFd)) {
+  if (!IsShmSource(source) && !IsProcFdSource(source)) {
     return Err(EINVAL, "'source' must be /dev/shm/NAME or /proc/PID/fd/N, not '" + source + "'");
-  }
-  if (source == "/dev/shm/." || source == "/dev/shm/..") {
-    return Err(EINVAL, "'source' must name an object in /dev/shm");
   }
   UniqueFd fd;
   bool writable = true;
@@ -305,7 +313,7 @@ Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& call
     // target), else read-only (a pwrite source only).
     // /proc/PID/fd/N is a link by nature; a /dev/shm name must not be one (a link planted in
     // the shared directory could point anywhere).
-    const int nofollow = source.rfind("/dev/shm/", 0) == 0 ? O_NOFOLLOW : 0;
+    const int nofollow = IsShmSource(source) ? O_NOFOLLOW : 0;
     int raw = open(source.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | nofollow);
     if (raw < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
       writable = false;
@@ -498,18 +506,10 @@ Result<std::string> CtlSession::Wait(int64_t id) {
   auto it = handles_.find(id);
   if (it == handles_.end())
     return Err(EBADF, "no handle " + std::to_string(id) + " in this session");
-  CtlHandle& h = *it->second;
-  std::vector<std::shared_ptr<CtlOpRecord>> done;
-  {
-    std::unique_lock hl(h.m);
-    h.cv.wait(hl, [&] { return h.running == 0; });
-    done.swap(h.ops);
-  }
-  return Collect(h, std::move(done));
+  return Collect(TakeFinished(*it->second));
 }
 
-std::string CtlSession::Collect(CtlHandle& h, std::vector<std::shared_ptr<CtlOpRecord>> done) {
-  (void)h;
+std::string CtlSession::Collect(std::vector<std::shared_ptr<CtlOpRecord>> done) {
   json ops = json::array();
   int failed = 0;
   for (auto& rec : done) {

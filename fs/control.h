@@ -114,7 +114,7 @@ class CtlSession {
   Result<std::string> Wait(int64_t id);
   Result<std::string> Fsync(const CtlRequest& r, const Caller& caller);
   // Collects finished records of `h`: coherence work and unpinning; returns their JSON.
-  std::string Collect(CtlHandle& h, std::vector<std::shared_ptr<CtlOpRecord>> done);
+  std::string Collect(std::vector<std::shared_ptr<CtlOpRecord>> done);
   void FinishRecord(CtlOpRecord& rec);
 
   Fs& fs_;

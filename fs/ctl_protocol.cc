@@ -11,10 +11,7 @@ namespace {
 
 using nlohmann::json;
 
-Status Err(int err, std::string msg) {
-  if (err == EINVAL) return Status::InvalidArgument(std::move(msg));
-  return Status::IoError(err, std::move(msg));
-}
+Status Err(int err, std::string msg) { return CtlError(err, std::move(msg)); }
 
 // Deepest nesting of arrays/objects in `text`, outside strings; stops counting past `limit`.
 int NestingDepth(std::string_view text, int limit) {
@@ -125,6 +122,11 @@ Result<bool> GetBool(const json& j, const char* key) {
 constexpr int64_t kMaxNumber = int64_t{1} << 62;
 
 }  // namespace
+
+Status CtlError(int err, std::string msg) {
+  if (err == EINVAL) return Status::InvalidArgument(std::move(msg));
+  return Status::IoError(err, std::move(msg));
+}
 
 const char* CtlOpName(CtlOp op) {
   for (const OpSpec& s : Specs()) {

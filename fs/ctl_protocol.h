@@ -91,6 +91,9 @@ Result<std::string> NormaliseCtlPath(std::string_view path, const std::string& m
 std::string CtlOkResponse(const std::string& id_json, const std::string& body_json);
 std::string CtlErrorResponse(const std::string& id_json, const Status& error);
 
+// The Status an answer reports for `err` (kInvalidArgument for EINVAL, else kIoError with `err`).
+Status CtlError(int err, std::string msg);
+
 // "EINVAL" for EINVAL, "E<n>" when the errno has no name.
 std::string ErrnoName(int err);
 

@@ -89,6 +89,18 @@ def mounts_at(path):
     return [e for e in mountinfo() if e["mountpoint"] == path]
 
 
+def wait_unmounted(path, timeout=5.0):
+    """True once nothing is mounted at `path`. As root the daemon has dropped CAP_SYS_ADMIN and
+    cannot unmount itself: the fusermount3 of auto_unmount does it when it sees the daemon's
+    socket close, a moment after the daemon exited. So poll, bounded."""
+    deadline = time.monotonic() + timeout
+    while mounts_at(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def is_mounted(path, fstype=FSTYPE):
     return any(fstype is None or e["fstype"] == fstype for e in mounts_at(path))
 
