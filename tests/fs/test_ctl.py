@@ -181,6 +181,42 @@ class ControlDirectoryTest(CtlCase):
         self.assertGreater(b["fuse"]["write_ops"], a["fuse"]["write_ops"])
 
 
+class StatsCountingTest(CtlCase):
+    def test_fuse_and_engine_counters_follow_the_data(self):
+        size = 16 * MiB
+        data = pattern(size, 11)
+        s0 = self.stats()
+        with open(self.m("counted"), "wb") as f:  # write-only: direct_io, no page cache
+            for off in range(0, size, MiB):
+                f.write(data[off:off + MiB])
+        s1 = self.stats()
+        f0, f1 = s0["fuse"], s1["fuse"]
+        written = (f1["bytes_written_behind"] - f0["bytes_written_behind"] +
+                   f1["bytes_written_sync"] - f0["bytes_written_sync"])
+        self.assertEqual(written, size, "every byte written through FUSE counted once")
+        # At least one request per MiB (an unaligned user buffer spans 257 pages and the kernel
+        # splits such a write in two).
+        self.assertGreaterEqual(f1["write_ops"] - f0["write_ops"], 16)
+        self.assertGreater(f1["bytes_written_behind"], f0["bytes_written_behind"],
+                           "a sequential writer goes through write-behind")
+        e0, e1 = s0["engine"], s1["engine"]
+        self.assertEqual(e1["bytes_written"] - e0["bytes_written"], size)
+        self.assertEqual(e1["ops_failed"], e0["ops_failed"])
+        self.assertEqual(e1["inflight_requests"], 0, "nothing in flight after close")
+        # A cold read (the writer never used the page cache) comes from the daemon.
+        self.assertBytesEqual(self.read(self.m("counted")), data, "read back")
+        s2 = self.stats()
+        f2 = s2["fuse"]
+        served = (f2["bytes_read_ahead_hit"] - f1["bytes_read_ahead_hit"] +
+                  f2["bytes_read_engine"] - f1["bytes_read_engine"])
+        self.assertGreaterEqual(served, size, "read-ahead hits + on-demand reads cover the file")
+        self.assertGreater(f2["bytes_read_ahead_hit"], f1["bytes_read_ahead_hit"],
+                           "a sequential reader hits the read-ahead window")
+        self.assertGreaterEqual(s2["engine"]["bytes_read"] - e1["bytes_read"], size)
+        self.assertEqual(s2["ctl"]["bytes_written"], s0["ctl"]["bytes_written"],
+                         "nothing of this went through ctl")
+
+
 class RequestErrorsTest(CtlCase):
     """Every malformed or hostile request gets a JSON error with a code; the daemon stays up
     and BACKING_DIR does not change."""
