@@ -188,14 +188,16 @@ Status CtlClient::CloseHandle(int64_t handle) {
 }
 
 Result<int64_t> CtlClient::RegisterShm(const std::string& shm_name, int64_t offset, int64_t size) {
-  json req = {{"op", "buffer.register"}, {"shm", shm_name}, {"offset", offset}, {"size", size}};
-  DNVME_ASSIGN_OR_RETURN(std::string text, Call(req.dump()));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
-  return IntField(a, "buffer");
+  return RegisterAs("shm", shm_name, offset, size);
 }
 
 Result<int64_t> CtlClient::RegisterSource(const std::string& source, int64_t offset, int64_t size) {
-  json req = {{"op", "buffer.register"}, {"source", source}, {"offset", offset}, {"size", size}};
+  return RegisterAs("source", source, offset, size);
+}
+
+Result<int64_t> CtlClient::RegisterAs(const char* key, const std::string& name, int64_t offset,
+                                      int64_t size) {
+  json req = {{"op", "buffer.register"}, {key, name}, {"offset", offset}, {"size", size}};
   DNVME_ASSIGN_OR_RETURN(std::string text, Call(req.dump()));
   DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
   return IntField(a, "buffer");

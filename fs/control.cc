@@ -174,19 +174,9 @@ CtlSession::CtlSession(Fs& fs, uid_t owner) : fs_(fs), owner_(owner) {
 
 CtlSession::~CtlSession() {
   std::lock_guard lock(mu_);
-  for (auto& [id, h] : handles_) {
-    for (auto& rec : TakeFinished(*h)) FinishRecord(*rec);
-    fs_.RemoveCtlEngine(h->engine.get());
-    h->engine.reset();
-    fs_.ReleaseHandleQuota(owner_);
-    fs_.ctl_counters().handles_open.fetch_sub(1, std::memory_order_relaxed);
-  }
-  for (auto& [id, b] : buffers_) {
-    fs_.ReleaseBufferQuota(owner_, b.map->size());
-    fs_.ctl_counters().buffers_registered.fetch_sub(1, std::memory_order_relaxed);
-    fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(b.map->size()),
-                                                  std::memory_order_relaxed);
-  }
+  for (auto& [id, h] : handles_) ReleaseHandle(*h);
+  handles_.clear();  // destroys the engines (nothing in flight)
+  for (auto& [id, map] : buffers_) ReleaseBuffer(*map);
   fs_.ctl_counters().sessions_open.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -242,7 +232,7 @@ Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& call
     case CtlOp::kStats:
       return json{{"stats", json::parse(fs_.StatsJson())}}.dump();
     case CtlOp::kHandleOpen:
-      return OpenHandle(r, caller);
+      return OpenHandle(r);
     case CtlOp::kHandleClose:
       return CloseHandle(r.handle);
     case CtlOp::kBufferRegister:
@@ -260,8 +250,7 @@ Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& call
   return Err(EOPNOTSUPP, "op not handled");
 }
 
-Result<std::string> CtlSession::OpenHandle(const CtlRequest& r, const Caller& caller) {
-  (void)caller;
+Result<std::string> CtlSession::OpenHandle(const CtlRequest& r) {
   DNVME_ASSIGN_OR_RETURN(HandleConfig cfg,
                          HandleConfig::FromJson(r.config_json, fs_.EngineConfig()));
   DNVME_RETURN_IF_ERROR(fs_.TakeHandleQuota(owner_));
@@ -283,15 +272,25 @@ Result<std::string> CtlSession::CloseHandle(int64_t id) {
   auto it = handles_.find(id);
   if (it == handles_.end())
     return Err(EBADF, "no handle " + std::to_string(id) + " in this session");
-  CtlHandle& h = *it->second;
+  const size_t n = ReleaseHandle(*it->second);
+  handles_.erase(it);  // destroys the engine (nothing in flight)
+  return json{{"uncollected", n}}.dump();
+}
+
+size_t CtlSession::ReleaseHandle(CtlHandle& h) {
   std::vector<std::shared_ptr<CtlOpRecord>> done = TakeFinished(h);
-  const size_t n = done.size();
   for (auto& rec : done) FinishRecord(*rec);
   fs_.RemoveCtlEngine(h.engine.get());
-  handles_.erase(it);  // destroys the engine (nothing in flight)
   fs_.ReleaseHandleQuota(owner_);
   fs_.ctl_counters().handles_open.fetch_sub(1, std::memory_order_relaxed);
-  return json{{"uncollected", n}}.dump();
+  return done.size();
+}
+
+void CtlSession::ReleaseBuffer(const ClientMapping& map) {
+  fs_.ReleaseBufferQuota(owner_, map.size());
+  fs_.ctl_counters().buffers_registered.fetch_sub(1, std::memory_order_relaxed);
+  fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(map.size()),
+                                                std::memory_order_relaxed);
 }
 
 Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& caller) {
@@ -329,7 +328,7 @@ Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& call
   const int64_t id = next_buffer_++;
   const int64_t size = map->size();
   const bool sealed = map->sealed();
-  buffers_[id] = Buffer{std::shared_ptr<ClientMapping>(std::move(map)), caller.uid};
+  buffers_[id] = std::move(map);
   fs_.ctl_counters().buffers_registered.fetch_add(1, std::memory_order_relaxed);
   fs_.ctl_counters().bytes_registered.fetch_add(static_cast<uint64_t>(size),
                                                 std::memory_order_relaxed);
@@ -341,14 +340,11 @@ Result<std::string> CtlSession::Unregister(int64_t id) {
   if (it == buffers_.end())
     return Err(EBADF, "no buffer " + std::to_string(id) + " in this session");
   // A transfer still in flight holds the mapping: it stays mapped until that finishes.
-  if (it->second.map.use_count() > 1) {
+  if (it->second.use_count() > 1) {
     return Err(EBUSY, "buffer " + std::to_string(id) +
                           " has transfers in flight or not yet collected by wait");
   }
-  fs_.ReleaseBufferQuota(owner_, it->second.map->size());
-  fs_.ctl_counters().buffers_registered.fetch_sub(1, std::memory_order_relaxed);
-  fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(it->second.map->size()),
-                                                std::memory_order_relaxed);
+  ReleaseBuffer(*it->second);
   buffers_.erase(it);
   return std::string("{}");
 }
@@ -376,7 +372,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
     return Err(EBADF, "no buffer " + std::to_string(r.buffer) + " in this session");
   }
   CtlHandle& h = *hit->second;
-  std::shared_ptr<ClientMapping> map = bit->second.map;
+  std::shared_ptr<ClientMapping> map = bit->second;
   if (r.buffer_offset > map->size() || r.length > map->size() - r.buffer_offset) {
     return Err(EINVAL, "buffer_offset " + std::to_string(r.buffer_offset) + " + length " +
                            std::to_string(r.length) + " is past the end of buffer " +
@@ -476,7 +472,6 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
         rec->status =
             Status::IoError(EFAULT, "the buffer was shrunk by its owner during the transfer");
       }
-      rec->finished = true;
       if (rec->status.ok()) {
         (rec->write ? cc.ops_written : cc.ops_read).fetch_add(1, std::memory_order_relaxed);
         (rec->write ? cc.bytes_written : cc.bytes_read)

@@ -74,7 +74,6 @@ struct CtlOpRecord {
   int64_t length = 0;
   int64_t bytes_done = 0;
   Status status;
-  bool finished = false;
   // Held until the outcome is collected: the buffer (kept mapped), the inode pin (for coherence
   // work after a write), the file.
   std::shared_ptr<ClientMapping> buffer;
@@ -101,12 +100,8 @@ class CtlSession {
   std::string ReadAnswer(size_t size);
 
  private:
-  struct Buffer {
-    std::shared_ptr<ClientMapping> map;
-    uid_t uid = 0;
-  };
   Result<std::string> Dispatch(const CtlRequest& r, const Caller& caller);
-  Result<std::string> OpenHandle(const CtlRequest& r, const Caller& caller);
+  Result<std::string> OpenHandle(const CtlRequest& r);
   Result<std::string> CloseHandle(int64_t id);
   Result<std::string> Register(const CtlRequest& r, const Caller& caller);
   Result<std::string> Unregister(int64_t id);
@@ -116,6 +111,11 @@ class CtlSession {
   // Collects finished records of `h`: coherence work and unpinning; returns their JSON.
   std::string Collect(std::vector<std::shared_ptr<CtlOpRecord>> done);
   void FinishRecord(CtlOpRecord& rec);
+  // Waits for `h`'s transfers, finishes their records and gives the handle's engine and quota
+  // back (the caller then drops `h`); returns how many outcomes were never collected.
+  size_t ReleaseHandle(CtlHandle& h);
+  // Gives a buffer's quota and counters back (the caller then drops the mapping).
+  void ReleaseBuffer(const ClientMapping& map);
 
   Fs& fs_;
   const uid_t owner_;
@@ -125,7 +125,7 @@ class CtlSession {
   int64_t next_handle_ = 1, next_buffer_ = 1;
   uint64_t next_op_ = 1;
   std::map<int64_t, std::unique_ptr<CtlHandle>> handles_;
-  std::map<int64_t, Buffer> buffers_;
+  std::map<int64_t, std::shared_ptr<ClientMapping>> buffers_;
 };
 
 }  // namespace dnvme::fs

@@ -177,18 +177,26 @@ Result<std::string> NormaliseCtlPath(std::string_view path, const std::string& m
   return out;
 }
 
+namespace {
+
+// A request's "id" re-serialised, when it is an integer or a string of at most 128 bytes.
+std::optional<std::string> IdJson(const json& id) {
+  if (id.is_number_integer() ||
+      (id.is_string() && id.get_ref<const std::string&>().size() <= 128)) {
+    return id.dump();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string ExtractCtlId(std::string_view text) {
   if (text.size() > kMaxRequestBytes || NestingDepth(text, kMaxRequestDepth) > kMaxRequestDepth) {
     return "";
   }
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("id")) return "";
-  const json& id = j["id"];
-  if (id.is_number_integer() ||
-      (id.is_string() && id.get_ref<const std::string&>().size() <= 128)) {
-    return id.dump();
-  }
-  return "";
+  return IdJson(j["id"]).value_or("");
 }
 
 Result<CtlRequest> ParseCtlRequest(std::string_view text, const std::string& mountpoint) {
@@ -206,13 +214,9 @@ Result<CtlRequest> ParseCtlRequest(std::string_view text, const std::string& mou
   }
   CtlRequest r;
   if (j.contains("id")) {
-    const json& id = j["id"];
-    if (id.is_number_integer() ||
-        (id.is_string() && id.get_ref<const std::string&>().size() <= 128)) {
-      r.id_json = id.dump();
-    } else {
-      return Err(EINVAL, "'id' must be an integer or a string of at most 128 bytes");
-    }
+    std::optional<std::string> id = IdJson(j["id"]);
+    if (!id) return Err(EINVAL, "'id' must be an integer or a string of at most 128 bytes");
+    r.id_json = std::move(*id);
   }
   if (!j.contains("op")) return Err(EINVAL, "request has no 'op'");
   if (!j["op"].is_string()) return Err(EINVAL, "'op' must be a string");

@@ -604,7 +604,7 @@ void OpFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi
 
 void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
   struct statvfs sv {};
-  if (IsVirtual(req, ino)) ino = FUSE_ROOT_ID;
+  if (IsVirtual(ino)) ino = FUSE_ROOT_ID;
   if (fstatvfs(FsOf(req).GetInode(ino).fd, &sv) != 0) {
     fuse_reply_err(req, errno);
   } else {
@@ -656,7 +656,7 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Inode& in = FsOf(req).GetInode(ino);
-  if (!XattrCapable(in) || IsVirtual(req, ino)) {  // no names; answered the same way
+  if (!XattrCapable(in) || IsVirtual(ino)) {  // no names; answered the same way
     ReplyXattr(req, size, [](char*, size_t) { return ssize_t{0}; });
     return;
   }

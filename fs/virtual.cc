@@ -48,7 +48,7 @@ VirtualNode KindOf(fuse_ino_t ino) {
   return in == nullptr ? VirtualNode::kNone : in->virt;
 }
 
-void FillStat(Fs& fs, VirtualNode kind, struct stat* st, const struct timespec& t) {
+void FillStat(VirtualNode kind, struct stat* st, const struct timespec& t) {
   std::memset(st, 0, sizeof(*st));
   st->st_ino = kVirtualInoBase + static_cast<ino_t>(kind);
   st->st_uid = geteuid();
@@ -64,13 +64,12 @@ void FillStat(Fs& fs, VirtualNode kind, struct stat* st, const struct timespec& 
     if (f.kind == kind) st->st_mode = f.mode;
   }
   st->st_nlink = 1;
-  (void)fs;
 }
 
 fuse_entry_param EntryOf(Fs& fs, VirtualNode kind, const struct timespec& t) {
   fuse_entry_param e{};
   e.ino = reinterpret_cast<fuse_ino_t>(&fs.VirtualInode(kind));
-  FillStat(fs, kind, &e.attr, t);
+  FillStat(kind, &e.attr, t);
   e.attr_timeout = kVirtualTimeout;
   e.entry_timeout = kVirtualTimeout;
   return e;
@@ -89,23 +88,20 @@ std::string Snapshot(Fs& fs, VirtualNode kind) {
 
 }  // namespace
 
-bool IsVirtual(fuse_req_t req, fuse_ino_t ino) {
-  (void)req;
-  return KindOf(ino) != VirtualNode::kNone;
-}
+bool IsVirtual(fuse_ino_t ino) { return KindOf(ino) != VirtualNode::kNone; }
 
 bool IsHiddenName(fuse_ino_t parent, const char* name) {
   return parent == FUSE_ROOT_ID && std::strcmp(name, kCtlDirName) == 0;
 }
 
 bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err) {
-  if (!IsVirtual(req, ino)) return false;
+  if (!IsVirtual(ino)) return false;
   fuse_reply_err(req, err);
   return true;
 }
 
 bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err) {
-  if (!IsVirtual(req, parent) && !IsHiddenName(parent, name)) return false;
+  if (!IsVirtual(parent) && !IsHiddenName(parent, name)) return false;
   fuse_reply_err(req, err);
   return true;
 }
@@ -134,7 +130,7 @@ bool VirtualGetattr(fuse_req_t req, fuse_ino_t ino) {
   const VirtualNode kind = KindOf(ino);
   if (kind == VirtualNode::kNone) return false;
   struct stat st {};
-  FillStat(FsOf(req), kind, &st, Now());
+  FillStat(kind, &st, Now());
   fuse_reply_attr(req, &st, kVirtualTimeout);
   return true;
 }
@@ -294,7 +290,7 @@ bool VirtualReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool
       need = fuse_add_direntry_plus(req, &buf[used], size - used, name, &e, i + 1);
     } else {
       struct stat st {};
-      FillStat(fs, i >= 2 ? kFiles[i - 2].kind : VirtualNode::kCtlDir, &st, t);
+      FillStat(i >= 2 ? kFiles[i - 2].kind : VirtualNode::kCtlDir, &st, t);
       need = fuse_add_direntry(req, &buf[used], size - used, name, &st, i + 1);
     }
     if (need > size - used) break;  // the kernel never counted it (the lookup is not taken)

@@ -13,7 +13,7 @@
 
 namespace dnvme::fs {
 
-bool IsVirtual(fuse_req_t req, fuse_ino_t ino);
+bool IsVirtual(fuse_ino_t ino);
 // Answers `err` when `ino` is a control node.
 bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err);
 // Answers `err` when (parent, name) names a control node or an entry inside the control dir.

@@ -99,6 +99,9 @@ class CtlClient {
   Result<int64_t> Transfer(const char* op, int64_t handle, int64_t buffer, int64_t buffer_offset,
                            int64_t length, const std::string& path, int64_t file_offset,
                            bool async);
+  // buffer.register naming the object by `key` ("shm" or "source").
+  Result<int64_t> RegisterAs(const char* key, const std::string& name, int64_t offset,
+                             int64_t size);
   int fd_ = -1;
 };
 
