@@ -22,9 +22,10 @@
 // The flip side for root: with CAP_SYS_ADMIN gone from the bounding set, neither the daemon nor
 // any fusermount3 it execs can unmount (libfuse calls umount2() itself when geteuid() == 0 and
 // gets EPERM). Unmounting is then done from outside -- `fusermount3 -u` / `umount` by the admin
-// or the systemd unit's ExecStop -- or by -o auto_unmount, where libfuse mounts through a
-// fusermount3 process started before the drop that keeps its capabilities and unmounts as soon
-// as the daemon's /dev/fuse descriptor closes (also after a crash).
+// or the systemd unit's ExecStop -- or by auto_unmount (main.cc always asks for it), where
+// libfuse mounts through a fusermount3 process started before the drop that keeps its
+// capabilities and unmounts as soon as the daemon's /dev/fuse descriptor closes (also after a
+// crash).
 
 namespace dnvme::fs {
 namespace {

@@ -40,10 +40,11 @@ class FuseArgs {
     if (o.debug) Add("-d");
     // The daemon runs as root for many users: the kernel must check permissions.
     std::string opts = "default_permissions,fsname=" + Escape(o.backing) + ",subtype=dnvmefs";
-    // As root, libfuse unmounts with umount2() itself, which needs CAP_SYS_ADMIN -- dropped after
-    // mounting. auto_unmount has a fusermount3 process, started before the drop, unmount when our
-    // /dev/fuse fd closes: on exit, on SIGTERM, and after a crash.
-    if (geteuid() == 0) opts += ",auto_unmount";
+    // auto_unmount has a fusermount3 process, started before we drop capabilities, unmount when
+    // our /dev/fuse fd closes: on exit, on SIGTERM, and after a crash. As root this is required:
+    // libfuse would otherwise unmount with umount2() itself, which needs the CAP_SYS_ADMIN we drop.
+    // As a user (mount.dnvmefs -o setuid=USER) it also means no dead mount is left after a crash.
+    opts += ",auto_unmount";
     for (const auto& x : o.fuse_opts) opts += "," + x;
     Add("-o");
     Add(opts);

@@ -9,7 +9,11 @@
 #   - mount -t fuse.dnvmefs, write + read a file, the file is in the backing dir, umount;
 #   - the same from an fstab line: mount --fstab TEMPFILE MNT;
 #   - ro, mount -f (fake), a bad option, a missing backing directory;
-#   - the helper called directly: mount(8)-only options are dropped.
+#   - the helper called directly: mount(8)-only options are dropped;
+#   - setuid=USER: the daemon runs as `nobody`, the mount is nobody's, data round-trips as nobody,
+#     files land owned by nobody; an unknown user is refused before anything is mounted. The
+#     non-root mount needs /dev/fuse mode 0666 (Debian's udev default); where it is 0600 (some
+#     containers) the test sets 0666 for the duration and puts the old mode back.
 # Skips (exit 77) with the reason when not root, /dev/fuse or fusermount3 is missing, or the
 # binary is not built. Always unmounts and removes the link (trap).
 set -euo pipefail
@@ -44,6 +48,9 @@ MNT=$SCRATCH/mnt
 mkdir -p "$BACKING" "$MNT"
 LINK=/sbin/mount.fuse.dnvmefs
 made_link=0
+USERDIR=
+MNT_U=
+FUSE_MODE=$(stat -c %a /dev/fuse)
 
 is_mounted() { findmnt -rn -M "$MNT" >/dev/null 2>&1; }
 unmount() {
@@ -52,6 +59,11 @@ unmount() {
 }
 cleanup() {
   unmount
+  if [[ -n $MNT_U ]] && findmnt -rn -M "$MNT_U" >/dev/null 2>&1; then
+    umount "$MNT_U" 2>/dev/null || fusermount3 -u -z "$MNT_U" || true
+  fi
+  [[ -n $USERDIR ]] && rm -rf "$USERDIR"
+  [[ $(stat -c %a /dev/fuse) == "$FUSE_MODE" ]] || chmod "$FUSE_MODE" /dev/fuse
   if [[ $made_link -eq 1 && -L $LINK && $(readlink "$LINK") == "$PREFIX/sbin/mount.dnvmefs" ]]; then
     rm -f "$LINK"
   fi
@@ -142,6 +154,43 @@ mount -t fuse.dnvmefs "$SCRATCH/missing" "$MNT" 2>"$SCRATCH/err" || rc=$?
 check "a missing backing directory fails (exit $rc) with the reason" \
   bash -c "[[ $rc -ne 0 ]] && grep -q 'does not exist' '$SCRATCH/err'"
 unmount
+
+# --- setuid=USER ---------------------------------------------------------------------------------
+out=$("$PREFIX/sbin/mount.dnvmefs" "$BACKING" "$MNT" -f -v -o setuid=nobody,queue_depth=8 2>&1)
+check "helper -f setuid=nobody: runs dnvmefs through setpriv as nobody, setuid= not passed on ($out)" \
+  grep -q -- "would run: setpriv --reuid=$(id -u nobody) --regid=$(id -g nobody) --init-groups .*--ambient-caps=+ipc_lock -- $PREFIX/bin/dnvmefs $BACKING $MNT -o queue_depth=8$" <<<"$out"
+rc=0
+mount -t fuse.dnvmefs "$BACKING" "$MNT" -o setuid=no_such_user_dnvme 2>"$SCRATCH/err" || rc=$?
+check "setuid= an unknown user: exit $rc, the reason, nothing mounted" \
+  bash -c "[[ $rc -ne 0 ]] && grep -q 'no such user' '$SCRATCH/err' && ! findmnt -rn -M '$MNT' >/dev/null"
+unmount
+
+as_nobody() { setpriv --reuid=nobody --regid="$(id -g nobody)" --init-groups -- "$@"; }
+USERDIR=$(mktemp -d /var/tmp/dnvme-setuid.XXXXXX)
+chmod 755 "$USERDIR"
+mkdir "$USERDIR/backing" "$USERDIR/mnt"
+chown nobody: "$USERDIR/backing" "$USERDIR/mnt"
+MNT_U=$USERDIR/mnt
+[[ $FUSE_MODE == 666 ]] || chmod 666 /dev/fuse
+rc=0
+mount -t fuse.dnvmefs "$USERDIR/backing" "$MNT_U" -o setuid=nobody,queue_depth=8 2>"$SCRATCH/err" || rc=$?
+sed 's/^/    | /' "$SCRATCH/err"
+check "mount -o setuid=nobody exits 0 (got $rc)" test "$rc" -eq 0
+check "the mount belongs to nobody (user_id=$(id -u nobody))" \
+  bash -c "findmnt -rn -o OPTIONS -M '$MNT_U' | grep -q 'user_id=$(id -u nobody),'"
+check "the daemon runs as nobody" \
+  bash -c "[[ \$(ps -o user= -p \$(pgrep -f -n '[d]nvmefs $USERDIR/backing')) == nobody ]]"
+head -c $((5 * 1024 * 1024 + 77)) /dev/urandom >"$USERDIR/src"
+chmod 644 "$USERDIR/src"
+check "nobody writes and reads back through its mount" \
+  as_nobody sh -c "cp '$USERDIR/src' '$MNT_U/f' && sync '$MNT_U/f' && cmp -s '$USERDIR/src' '$MNT_U/f'"
+check "the file is in the backing dir, owned by nobody" \
+  bash -c "cmp -s '$USERDIR/src' '$USERDIR/backing/f' && [[ \$(stat -c %U '$USERDIR/backing/f') == nobody ]]"
+rc=0
+umount "$MNT_U" || rc=$?
+check "umount of nobody's mount exits 0 (got $rc) and the daemon exits" \
+  bash -c "[[ $rc -eq 0 ]] && for i in \$(seq 50); do pgrep -f '[d]nvmefs $USERDIR/backing' >/dev/null || exit 0; sleep 0.1; done; exit 1"
+[[ $FUSE_MODE == 666 ]] || chmod "$FUSE_MODE" /dev/fuse
 
 "$ROOT/mount-scripts/install.sh" --prefix "$PREFIX" --uninstall >/dev/null
 check "install.sh --uninstall removes the files" \
