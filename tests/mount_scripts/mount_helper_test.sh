@@ -10,6 +10,10 @@
 #   - the same from an fstab line: mount --fstab TEMPFILE MNT;
 #   - ro, mount -f (fake), a bad option, a missing backing directory;
 #   - the helper called directly: mount(8)-only options are dropped;
+#   - the systemd unit: `systemd-analyze verify` has nothing to say about it, and its ExecStart
+#     and ExecStop, run the way systemd would (the unit's EnvironmentFile loaded, `$$` -> `$`),
+#     mount (exiting only once the mount is live, as Type=forking needs) and unmount. No systemd
+#     runs as PID 1 here, so that is as close to `systemctl start` as the test can get;
 #   - setuid=USER: the daemon runs as `nobody`, the mount is nobody's, data round-trips as nobody,
 #     files land owned by nobody; an unknown user is refused before anything is mounted. The
 #     non-root mount needs /dev/fuse mode 0666 (Debian's udev default); where it is 0600 (some
@@ -153,6 +157,41 @@ rc=0
 mount -t fuse.dnvmefs "$SCRATCH/missing" "$MNT" 2>"$SCRATCH/err" || rc=$?
 check "a missing backing directory fails (exit $rc) with the reason" \
   bash -c "[[ $rc -ne 0 ]] && grep -q 'does not exist' '$SCRATCH/err'"
+unmount
+
+# --- the systemd unit ----------------------------------------------------------------------------
+UNIT=$PREFIX/lib/systemd/system/dnvmefs@.service
+if command -v systemd-analyze >/dev/null; then
+  mkdir -p "$SCRATCH/units"
+  cp "$UNIT" "$SCRATCH/units/"
+  out=$(cd "$SCRATCH/units" && systemd-analyze verify --man=no ./dnvmefs@t.service 2>&1) || true
+  check "systemd-analyze verify finds nothing wrong with the unit ('$out')" test -z "$out"
+else
+  echo "skip - systemd-analyze is missing (apt-get install systemd): unit syntax not verified"
+fi
+unit_cmd() {  # KEY: the unit's KEY= command line with systemd's `$$` -> `$`
+  local line
+  line=$(sed -n "s/^$1=//p" "$UNIT")
+  printf '%s\n' "${line//\$\$/\$}"
+}
+# An EnvironmentFile like example.conf, pointing at the scratch directories.
+sed -e "s#^BACKING=.*#BACKING=$BACKING#" -e "s#^MOUNTPOINT=.*#MOUNTPOINT=$MNT#" \
+  -e "s#^OPTIONS=.*#OPTIONS=queue_depth=16#" "$ROOT/mount-scripts/example.conf" >"$SCRATCH/t.conf"
+run_unit() {  # KEY: run the unit's command in a clean environment holding only the conf's keys
+  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin bash -c \
+    'set -a; . "$1"; set +a; eval "$2"' _ "$SCRATCH/t.conf" "$(unit_cmd "$1")"
+}
+rc=0
+run_unit ExecStart || rc=$?
+check "the unit's ExecStart exits 0 (got $rc) with the mount already live" \
+  bash -c "[[ $rc -eq 0 && \$(findmnt -rn -o FSTYPE -M '$MNT') == fuse.dnvmefs ]]"
+check "the unit passed OPTIONS on (queue_depth=16 in the live config)" \
+  grep -q '"queue_depth": *16' "$MNT/.dnvme/config"
+check "write + read through the unit's mount" roundtrip via_unit
+rc=0
+run_unit ExecStop || rc=$?
+check "the unit's ExecStop exits 0 (got $rc) and unmounts" \
+  bash -c "[[ $rc -eq 0 ]] && ! findmnt -rn -M '$MNT' >/dev/null"
 unmount
 
 # --- setuid=USER ---------------------------------------------------------------------------------
