@@ -37,5 +37,10 @@ Command AddIoCommand(CLI::App& parent);
 // `dnvme ctl`: config get/set, stats, raw requests and a transfer benchmark through a mount's
 // control file (tools/dnvme/ctl_cmd.cc).
 Command AddCtlCommand(CLI::App& parent);
+// `dnvme tune`: the handle-parameter search (DeepSpeed ds_nvme_tune) (tools/dnvme/tune_cmd.cc).
+Command AddTuneCommand(CLI::App& parent);
+// `dnvme report`: what this machine can do, one line per capability (DeepSpeed ds_report)
+// (tools/dnvme/report_cmd.cc).
+Command AddReportCommand(CLI::App& parent);
 
 }  // namespace dnvme::cli

@@ -22,6 +22,7 @@
 
 #include "dnvme/client.h"
 #include "dnvme/config.h"
+#include "tools/dnvme/cli_util.h"
 #include "tools/dnvme/commands.h"
 
 namespace dnvme::cli {
@@ -45,11 +46,6 @@ struct CtlOptions {
 int Fail(const Status& st) {
   std::cerr << "dnvme ctl: error: " << st.message() << "\n";
   return kExitFailure;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 int RunBench(CtlClient& client, const CtlOptions& o) {

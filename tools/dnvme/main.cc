@@ -1,4 +1,4 @@
-// dnvme: the dnvmefs command-line tool. Subcommands: io, ctl (later tune, report).
+// dnvme: the dnvmefs command-line tool. Subcommands: io, ctl, tune, report.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   std::vector<dnvme::cli::Command> commands;
   commands.push_back(dnvme::cli::AddIoCommand(app));
   commands.push_back(dnvme::cli::AddCtlCommand(app));
+  commands.push_back(dnvme::cli::AddTuneCommand(app));
+  commands.push_back(dnvme::cli::AddReportCommand(app));
 
   try {
     app.parse(argc, argv);

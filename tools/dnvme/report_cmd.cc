@@ -1,0 +1,557 @@
+// `dnvme report`: DeepSpeed's ds_report for dnvmefs. One line per capability, [OKAY] or [NO] with
+// what to do about it, or one JSON object (--json) whose fields tests compare with what they can
+// read themselves. Every check asks the system the way the engine, the mount or the GPU path
+// would (io_setup, an O_DIRECT write, open("/dev/fuse"), dlopen of the CUDA libraries), so a
+// [OKAY] means that path works here, not merely that a file exists.
+//
+// Nothing here needs root; what root changes (capabilities, /dev/fuse access) is reported as it
+// is for the caller.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <libaio.h>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/version.h>
+#include <sys/capability.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dnvme/config.h"
+#include "dnvme/pinned.h"
+#include "tools/dnvme/cli_util.h"
+#include "tools/dnvme/commands.h"
+
+#ifndef DNVME_VERSION
+#define DNVME_VERSION "unknown"
+#endif
+#ifndef DNVME_BUILD_TYPE
+#define DNVME_BUILD_TYPE "unknown"
+#endif
+#ifndef DNVME_LIBFUSE_VERSION
+#define DNVME_LIBFUSE_VERSION "unknown"
+#endif
+
+namespace dnvme::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Pinned memory the mount needs with its default options: the write-behind pool (64 MiB) and the
+// read-ahead pool (4 windows of 16 MiB) are allocated at mount time; a 1 MiB buffer per FUSE
+// thread (up to 64) and the engine's bounce buffers (up to 64 MiB per worker) come on demand.
+constexpr int64_t kMountPinnedAtStart = int64_t{128} << 20;
+constexpr int64_t kMountPinnedPeak = kMountPinnedAtStart + (int64_t{64} << 20) + (int64_t{64} << 20);
+
+struct Check {
+  std::string name;
+  bool ok = false;
+  std::string summary;  // one line: what was found
+  std::string fix;      // empty when ok
+  Json values = Json::object();
+};
+
+std::string ReadTrimmed(const std::string& path, bool* found = nullptr) {
+  std::ifstream in(path);
+  if (found != nullptr) *found = static_cast<bool>(in);
+  std::string s;
+  std::getline(in, s);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+int64_t ReadInt(const std::string& path, int64_t fallback) {
+  bool found = false;
+  const std::string s = ReadTrimmed(path, &found);
+  if (!found || s.empty()) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  return errno == 0 && end != s.c_str() ? v : fallback;
+}
+
+// --- checks ------------------------------------------------------------------------------------
+
+Check CheckBuild() {
+  Check c;
+  c.name = "dnvmefs";
+  c.values["version"] = DNVME_VERSION;
+  c.values["build_type"] = DNVME_BUILD_TYPE;
+#if defined(__clang__)
+  c.values["compiler"] = "clang " __clang_version__;
+#elif defined(__GNUC__)
+  c.values["compiler"] = "gcc " __VERSION__;
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+  c.values["sanitizers"] = "address,undefined";
+#elif defined(__SANITIZE_THREAD__)
+  c.values["sanitizers"] = "thread";
+#else
+  c.values["sanitizers"] = "none";
+#endif
+  c.values["libfuse"] = DNVME_LIBFUSE_VERSION;
+  c.values["spdlog"] =
+      fmt::format("{}.{}.{}", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH);
+  c.values["cuda_built"] = false;
+  c.values["gds_handle_built"] = false;
+  // The daemon is installed next to the CLI (build/bin, PREFIX/bin).
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string daemon;
+  if (n > 0) {
+    self[n] = '\0';
+    std::string dir(self);
+    dir = dir.substr(0, dir.find_last_of('/'));
+    if (::access((dir + "/dnvmefs").c_str(), X_OK) == 0) daemon = dir + "/dnvmefs";
+  }
+  c.values["dnvmefs_binary"] = daemon.empty() ? Json(nullptr) : Json(daemon);
+  c.ok = !daemon.empty();
+  c.summary = fmt::format("version {}, {} build, sanitizers {}, libfuse {}; daemon {}",
+                          DNVME_VERSION, DNVME_BUILD_TYPE, c.values["sanitizers"].get<std::string>(),
+                          DNVME_LIBFUSE_VERSION, daemon.empty() ? "not found" : daemon);
+  if (daemon.empty()) {
+    c.fix = "the dnvmefs daemon is not next to this dnvme binary: build it (scripts/build.sh) or "
+            "install both (mount-scripts/install.sh)";
+  }
+  return c;
+}
+
+Check CheckLibaio(int queue_depth) {
+  Check c;
+  c.name = "libaio";
+  const int64_t max_nr = ReadInt("/proc/sys/fs/aio-max-nr", -1);
+  const int64_t nr = ReadInt("/proc/sys/fs/aio-nr", -1);
+  c.values["aio_max_nr"] = max_nr;
+  c.values["aio_nr"] = nr;
+  io_context_t ctx{};
+  const int rc = io_setup(queue_depth, &ctx);
+  if (rc == 0) io_destroy(ctx);
+  c.values["io_setup_ok"] = rc == 0;
+  c.values["io_setup_error"] = rc == 0 ? Json(nullptr) : Json(std::strerror(-rc));
+  // Each handle worker takes queue_depth events from the system-wide aio-max-nr.
+  const int64_t fit = max_nr >= 0 && nr >= 0 ? (max_nr - nr) / queue_depth : -1;
+  c.values["default_workers_that_fit"] = fit;
+  c.ok = rc == 0;
+  c.summary = rc == 0 ? fmt::format("io_setup({}) works; aio-nr {} of aio-max-nr {} ({} more "
+                                    "default workers fit)",
+                                    queue_depth, nr, max_nr, fit)
+                      : fmt::format("io_setup({}) failed: {}; aio-nr {} of aio-max-nr {}",
+                                    queue_depth, std::strerror(-rc), nr, max_nr);
+  if (rc == -EAGAIN) {
+    c.fix = "aio-max-nr is used up: sysctl -w fs.aio-max-nr=1048576 (and in /etc/sysctl.d)";
+  } else if (rc != 0) {
+    c.fix = "the kernel refuses native AIO (CONFIG_AIO off, or a seccomp filter): the engine "
+            "cannot run";
+  } else if (fit >= 0 && fit < 64) {
+    c.ok = false;
+    c.fix = "few handles fit: sysctl -w fs.aio-max-nr=1048576 (and in /etc/sysctl.d)";
+  }
+  return c;
+}
+
+std::string FsName(int64_t magic) {
+  switch (magic) {
+    case 0xEF53: return "ext4";
+    case 0x58465342: return "xfs";
+    case 0x9123683E: return "btrfs";
+    case 0x01021994: return "tmpfs";
+    case 0x65735546: return "fuse";
+    case 0x794C7630: return "overlayfs";
+    case 0x6969: return "nfs";
+    case 0x2FC12FC1: return "zfs";
+    case 0xF2F52010: return "f2fs";
+    default: return fmt::format("0x{:x}", magic);
+  }
+}
+
+Check CheckDirect(const std::string& dir) {
+  Check c;
+  c.name = "o_direct";
+  c.values["dir"] = dir;
+  struct statfs sfs {};
+  if (::statfs(dir.c_str(), &sfs) != 0) {
+    c.summary = fmt::format("{}: {}", dir, std::strerror(errno));
+    c.fix = "give --dir an existing directory on the offload disk";
+    return c;
+  }
+  c.values["filesystem"] = FsName(static_cast<int64_t>(sfs.f_type));
+  // A file of our own, removed at once, so the check leaves nothing behind.
+  std::string templ = dir + "/.dnvme_report.XXXXXX";
+  const int fd = ::mkstemp(templ.data());
+  if (fd < 0) {
+    c.summary = fmt::format("cannot create a file in {}: {}", dir, std::strerror(errno));
+    c.fix = "give --dir a directory you can write";
+    return c;
+  }
+  ::unlink(templ.c_str());
+  struct statx sx {};
+  uint32_t mem_align = 0, offset_align = 0;
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+    mem_align = sx.stx_dio_mem_align;
+    offset_align = sx.stx_dio_offset_align;
+  }
+  c.values["dio_mem_align"] = mem_align;
+  c.values["dio_offset_align"] = offset_align;
+  // The real test: reopen with O_DIRECT and write one aligned block.
+  const std::string self = fmt::format("/proc/self/fd/{}", fd);
+  const int dfd = ::open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+  int err = dfd < 0 ? errno : 0;
+  if (dfd >= 0) {
+    void* block = nullptr;
+    if (::posix_memalign(&block, 4096, 4096) == 0) {
+      std::memset(block, 0, 4096);
+      ssize_t w;
+      do {
+        w = ::pwrite(dfd, block, 4096, 0);
+      } while (w < 0 && errno == EINTR);
+      err = w == 4096 ? 0 : (w < 0 ? errno : EIO);
+      std::free(block);
+    } else {
+      err = ENOMEM;
+    }
+    ::close(dfd);
+  }
+  ::close(fd);
+  c.values["direct_write_ok"] = err == 0;
+  c.ok = err == 0;
+  if (c.ok) {
+    c.summary = fmt::format("{} on {}: O_DIRECT works; alignment: memory {} B, file offset {} B{}",
+                            dir, c.values["filesystem"].get<std::string>(), mem_align,
+                            offset_align, mem_align == 0 ? " (not reported by the kernel)" : "");
+  } else {
+    c.summary = fmt::format("{} on {}: O_DIRECT refused: {}", dir,
+                            c.values["filesystem"].get<std::string>(), std::strerror(err));
+    c.fix = "this filesystem has no O_DIRECT (tmpfs, overlayfs, some FUSE): the engine falls back "
+            "to buffered I/O (direct=auto). Put the offload directory on a local ext4/xfs on NVMe";
+  }
+  return c;
+}
+
+Check CheckMemlock(bool ipc_lock) {
+  Check c;
+  c.name = "memlock";
+  rlimit rl{};
+  ::getrlimit(RLIMIT_MEMLOCK, &rl);
+  auto limit = [](rlim_t v) { return v == RLIM_INFINITY ? Json(-1) : Json(static_cast<int64_t>(v)); };
+  c.values["soft_bytes"] = limit(rl.rlim_cur);
+  c.values["hard_bytes"] = limit(rl.rlim_max);
+  c.values["cap_ipc_lock"] = ipc_lock;
+  c.values["mount_needs_bytes"] = kMountPinnedAtStart;
+  c.values["mount_peak_bytes"] = kMountPinnedPeak;
+  const bool unlimited = rl.rlim_cur == RLIM_INFINITY;
+  const std::string soft = unlimited ? "unlimited" : FormatBytes(static_cast<int64_t>(rl.rlim_cur));
+  c.ok = ipc_lock || unlimited || static_cast<int64_t>(rl.rlim_cur) >= kMountPinnedPeak;
+  c.summary = fmt::format(
+      "RLIMIT_MEMLOCK {}{}; a default mount pins {} at start and up to {}", soft,
+      ipc_lock ? " (CAP_IPC_LOCK held: no limit applies)" : "", FormatBytes(kMountPinnedAtStart),
+      FormatBytes(kMountPinnedPeak));
+  if (!c.ok) {
+    c.fix = "raise the limit: `ulimit -l unlimited`, a 'memlock' line in "
+            "/etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or run as root "
+            "(CAP_IPC_LOCK)";
+  }
+  return c;
+}
+
+Check CheckFuseDevice() {
+  Check c;
+  c.name = "fuse_device";
+  struct stat st {};
+  if (::stat("/dev/fuse", &st) != 0 || !S_ISCHR(st.st_mode)) {
+    c.values["present"] = false;
+    c.summary = "/dev/fuse is missing";
+    c.fix = "modprobe fuse (in a container: pass --device /dev/fuse)";
+    return c;
+  }
+  c.values["present"] = true;
+  c.values["mode"] = fmt::format("{:04o}", st.st_mode & 07777);
+  const int fd = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
+  const int err = fd < 0 ? errno : 0;
+  if (fd >= 0) ::close(fd);
+  c.values["openable"] = err == 0;
+  c.values["users_can_mount"] = (st.st_mode & 0006) == 0006;
+  c.ok = err == 0;
+  c.summary = fmt::format("/dev/fuse mode {}: {}{}", c.values["mode"].get<std::string>(),
+                          err == 0 ? "opens" : std::string("cannot open: ") + std::strerror(err),
+                          (st.st_mode & 0006) == 0006 ? "" : " (only root can mount)");
+  if (!c.ok) c.fix = "run as root, or chmod 0666 /dev/fuse (Debian's udev default)";
+  return c;
+}
+
+Check CheckFusermount() {
+  Check c;
+  c.name = "fusermount3";
+  std::string found;
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string d; std::getline(dirs, d, ':');) {
+    const std::string candidate = (d.empty() ? "." : d) + "/fusermount3";
+    if (::access(candidate.c_str(), X_OK) == 0) {
+      found = candidate;
+      break;
+    }
+  }
+  struct stat st {};
+  const bool setuid_root = !found.empty() && ::stat(found.c_str(), &st) == 0 &&
+                           (st.st_mode & S_ISUID) != 0 && st.st_uid == 0;
+  c.values["path"] = found.empty() ? Json(nullptr) : Json(found);
+  c.values["setuid_root"] = setuid_root;
+  c.ok = setuid_root;
+  c.summary = found.empty() ? "fusermount3 not on PATH"
+                            : fmt::format("{}{}", found, setuid_root ? " (setuid root)"
+                                                                     : " (not setuid root)");
+  if (!c.ok) {
+    c.fix = "apt-get install fuse3: the daemon mounts and unmounts through the setuid "
+            "fusermount3 (auto_unmount), also as root";
+  }
+  return c;
+}
+
+Check CheckFuseMaxPages() {
+  Check c;
+  c.name = "fuse_max_pages";
+  // libfuse 3.14 asks for at most 256 pages (1 MiB) per request whatever the kernel allows.
+  constexpr int64_t kLibfusePages = 256;
+  const int64_t limit = ReadInt("/proc/sys/fs/fuse/max_pages_limit", -1);
+  const int64_t kernel = limit > 0 ? limit : kLibfusePages;  // before 6.13: fixed 256
+  const int64_t used = std::min(kernel, kLibfusePages);
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  c.values["max_pages_limit"] = limit > 0 ? Json(limit) : Json(nullptr);
+  c.values["libfuse_max_pages"] = kLibfusePages;
+  c.values["max_request_bytes"] = used * page;
+  c.ok = used >= kLibfusePages;
+  c.summary = fmt::format(
+      "kernel max_pages_limit {}; requests of up to {} (libfuse 3.14 asks for 256 pages)",
+      limit > 0 ? std::to_string(limit) : "not exposed (256 built in)", FormatBytes(used * page));
+  if (!c.ok) c.fix = "sysctl -w fs.fuse.max_pages_limit=256 for 1 MiB requests";
+  return c;
+}
+
+Check CheckCapabilities(bool* ipc_lock) {
+  Check c;
+  c.name = "capabilities";
+  *ipc_lock = false;
+  cap_t caps = cap_get_proc();
+  if (caps == nullptr) {
+    c.summary = fmt::format("cap_get_proc: {}", std::strerror(errno));
+    return c;
+  }
+  std::unique_ptr<std::remove_pointer_t<cap_t>, int (*)(void*)> owner(caps, cap_free);
+  auto has = [caps](cap_value_t v) {
+    cap_flag_value_t f = CAP_CLEAR;
+    return cap_get_flag(caps, v, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
+  };
+  *ipc_lock = has(CAP_IPC_LOCK);
+  const bool sys_admin = has(CAP_SYS_ADMIN);
+  c.values["uid"] = static_cast<int64_t>(::geteuid());
+  c.values["cap_ipc_lock"] = *ipc_lock;
+  c.values["cap_sys_admin"] = sys_admin;
+  c.values["cap_setuid"] = has(CAP_SETUID);
+  c.values["cap_dac_override"] = has(CAP_DAC_OVERRIDE);
+  // The daemon needs CAP_SYS_ADMIN only to mount (before it drops it); a user mounts through
+  // fusermount3 instead. CAP_IPC_LOCK lifts RLIMIT_MEMLOCK for pinned buffers.
+  c.ok = true;
+  std::vector<std::string> held;
+  if (*ipc_lock) held.push_back("CAP_IPC_LOCK");
+  if (sys_admin) held.push_back("CAP_SYS_ADMIN");
+  if (has(CAP_SETUID)) held.push_back("CAP_SETUID");
+  if (has(CAP_DAC_OVERRIDE)) held.push_back("CAP_DAC_OVERRIDE");
+  std::string list;
+  for (const auto& h : held) list += (list.empty() ? "" : ", ") + h;
+  c.summary = fmt::format("uid {}; effective, of those dnvmefs uses: {}", ::geteuid(),
+                          list.empty() ? "none" : list);
+  if (!sys_admin) {
+    c.summary += "; mounts go through fusermount3";
+  }
+  return c;
+}
+
+// The CUDA runtime, loaded the way the GPU path will load it (dlopen, nothing linked).
+struct Cuda {
+  void* lib = nullptr;
+  std::string path;
+  ~Cuda() {
+    if (lib != nullptr) ::dlclose(lib);
+  }
+};
+
+void CheckCuda(Check* runtime, Check* gpus) {
+  runtime->name = "cuda_runtime";
+  gpus->name = "gpus";
+  Cuda cuda;
+  const char* names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                         "/usr/local/cuda/lib64/libcudart.so"};
+  for (const char* n : names) {
+    cuda.lib = ::dlopen(n, RTLD_NOW | RTLD_LOCAL);
+    if (cuda.lib != nullptr) {
+      cuda.path = n;
+      break;
+    }
+  }
+  runtime->values["library"] = cuda.lib == nullptr ? Json(nullptr) : Json(cuda.path);
+  gpus->values["count"] = 0;
+  if (cuda.lib == nullptr) {
+    runtime->summary = "libcudart not found";
+    runtime->fix = "install the CUDA runtime (or put /usr/local/cuda/lib64 on the loader path) for "
+                   "the GPU paths; host I/O does not need it";
+    gpus->summary = "no CUDA runtime, so no GPU can be used";
+    gpus->fix = "see cuda_runtime";
+    return;
+  }
+  using VersionFn = int (*)(int*);
+  using ErrorStringFn = const char* (*)(int);
+  auto runtime_version = reinterpret_cast<VersionFn>(::dlsym(cuda.lib, "cudaRuntimeGetVersion"));
+  auto driver_version = reinterpret_cast<VersionFn>(::dlsym(cuda.lib, "cudaDriverGetVersion"));
+  auto device_count = reinterpret_cast<VersionFn>(::dlsym(cuda.lib, "cudaGetDeviceCount"));
+  auto error_string = reinterpret_cast<ErrorStringFn>(::dlsym(cuda.lib, "cudaGetErrorString"));
+  int rv = 0, dv = 0;
+  if (runtime_version != nullptr) runtime_version(&rv);
+  if (driver_version != nullptr) driver_version(&dv);
+  auto version = [](int v) { return v > 0 ? fmt::format("{}.{}", v / 1000, (v % 1000) / 10) : "none"; };
+  runtime->values["runtime_version"] = version(rv);
+  runtime->values["driver_version"] = version(dv);
+  runtime->ok = true;
+  runtime->summary = fmt::format("{}: runtime {}, driver {}", cuda.path, version(rv), version(dv));
+  int count = 0;
+  const int err = device_count != nullptr ? device_count(&count) : -1;
+  gpus->values["count"] = err == 0 ? count : 0;
+  const std::string why = err == 0 ? "" : (error_string != nullptr && err > 0 ? error_string(err)
+                                                                             : "no symbol");
+  gpus->values["error"] = err == 0 ? Json(nullptr) : Json(why);
+  gpus->ok = err == 0 && count > 0;
+  gpus->summary = err == 0 ? fmt::format("{} GPU(s)", count)
+                           : fmt::format("0 GPUs (cudaGetDeviceCount: {})", why);
+  if (!gpus->ok) {
+    gpus->fix = "no GPU or no NVIDIA driver: GPU buffers (gds_handle, --gpu) are unavailable; "
+                "host paths are unaffected";
+  }
+}
+
+Check CheckCufile(int gpu_count) {
+  Check c;
+  c.name = "cufile";
+  void* lib = nullptr;
+  std::string path;
+  for (const char* n : {"libcufile.so.0", "libcufile.so", "/usr/local/cuda/lib64/libcufile.so.0"}) {
+    lib = ::dlopen(n, RTLD_NOW | RTLD_LOCAL);
+    if (lib != nullptr) {
+      path = n;
+      break;
+    }
+  }
+  if (lib != nullptr) ::dlclose(lib);
+  bool nvfs = false;
+  const std::string nvfs_version = ReadTrimmed("/proc/driver/nvidia-fs/version", &nvfs);
+  c.values["library"] = path.empty() ? Json(nullptr) : Json(path);
+  c.values["nvidia_fs"] = nvfs ? Json(nvfs_version) : Json(nullptr);
+  // The mode cuFile would run in: GDS needs the nvidia-fs module; without it cuFile uses PCIe
+  // P2PDMA where the kernel and its cufile.json allow (CUDA 12.8+), else its compat mode (POSIX
+  // I/O through its own bounce buffers). Without libcufile dnvmefs would use its own CUDA bounce
+  // path. gds_handle will report the mode it actually got from cuFileDriverOpen.
+  std::string mode;
+  if (path.empty()) {
+    mode = gpu_count > 0 ? "bounce" : "none";
+  } else if (nvfs) {
+    mode = "gds";
+  } else {
+    // cufile.json allows // comments.
+    std::ifstream in("/etc/cufile.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const Json cfg = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false,
+                                 /*ignore_comments=*/true);
+    const bool p2p = !cfg.is_discarded() && cfg.contains("properties") &&
+                     cfg["properties"].is_object() &&
+                     cfg["properties"].value("use_pci_p2pdma", false) == true;
+    mode = p2p ? "p2pdma" : "compat";
+  }
+  c.values["mode"] = mode;
+  c.ok = !path.empty() && gpu_count > 0;
+  c.summary = path.empty() ? fmt::format("libcufile not found; GPU transfers would use: {}", mode)
+                           : fmt::format("{}; nvidia-fs {}; expected mode: {}", path,
+                                         nvfs ? nvfs_version : "not loaded", mode);
+  if (!c.ok) {
+    c.fix = path.empty() ? "install NVIDIA GDS (libcufile, nvidia-fs) for GPUDirect Storage"
+                         : "cuFile is present but there is no GPU to use it with";
+  }
+  return c;
+}
+
+// --- output ------------------------------------------------------------------------------------
+
+int RunReport(const std::string& dir, bool json) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    throw UsageError(fmt::format("--dir {}: {}", dir, std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) throw UsageError(fmt::format("--dir {}: not a directory", dir));
+
+  std::vector<Check> checks;
+  checks.push_back(CheckBuild());
+  checks.push_back(CheckLibaio(HandleConfig{}.queue_depth));
+  checks.push_back(CheckDirect(dir));
+  bool ipc_lock = false;
+  Check caps = CheckCapabilities(&ipc_lock);
+  checks.push_back(CheckMemlock(ipc_lock));
+  checks.push_back(CheckFuseDevice());
+  checks.push_back(CheckFusermount());
+  checks.push_back(CheckFuseMaxPages());
+  checks.push_back(std::move(caps));
+  Check runtime, gpus;
+  CheckCuda(&runtime, &gpus);
+  const int gpu_count = gpus.values["count"].get<int>();
+  checks.push_back(std::move(runtime));
+  checks.push_back(std::move(gpus));
+  checks.push_back(CheckCufile(gpu_count));
+
+  if (json) {
+    Json j;
+    j["version"] = DNVME_VERSION;
+    j["dir"] = dir;
+    Json all = Json::object();
+    for (const Check& c : checks) {
+      Json o;
+      o["ok"] = c.ok;
+      o["summary"] = c.summary;
+      o["fix"] = c.fix.empty() ? Json(nullptr) : Json(c.fix);
+      for (const auto& [k, v] : c.values.items()) o[k] = v;
+      all[c.name] = o;
+    }
+    j["checks"] = all;
+    std::cout << j.dump() << std::endl;
+    return kExitOk;
+  }
+  std::cout << fmt::format("dnvme report (dnvmefs {})\n", DNVME_VERSION);
+  for (const Check& c : checks) {
+    std::cout << fmt::format("{:<7}{:<15}{}\n", c.ok ? "[OKAY]" : "[NO]", c.name, c.summary);
+    if (!c.ok && !c.fix.empty()) std::cout << fmt::format("{:22}fix: {}\n", "", c.fix);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddReportCommand(CLI::App& parent) {
+  auto dir = std::make_shared<std::string>(".");
+  auto json = std::make_shared<bool>(false);
+  CLI::App* cmd = parent.add_subcommand(
+      "report", "What this machine can do for dnvmefs, one line per capability (ds_report)");
+  cmd->add_option("--dir", *dir, "Directory to check O_DIRECT on (the offload directory)")
+      ->capture_default_str();
+  cmd->add_flag("--json", *json, "One JSON object instead of text");
+  return Command{cmd, [dir, json] { return RunReport(*dir, *json); }};
+}
+
+}  // namespace dnvme::cli
