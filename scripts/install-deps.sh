@@ -5,6 +5,8 @@
 set -euo pipefail
 
 PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev fio
+  # dnvme tune draws its sweep (pngcairo); systemd-analyze checks the unit template.
+  gnuplot-nox systemd
   clang-format
   # The FUSE filesystem (fs/, mount-scripts/, bench/mount_vs_fio.sh): libfuse3 headers and its
   # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and

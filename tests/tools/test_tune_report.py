@@ -1,0 +1,419 @@
+"""`dnvme tune` and `dnvme report`, run for real on this machine's disk.
+
+tune: a small sweep completes, writes its CSV, PNG and config, and the config is taken verbatim
+by every consumer: `dnvme io --config`, `dnvmefs -o config=FILE` (a real mount), the control
+file's config.set (raw request and `dnvme ctl config set`), and the Python handle
+`deepnvme.aio_handle(**cfg)`. Bad arguments exit 2 with a message.
+report: the JSON has every field, and the values the test can find out by itself match.
+
+Run: DNVME_BIN=build/bin/dnvme DNVMEFS_BIN=build/bin/dnvmefs \
+     /usr/bin/python3 -m unittest -v tests.tools.test_tune_report
+"""
+
+import csv
+import ctypes
+import ctypes.util
+import json
+import mmap
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tests", "fs"))
+import mount_harness as mh  # noqa: E402
+
+DNVME = os.path.abspath(os.environ.get("DNVME_BIN") or os.path.join(REPO, "build", "bin", "dnvme"))
+DEEPSPEED_KEYS = ["block_size", "queue_depth", "intra_op_parallelism", "single_submit",
+                  "overlap_events"]
+# A 4-point space keeps the test short; the default space is exercised by the descent unit tests
+# and by docs/tuning.md's run.
+SMALL_SWEEP = {"block_size": ["256K", "1M"], "queue_depth": [8, 32],
+               "overlap_events": [False], "single_submit": [False], "intra_op_parallelism": [2]}
+
+
+def run(args, **kw):
+    return subprocess.run([DNVME] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=kw.pop("timeout", 300), **kw)
+
+
+def scratch_root():
+    root = os.path.join(mh.test_root(), "..", "tools")
+    os.makedirs(root, exist_ok=True)
+    return os.path.realpath(root)
+
+
+@unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
+class TuneTest(unittest.TestCase):
+    """One real sweep in setUpClass; the tests check what it produced and who accepts it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tune-", dir=scratch_root())
+        cls.data = os.path.join(cls.tmp, "data")
+        cls.logs = os.path.join(cls.tmp, "logs")
+        os.mkdir(cls.data)
+        cls.sweep = os.path.join(cls.tmp, "sweep.json")
+        with open(cls.sweep, "w") as f:
+            json.dump(SMALL_SWEEP, f)
+        cls.proc = run(["tune", "--dir", cls.data, "--io-size", "8M", "--loops", "1",
+                        "--sweep-config", cls.sweep, "--search", "grid", "--log-dir", cls.logs,
+                        "--json"])
+        sys.stderr.write(cls.proc.stderr[-2000:])
+        cls.out = json.loads(cls.proc.stdout) if cls.proc.returncode == 0 else None
+        cls.config_path = os.path.join(cls.logs, "dnvme_tune.json")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.assertEqual(self.proc.returncode, 0, self.proc.stderr)
+
+    def config(self):
+        with open(self.config_path) as f:
+            return f.read()
+
+    # --- what the sweep produced ----------------------------------------------------------------
+    def test_json_summary(self):
+        o = self.out
+        self.assertEqual(o["points_measured"], 4)
+        self.assertEqual(o["grid_points"], 4)
+        self.assertEqual(o["search"], "grid")
+        self.assertEqual(o["io_size"], 8 << 20)
+        for key in ("best", "best_write", "best_read"):
+            self.assertEqual(list(o[key]["config"]), DEEPSPEED_KEYS, key)
+            self.assertGreater(o[key]["write_gib_per_s"], 0, key)
+            self.assertGreater(o[key]["read_gib_per_s"], 0, key)
+        self.assertEqual(o["config_file"], self.config_path)
+        # The config file is the best point.
+        self.assertEqual(json.loads(self.config()), o["best"]["config"])
+        self.assertEqual(os.listdir(self.data), [], "the tuner removes its data files")
+
+    def test_config_has_exactly_the_deepspeed_keys_json_typed(self):
+        cfg = json.loads(self.config())
+        self.assertEqual(list(cfg), DEEPSPEED_KEYS)
+        self.assertIs(type(cfg["single_submit"]), bool)
+        self.assertIs(type(cfg["overlap_events"]), bool)
+        for k in ("block_size", "queue_depth", "intra_op_parallelism"):
+            self.assertIs(type(cfg[k]), int, k)
+        self.assertIn(cfg["block_size"], (256 << 10, 1 << 20))
+        self.assertIn(cfg["queue_depth"], (8, 32))
+        self.assertEqual(cfg["intra_op_parallelism"], 2)
+
+    def test_csv_has_every_point(self):
+        with open(os.path.join(self.logs, "sweep.csv")) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual(len(rows), 4)
+        seen = {(int(r["block_size"]), int(r["queue_depth"])) for r in rows}
+        self.assertEqual(seen, {(256 << 10, 8), (256 << 10, 32), (1 << 20, 8), (1 << 20, 32)})
+        best = max(rows, key=lambda r: float(r["score"]))
+        cfg = json.loads(self.config())
+        self.assertEqual((int(best["block_size"]), int(best["queue_depth"])),
+                         (cfg["block_size"], cfg["queue_depth"]))
+        for r in rows:
+            self.assertGreater(float(r["write_gib_per_s"]), 0)
+            self.assertGreater(float(r["read_gib_per_s"]), 0)
+
+    def test_png_plot(self):
+        png = self.out["plot"]
+        self.assertIsNotNone(png, "gnuplot missing? install-deps installs gnuplot-nox")
+        with open(png, "rb") as f:
+            head = f.read(24)
+        self.assertEqual(head[:8], b"\x89PNG\r\n\x1a\n")
+        width = int.from_bytes(head[16:20], "big")
+        self.assertGreaterEqual(width, 900)
+
+    def test_text_mode_and_write_only(self):
+        logs = os.path.join(self.tmp, "logs-text")
+        p = run(["tune", "--dir", self.data, "--io-size", "4M", "--loops", "1", "--no-read",
+                 "--sweep-config", self.sweep, "--log-dir", logs])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("best write:", p.stdout)
+        self.assertNotIn("best read:", p.stdout)
+        # Not a terminal: plain progress lines, one per point, no carriage returns.
+        self.assertIn("tune: point 1 ", p.stderr)
+        self.assertNotIn("\r", p.stderr)
+        with open(os.path.join(logs, "dnvme_tune.json")) as f:
+            self.assertEqual(list(json.load(f)), DEEPSPEED_KEYS)
+
+    # --- consumers, verbatim --------------------------------------------------------------------
+    def test_dnvme_io_takes_it(self):
+        io_dir = os.path.join(self.tmp, "io")
+        os.makedirs(io_dir, exist_ok=True)
+        p = run(["io", "--dir", io_dir, "--size", "4M", "--write", "--read", "--loops", "1",
+                 "--validate", "--config", self.config_path, "--json"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        cfg = json.loads(self.config())
+        for line in p.stdout.splitlines():
+            used = json.loads(line)["config"]
+            for k in DEEPSPEED_KEYS:
+                self.assertEqual(used[k], cfg[k], k)
+
+    @unittest.skipIf(mh.skip_reason(need_root=False), mh.skip_reason(need_root=False) or "")
+    def test_mount_and_control_file_take_it(self):
+        cfg = json.loads(self.config())
+        with mh.Scratch("tune") as s, mh.Mount(s.backing, s.mnt,
+                                               options=["config=" + self.config_path]) as m:
+            with open(os.path.join(m.mnt, ".dnvme", "config")) as f:
+                live = json.load(f)
+            for k in DEEPSPEED_KEYS:
+                self.assertEqual(live[k], cfg[k], "-o config=: " + k)
+
+            # config.set with the file's text, verbatim, as the "config" value. Start from a
+            # different configuration so the change is visible.
+            other = run(["ctl", m.mnt, "config", "set",
+                         '{"queue_depth": 3, "block_size": 65536}'])
+            self.assertEqual(other.returncode, 0, other.stderr)
+            fd = os.open(os.path.join(m.mnt, ".dnvme", "ctl"), os.O_RDWR)
+            try:
+                req = '{"op": "config.set", "config": %s}' % self.config()
+                os.write(fd, req.encode())
+                answer = json.loads(os.read(fd, 1 << 20))
+            finally:
+                os.close(fd)
+            self.assertTrue(answer.get("ok"), answer)
+            for k in DEEPSPEED_KEYS:
+                self.assertEqual(answer["config"][k], cfg[k], "config.set: " + k)
+
+            other = run(["ctl", m.mnt, "config", "set", '{"queue_depth": 3}'])
+            self.assertEqual(other.returncode, 0, other.stderr)
+            p = run(["ctl", m.mnt, "config", "set", self.config_path])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(os.path.join(m.mnt, ".dnvme", "config")) as f:
+                live = json.load(f)
+            for k in DEEPSPEED_KEYS:
+                self.assertEqual(live[k], cfg[k], "dnvme ctl config set FILE: " + k)
+
+    def test_python_aio_handle_takes_it(self):
+        try:
+            import deepnvme  # noqa: F401
+        except ImportError as exc:
+            self.skipTest("the Python module deepnvme is not built yet (%s); this consumer is "
+                          "checked once it is" % exc)
+        cfg = json.loads(self.config())
+        h = deepnvme.aio_handle(**cfg)
+        self.assertEqual(h.get_block_size(), cfg["block_size"])
+        self.assertEqual(h.get_queue_depth(), cfg["queue_depth"])
+        self.assertEqual(h.get_intra_op_parallelism(), cfg["intra_op_parallelism"])
+        self.assertEqual(h.get_single_submit(), cfg["single_submit"])
+        self.assertEqual(h.get_overlap_events(), cfg["overlap_events"])
+
+
+@unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
+class TuneUsageTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tune-usage-", dir=scratch_root())
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def expect_usage(self, args, want):
+        p = run(["tune"] + args)
+        self.assertEqual(p.returncode, 2, "%s: rc %d, stderr %s" % (args, p.returncode, p.stderr))
+        self.assertIn(want, p.stderr, args)
+        self.assertEqual(p.stdout, "", args)
+
+    def sweep_file(self, text):
+        path = os.path.join(self.tmp, "sweep-%d.json" % len(os.listdir(self.tmp)))
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_bad_arguments(self):
+        d = self.tmp
+        self.expect_usage(["--dir", d, "--bogus"], "--bogus")
+        self.expect_usage([], "--dir")
+        self.expect_usage(["--dir", os.path.join(d, "missing")], "No such file or directory")
+        self.expect_usage(["--dir", d, "--io-size", "0"], "--io-size must be positive")
+        self.expect_usage(["--dir", d, "--io-size", "12Q"], "--io-size")
+        self.expect_usage(["--dir", d, "--no-read", "--no-write"], "nothing to tune")
+        self.expect_usage(["--dir", d, "--loops", "0"], "--loops")
+        self.expect_usage(["--dir", d, "--search", "random"], "--search")
+        self.expect_usage(["--dir", d, "--gpu"], "--gpu")
+        self.expect_usage(["--dir", d, "--sweep-config", os.path.join(d, "nope.json")],
+                          "--sweep-config")
+        for text, want in [("{", "not valid JSON"),
+                           ('{"queue_depht": [1]}', '"queue_depht": unknown key'),
+                           ('{"queue_depth": []}', '"queue_depth": the list is empty'),
+                           ('{"single_submit": ["false"]}', "JSON booleans"),
+                           ('{"block_size": [1000]}', '"block_size"')]:
+            self.expect_usage(["--dir", d, "--sweep-config", self.sweep_file(text)], want)
+        self.assertFalse([n for n in os.listdir(d) if n.startswith("dnvme_tune")],
+                         "a refused run leaves no files")
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to run a child as nobody")
+    def test_non_writable_dir(self):
+        ro = os.path.join(self.tmp, "ro")
+        os.mkdir(ro, 0o755)
+        os.chmod(self.tmp, 0o755)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", DNVME,
+                            "tune", "--dir", ro, "--log-dir", os.path.join(ro, "logs")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("not writable", p.stderr)
+
+
+@unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
+class ReportTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="report-", dir=scratch_root())
+        p = run(["report", "--dir", cls.dir, "--json"])
+        assert p.returncode == 0, p.stderr
+        cls.doc = json.loads(p.stdout)
+        cls.checks = cls.doc["checks"]
+        cls.text = run(["report", "--dir", cls.dir])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    FIELDS = {
+        "dnvmefs": ["version", "build_type", "compiler", "sanitizers", "libfuse", "spdlog",
+                    "cuda_built", "gds_handle_built", "dnvmefs_binary"],
+        "libaio": ["aio_max_nr", "aio_nr", "io_setup_ok", "io_setup_error",
+                   "default_workers_that_fit"],
+        "o_direct": ["dir", "filesystem", "dio_mem_align", "dio_offset_align", "direct_write_ok"],
+        "memlock": ["soft_bytes", "hard_bytes", "cap_ipc_lock", "mount_needs_bytes",
+                    "mount_peak_bytes"],
+        "fuse_device": ["present", "mode", "openable", "users_can_mount"],
+        "fusermount3": ["path", "setuid_root"],
+        "fuse_max_pages": ["max_pages_limit", "libfuse_max_pages", "max_request_bytes"],
+        "capabilities": ["uid", "cap_ipc_lock", "cap_sys_admin", "cap_setuid", "cap_dac_override"],
+        "cuda_runtime": ["library"],
+        "gpus": ["count"],
+        "cufile": ["library", "nvidia_fs", "mode"],
+    }
+
+    def test_every_field(self):
+        self.assertEqual(list(self.checks), list(self.FIELDS))
+        for name, fields in self.FIELDS.items():
+            c = self.checks[name]
+            for f in ["ok", "summary", "fix"] + fields:
+                self.assertIn(f, c, "%s.%s" % (name, f))
+            self.assertIsInstance(c["ok"], bool, name)
+            self.assertEqual(c["fix"] is None, c["ok"], "%s: a fix exactly when not ok" % name)
+
+    def test_text_has_one_line_per_check(self):
+        self.assertEqual(self.text.returncode, 0, self.text.stderr)
+        lines = [l for l in self.text.stdout.splitlines() if l.startswith("[")]
+        self.assertEqual(len(lines), len(self.FIELDS))
+        for line, name in zip(lines, self.FIELDS):
+            want = "[OKAY]" if self.checks[name]["ok"] else "[NO]"
+            self.assertTrue(line.startswith(want) and name in line, line)
+
+    def test_build(self):
+        c = self.checks["dnvmefs"]
+        version = run(["--version"]).stdout.split()[-1]
+        self.assertEqual(c["version"], version)
+        self.assertEqual(self.doc["version"], version)
+        want = os.path.join(os.path.dirname(os.path.realpath(DNVME)), "dnvmefs")
+        self.assertEqual(c["dnvmefs_binary"], want if os.access(want, os.X_OK) else None)
+
+    def test_libaio(self):
+        c = self.checks["libaio"]
+        with open("/proc/sys/fs/aio-max-nr") as f:
+            self.assertEqual(c["aio_max_nr"], int(f.read()))
+        self.assertTrue(c["io_setup_ok"])  # the engine tests would fail too otherwise
+        self.assertTrue(c["ok"])
+
+    def test_o_direct(self):
+        c = self.checks["o_direct"]
+        self.assertEqual(c["dir"], self.dir)
+        fs = subprocess.run(["stat", "-f", "-c", "%T", self.dir], stdout=subprocess.PIPE,
+                            text=True).stdout.strip()
+        if fs == "ext2/ext3":  # coreutils' name for the ext magic number
+            fs = "ext4"
+        self.assertEqual(c["filesystem"], fs)
+        # Check the reported alignment for ourselves: an O_DIRECT write of one offset_align
+        # block at offset offset_align from memory aligned to mem_align must work.
+        self.assertTrue(c["direct_write_ok"])
+        align = c["dio_offset_align"]
+        self.assertGreater(align, 0)
+        self.assertEqual(align & (align - 1), 0, "a power of two")
+        path = os.path.join(self.dir, "dio")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
+        try:
+            buf = mmap.mmap(-1, 4096)  # page aligned, so aligned to any mem_align <= 4096
+            self.assertLessEqual(c["dio_mem_align"], 4096)
+            self.assertEqual(os.pwritev(fd, [memoryview(buf)[:align]], align), align)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        self.assertEqual([n for n in os.listdir(self.dir)], [], "report leaves no file behind")
+
+    def test_memlock_and_capabilities(self):
+        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        c = self.checks["memlock"]
+        self.assertEqual(c["soft_bytes"], -1 if soft == resource.RLIM_INFINITY else soft)
+        self.assertEqual(c["hard_bytes"], -1 if hard == resource.RLIM_INFINITY else hard)
+        with open("/proc/self/status") as f:
+            eff = int([l for l in f if l.startswith("CapEff:")][0].split()[1], 16)
+        caps = self.checks["capabilities"]
+        self.assertEqual(caps["uid"], os.geteuid())
+        self.assertEqual(caps["cap_ipc_lock"], bool(eff & (1 << 14)))
+        self.assertEqual(caps["cap_sys_admin"], bool(eff & (1 << 21)))
+        self.assertEqual(caps["cap_setuid"], bool(eff & (1 << 7)))
+        self.assertEqual(c["cap_ipc_lock"], caps["cap_ipc_lock"])
+        self.assertEqual(c["ok"], caps["cap_ipc_lock"] or soft == resource.RLIM_INFINITY or
+                         soft >= c["mount_peak_bytes"])
+
+    def test_fuse(self):
+        c = self.checks["fuse_device"]
+        self.assertEqual(c["present"], os.path.exists("/dev/fuse"))
+        if c["present"]:
+            mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+            self.assertEqual(c["mode"], "%04o" % mode)
+            self.assertEqual(c["users_can_mount"], mode & 0o006 == 0o006)
+            self.assertEqual(c["openable"], os.access("/dev/fuse", os.R_OK | os.W_OK))
+        f = self.checks["fusermount3"]
+        self.assertEqual(f["path"], shutil.which("fusermount3"))
+        p = "/proc/sys/fs/fuse/max_pages_limit"
+        m = self.checks["fuse_max_pages"]
+        if os.path.exists(p):
+            with open(p) as fh:
+                self.assertEqual(m["max_pages_limit"], int(fh.read()))
+        self.assertEqual(m["max_request_bytes"],
+                         min(m["max_pages_limit"] or 256, 256) * os.sysconf("SC_PAGE_SIZE"))
+
+    def test_gpu_fields(self):
+        gpus = self.checks["gpus"]
+        has_gpu = os.path.exists("/dev/nvidia0")
+        if not has_gpu:
+            self.assertEqual(gpus["count"], 0)
+            self.assertFalse(gpus["ok"])
+        cufile = self.checks["cufile"]
+        try:
+            ctypes.CDLL("libcufile.so.0")
+            have_cufile = True
+        except OSError:
+            have_cufile = False
+        self.assertEqual(cufile["library"] is not None, have_cufile)
+        self.assertEqual(cufile["nvidia_fs"] is not None,
+                         os.path.exists("/proc/driver/nvidia-fs/version"))
+        if not have_cufile:
+            self.assertEqual(cufile["mode"], "bounce" if gpus["count"] > 0 else "none")
+        try:
+            ctypes.CDLL("libcudart.so")
+            have_cudart = True
+        except OSError:
+            have_cudart = os.path.exists("/usr/local/cuda/lib64/libcudart.so")
+        self.assertEqual(self.checks["cuda_runtime"]["library"] is not None, have_cudart)
+
+    def test_bad_arguments(self):
+        p = run(["report", "--dir", os.path.join(self.dir, "missing")])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("No such file or directory", p.stderr)
+        p = run(["report", "--frobnicate"])
+        self.assertEqual(p.returncode, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
