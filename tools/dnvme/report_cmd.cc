@@ -53,7 +53,8 @@ using Json = nlohmann::ordered_json;
 // read-ahead pool (4 windows of 16 MiB) are allocated at mount time; a 1 MiB buffer per FUSE
 // thread (up to 64) and the engine's bounce buffers (up to 64 MiB per worker) come on demand.
 constexpr int64_t kMountPinnedAtStart = int64_t{128} << 20;
-constexpr int64_t kMountPinnedPeak = kMountPinnedAtStart + (int64_t{64} << 20) + (int64_t{64} << 20);
+constexpr int64_t kMountPinnedPeak =
+    kMountPinnedAtStart + (int64_t{64} << 20) + (int64_t{64} << 20);
 
 struct Check {
   std::string name;
@@ -118,12 +119,14 @@ Check CheckBuild() {
   }
   c.values["dnvmefs_binary"] = daemon.empty() ? Json(nullptr) : Json(daemon);
   c.ok = !daemon.empty();
-  c.summary = fmt::format("version {}, {} build, sanitizers {}, libfuse {}; daemon {}",
-                          DNVME_VERSION, DNVME_BUILD_TYPE, c.values["sanitizers"].get<std::string>(),
-                          DNVME_LIBFUSE_VERSION, daemon.empty() ? "not found" : daemon);
+  c.summary =
+      fmt::format("version {}, {} build, sanitizers {}, libfuse {}; daemon {}", DNVME_VERSION,
+                  DNVME_BUILD_TYPE, c.values["sanitizers"].get<std::string>(),
+                  DNVME_LIBFUSE_VERSION, daemon.empty() ? "not found" : daemon);
   if (daemon.empty()) {
-    c.fix = "the dnvmefs daemon is not next to this dnvme binary: build it (scripts/build.sh) or "
-            "install both (mount-scripts/install.sh)";
+    c.fix =
+        "the dnvmefs daemon is not next to this dnvme binary: build it (scripts/build.sh) or "
+        "install both (mount-scripts/install.sh)";
   }
   return c;
 }
@@ -144,16 +147,18 @@ Check CheckLibaio(int queue_depth) {
   const int64_t fit = max_nr >= 0 && nr >= 0 ? (max_nr - nr) / queue_depth : -1;
   c.values["default_workers_that_fit"] = fit;
   c.ok = rc == 0;
-  c.summary = rc == 0 ? fmt::format("io_setup({}) works; aio-nr {} of aio-max-nr {} ({} more "
-                                    "default workers fit)",
-                                    queue_depth, nr, max_nr, fit)
+  c.summary = rc == 0 ? fmt::format(
+                            "io_setup({}) works; aio-nr {} of aio-max-nr {} ({} more "
+                            "default workers fit)",
+                            queue_depth, nr, max_nr, fit)
                       : fmt::format("io_setup({}) failed: {}; aio-nr {} of aio-max-nr {}",
                                     queue_depth, std::strerror(-rc), nr, max_nr);
   if (rc == -EAGAIN) {
     c.fix = "aio-max-nr is used up: sysctl -w fs.aio-max-nr=1048576 (and in /etc/sysctl.d)";
   } else if (rc != 0) {
-    c.fix = "the kernel refuses native AIO (CONFIG_AIO off, or a seccomp filter): the engine "
-            "cannot run";
+    c.fix =
+        "the kernel refuses native AIO (CONFIG_AIO off, or a seccomp filter): the engine "
+        "cannot run";
   } else if (fit >= 0 && fit < 64) {
     c.ok = false;
     c.fix = "few handles fit: sysctl -w fs.aio-max-nr=1048576 (and in /etc/sysctl.d)";
@@ -163,16 +168,26 @@ Check CheckLibaio(int queue_depth) {
 
 std::string FsName(int64_t magic) {
   switch (magic) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x65735546: return "fuse";
-    case 0x794C7630: return "overlayfs";
-    case 0x6969: return "nfs";
-    case 0x2FC12FC1: return "zfs";
-    case 0xF2F52010: return "f2fs";
-    default: return fmt::format("0x{:x}", magic);
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x65735546:
+      return "fuse";
+    case 0x794C7630:
+      return "overlayfs";
+    case 0x6969:
+      return "nfs";
+    case 0x2FC12FC1:
+      return "zfs";
+    case 0xF2F52010:
+      return "f2fs";
+    default:
+      return fmt::format("0x{:x}", magic);
   }
 }
 
@@ -228,13 +243,14 @@ Check CheckDirect(const std::string& dir) {
   c.ok = err == 0;
   if (c.ok) {
     c.summary = fmt::format("{} on {}: O_DIRECT works; alignment: memory {} B, file offset {} B{}",
-                            dir, c.values["filesystem"].get<std::string>(), mem_align,
-                            offset_align, mem_align == 0 ? " (not reported by the kernel)" : "");
+                            dir, c.values["filesystem"].get<std::string>(), mem_align, offset_align,
+                            mem_align == 0 ? " (not reported by the kernel)" : "");
   } else {
     c.summary = fmt::format("{} on {}: O_DIRECT refused: {}", dir,
                             c.values["filesystem"].get<std::string>(), std::strerror(err));
-    c.fix = "this filesystem has no O_DIRECT (tmpfs, overlayfs, some FUSE): the engine falls back "
-            "to buffered I/O (direct=auto). Put the offload directory on a local ext4/xfs on NVMe";
+    c.fix =
+        "this filesystem has no O_DIRECT (tmpfs, overlayfs, some FUSE): the engine falls back "
+        "to buffered I/O (direct=auto). Put the offload directory on a local ext4/xfs on NVMe";
   }
   return c;
 }
@@ -244,7 +260,9 @@ Check CheckMemlock(bool ipc_lock) {
   c.name = "memlock";
   rlimit rl{};
   ::getrlimit(RLIMIT_MEMLOCK, &rl);
-  auto limit = [](rlim_t v) { return v == RLIM_INFINITY ? Json(-1) : Json(static_cast<int64_t>(v)); };
+  auto limit = [](rlim_t v) {
+    return v == RLIM_INFINITY ? Json(-1) : Json(static_cast<int64_t>(v));
+  };
   c.values["soft_bytes"] = limit(rl.rlim_cur);
   c.values["hard_bytes"] = limit(rl.rlim_max);
   c.values["cap_ipc_lock"] = ipc_lock;
@@ -253,14 +271,14 @@ Check CheckMemlock(bool ipc_lock) {
   const bool unlimited = rl.rlim_cur == RLIM_INFINITY;
   const std::string soft = unlimited ? "unlimited" : FormatBytes(static_cast<int64_t>(rl.rlim_cur));
   c.ok = ipc_lock || unlimited || static_cast<int64_t>(rl.rlim_cur) >= kMountPinnedPeak;
-  c.summary = fmt::format(
-      "RLIMIT_MEMLOCK {}{}; a default mount pins {} at start and up to {}", soft,
-      ipc_lock ? " (CAP_IPC_LOCK held: no limit applies)" : "", FormatBytes(kMountPinnedAtStart),
-      FormatBytes(kMountPinnedPeak));
+  c.summary = fmt::format("RLIMIT_MEMLOCK {}{}; a default mount pins {} at start and up to {}",
+                          soft, ipc_lock ? " (CAP_IPC_LOCK held: no limit applies)" : "",
+                          FormatBytes(kMountPinnedAtStart), FormatBytes(kMountPinnedPeak));
   if (!c.ok) {
-    c.fix = "raise the limit: `ulimit -l unlimited`, a 'memlock' line in "
-            "/etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or run as root "
-            "(CAP_IPC_LOCK)";
+    c.fix =
+        "raise the limit: `ulimit -l unlimited`, a 'memlock' line in "
+        "/etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or run as root "
+        "(CAP_IPC_LOCK)";
   }
   return c;
 }
@@ -310,11 +328,12 @@ Check CheckFusermount() {
   c.values["setuid_root"] = setuid_root;
   c.ok = setuid_root;
   c.summary = found.empty() ? "fusermount3 not on PATH"
-                            : fmt::format("{}{}", found, setuid_root ? " (setuid root)"
-                                                                     : " (not setuid root)");
+                            : fmt::format("{}{}", found,
+                                          setuid_root ? " (setuid root)" : " (not setuid root)");
   if (!c.ok) {
-    c.fix = "apt-get install fuse3: the daemon mounts and unmounts through the setuid "
-            "fusermount3 (auto_unmount), also as root";
+    c.fix =
+        "apt-get install fuse3: the daemon mounts and unmounts through the setuid "
+        "fusermount3 (auto_unmount), also as root";
   }
   return c;
 }
@@ -404,8 +423,9 @@ void CheckCuda(Check* runtime, Check* gpus) {
   gpus->values["count"] = 0;
   if (cuda.lib == nullptr) {
     runtime->summary = "libcudart not found";
-    runtime->fix = "install the CUDA runtime (or put /usr/local/cuda/lib64 on the loader path) for "
-                   "the GPU paths; host I/O does not need it";
+    runtime->fix =
+        "install the CUDA runtime (or put /usr/local/cuda/lib64 on the loader path) for "
+        "the GPU paths; host I/O does not need it";
     gpus->summary = "no CUDA runtime, so no GPU can be used";
     gpus->fix = "see cuda_runtime";
     return;
@@ -419,7 +439,9 @@ void CheckCuda(Check* runtime, Check* gpus) {
   int rv = 0, dv = 0;
   if (runtime_version != nullptr) runtime_version(&rv);
   if (driver_version != nullptr) driver_version(&dv);
-  auto version = [](int v) { return v > 0 ? fmt::format("{}.{}", v / 1000, (v % 1000) / 10) : "none"; };
+  auto version = [](int v) {
+    return v > 0 ? fmt::format("{}.{}", v / 1000, (v % 1000) / 10) : "none";
+  };
   runtime->values["runtime_version"] = version(rv);
   runtime->values["driver_version"] = version(dv);
   runtime->ok = true;
@@ -427,15 +449,16 @@ void CheckCuda(Check* runtime, Check* gpus) {
   int count = 0;
   const int err = device_count != nullptr ? device_count(&count) : -1;
   gpus->values["count"] = err == 0 ? count : 0;
-  const std::string why = err == 0 ? "" : (error_string != nullptr && err > 0 ? error_string(err)
-                                                                             : "no symbol");
+  const std::string why =
+      err == 0 ? "" : (error_string != nullptr && err > 0 ? error_string(err) : "no symbol");
   gpus->values["error"] = err == 0 ? Json(nullptr) : Json(why);
   gpus->ok = err == 0 && count > 0;
   gpus->summary = err == 0 ? fmt::format("{} GPU(s)", count)
                            : fmt::format("0 GPUs (cudaGetDeviceCount: {})", why);
   if (!gpus->ok) {
-    gpus->fix = "no GPU or no NVIDIA driver: GPU buffers (gds_handle, --gpu) are unavailable; "
-                "host paths are unaffected";
+    gpus->fix =
+        "no GPU or no NVIDIA driver: GPU buffers (gds_handle, --gpu) are unavailable; "
+        "host paths are unaffected";
   }
 }
 

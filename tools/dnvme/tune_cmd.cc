@@ -39,8 +39,8 @@ extern char** environ;
 namespace dnvme::cli {
 namespace {
 
-using tune::Measurement;
 using tune::MeasuredPoint;
+using tune::Measurement;
 using tune::SearchResult;
 using tune::SweepSpace;
 using tune::TunePoint;
@@ -160,7 +160,8 @@ class Progress {
     }
     constexpr int kBarWidth = 24;
     const size_t n = r.measured.size();
-    const int filled = static_cast<int>(kBarWidth * std::min(n, bound) / std::max<size_t>(bound, 1));
+    const int filled =
+        static_cast<int>(kBarWidth * std::min(n, bound) / std::max<size_t>(bound, 1));
     std::string line = fmt::format("\r[{}{}] {:>3}/{:<3} {} | {}", std::string(filled, '#'),
                                    std::string(kBarWidth - filled, '.'), n, bound, now, best_text);
     winsize ws{};
@@ -216,12 +217,11 @@ std::string CsvText(const SearchResult& r, bool w, bool rd) {
       "write_gib_per_s,read_gib_per_s,score,label\n";
   for (size_t i = 0; i < r.measured.size(); ++i) {
     const MeasuredPoint& m = r.measured[i];
-    s += fmt::format("{},{},{},{},{},{},{},{},{},{:.4f},\"{}\"\n", i + 1, m.pass,
-                     m.point.block_size, m.point.queue_depth, m.point.overlap_events ? 1 : 0,
-                     m.point.single_submit ? 1 : 0, m.point.intra_op_parallelism,
-                     w ? fmt::format("{:.4f}", m.m.write_gib_per_s) : "",
-                     rd ? fmt::format("{:.4f}", m.m.read_gib_per_s) : "", m.m.Score(),
-                     m.point.Label());
+    s += fmt::format(
+        "{},{},{},{},{},{},{},{},{},{:.4f},\"{}\"\n", i + 1, m.pass, m.point.block_size,
+        m.point.queue_depth, m.point.overlap_events ? 1 : 0, m.point.single_submit ? 1 : 0,
+        m.point.intra_op_parallelism, w ? fmt::format("{:.4f}", m.m.write_gib_per_s) : "",
+        rd ? fmt::format("{:.4f}", m.m.read_gib_per_s) : "", m.m.Score(), m.point.Label());
   }
   return s;
 }
@@ -403,10 +403,10 @@ int RunTune(const TuneOptions& o) {
 
   std::string dirs_text;
   for (const std::string& d : o.dirs) dirs_text += (dirs_text.empty() ? "" : ", ") + d;
-  const std::string title = fmt::format(
-      "dnvme tune: {} x {} in {}; {} of {} points ({} search), {} loops each", o.dirs.size(),
-      FormatSizeSuffix(size), dirs_text, r.measured.size(), space.GridSize(),
-      tune::SearchStrategyName(sopts.strategy), o.loops);
+  const std::string title =
+      fmt::format("dnvme tune: {} x {} in {}; {} of {} points ({} search), {} loops each",
+                  o.dirs.size(), FormatSizeSuffix(size), dirs_text, r.measured.size(),
+                  space.GridSize(), tune::SearchStrategyName(sopts.strategy), o.loops);
   Result<std::string> png = Plot(r, o, do_write, do_read, title);
   if (!png.ok()) spdlog::warn("no sweep plot: {}", png.status().ToString());
 
@@ -452,16 +452,16 @@ int RunTune(const TuneOptions& o) {
   }
   if (do_read) {
     const MeasuredPoint& m = r.measured[r.best_read];
-    std::cout << fmt::format("best read:  {:.2f} GiB/s  {}\n", m.m.read_gib_per_s,
-                             m.point.Label());
+    std::cout << fmt::format("best read:  {:.2f} GiB/s  {}\n", m.m.read_gib_per_s, m.point.Label());
   }
   std::cout << fmt::format("best overall ({}): {}\n",
                            do_write && do_read ? "geometric mean of write and read" : "rate",
                            best.point.Label());
   std::cout << fmt::format("config: {}\n  {}\n", output, config_json.dump());
-  std::cout << fmt::format("use it: dnvme io --config {0} ... | dnvmefs BACKING MNT -o config={0}"
-                           " | dnvme ctl MNT config set {0} | aio_handle(**json.load(open('{0}')))\n",
-                           output);
+  std::cout << fmt::format(
+      "use it: dnvme io --config {0} ... | dnvmefs BACKING MNT -o config={0}"
+      " | dnvme ctl MNT config set {0} | aio_handle(**json.load(open('{0}')))\n",
+      output);
   std::cout << fmt::format("points: {}\n", csv);
   if (png.ok()) std::cout << fmt::format("plot:   {}\n", *png);
   return kExitOk;
