@@ -7,6 +7,8 @@ set -euo pipefail
 PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev fio
   # dnvme tune draws its sweep (pngcairo); systemd-analyze checks the unit template.
   gnuplot-nox systemd
+  # The Python module deepnvme (python/), built for Debian's /usr/bin/python3.
+  python3-dev pybind11-dev
   clang-format
   # The FUSE filesystem (fs/, mount-scripts/, bench/mount_vs_fio.sh): libfuse3 headers and its
   # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and

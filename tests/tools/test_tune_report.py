@@ -204,6 +204,11 @@ class TuneTest(unittest.TestCase):
         self.assertEqual(h.get_intra_op_parallelism(), cfg["intra_op_parallelism"])
         self.assertEqual(h.get_single_submit(), cfg["single_submit"])
         self.assertEqual(h.get_overlap_events(), cfg["overlap_events"])
+        # What ds_nvme_tune used to print is refused, not silently dropped.
+        with self.assertRaises(TypeError):
+            deepnvme.aio_handle(num_threads=2)
+        with self.assertRaisesRegex(ValueError, "block_size"):
+            deepnvme.aio_handle(**dict(cfg, block_size=1000))
 
 
 @unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
