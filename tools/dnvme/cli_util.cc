@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,6 +58,20 @@ size_t FirstPatternMismatch(const char* data, size_t size) {
     }
   }
   return size;
+}
+
+void CheckDirFlag(const std::string& flag, const std::string& dir, DirAccess access) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    throw UsageError(fmt::format("{} {}: {}", flag, dir, std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) throw UsageError(fmt::format("{} {}: not a directory", flag, dir));
+  if (access == DirAccess::kAny) return;
+  const bool write = access == DirAccess::kWrite;
+  if (::access(dir.c_str(), write ? (W_OK | X_OK) : (R_OK | X_OK)) != 0) {
+    throw UsageError(fmt::format("{} {}: not {}: {}", flag, dir, write ? "writable" : "readable",
+                                 std::strerror(errno)));
+  }
 }
 
 // Best effort: a timed read must come from the disk, not from pages a buffered fallback or the

@@ -24,6 +24,11 @@ std::string FormatSizeSuffix(int64_t bytes);
 // A positive size flag ("512M"); throws UsageError naming the flag otherwise.
 int64_t ParseSizeFlag(const std::string& flag, const std::string& text);
 
+enum class DirAccess { kAny, kRead, kWrite };
+// `--dir DIR` must exist, be a directory and allow `access` to the caller; throws UsageError
+// naming the flag and the reason otherwise.
+void CheckDirFlag(const std::string& flag, const std::string& dir, DirAccess access);
+
 // sync(), then drops the page cache so a timed read comes from the disk. Needs root; without it
 // it logs once at debug level and the read still runs. Safe to call from several threads.
 void DropPageCache();

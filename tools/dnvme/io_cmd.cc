@@ -216,19 +216,6 @@ HandleConfig BuildConfig(const IoOptions& opts) {
   return config;
 }
 
-void CheckDir(const IoOptions& opts) {
-  struct stat st {};
-  if (::stat(opts.dir.c_str(), &st) != 0) {
-    throw UsageError(fmt::format("--dir {}: {}", opts.dir, std::strerror(errno)));
-  }
-  if (!S_ISDIR(st.st_mode)) throw UsageError(fmt::format("--dir {}: not a directory", opts.dir));
-  const int mode = opts.write ? (W_OK | X_OK) : (R_OK | X_OK);
-  if (::access(opts.dir.c_str(), mode) != 0) {
-    throw UsageError(fmt::format("--dir {}: not {}: {}", opts.dir,
-                                 opts.write ? "writable" : "readable", std::strerror(errno)));
-  }
-}
-
 int Fail(const Status& st, std::string_view hint = {}) {
   std::cerr << "dnvme io: error: " << st.ToString() << hint << "\n";
   return kExitFailure;
@@ -242,7 +229,7 @@ int RunIo(const IoOptions& opts) {
   if (opts.file.empty() || opts.file.find('/') != std::string::npos) {
     throw UsageError(fmt::format("--file '{}': give a file name inside --dir", opts.file));
   }
-  CheckDir(opts);
+  CheckDirFlag("--dir", opts.dir, opts.write ? DirAccess::kWrite : DirAccess::kRead);
   const HandleConfig config = BuildConfig(opts);
   const std::string path = opts.dir + "/" + opts.file;
 

@@ -515,11 +515,8 @@ Check CheckCufile(int gpu_count) {
 // --- output ------------------------------------------------------------------------------------
 
 int RunReport(const std::string& dir, bool json) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    throw UsageError(fmt::format("--dir {}: {}", dir, std::strerror(errno)));
-  }
-  if (!S_ISDIR(st.st_mode)) throw UsageError(fmt::format("--dir {}: not a directory", dir));
+  // A directory we cannot write is still worth a report (o_direct says why it is [NO]).
+  CheckDirFlag("--dir", dir, DirAccess::kAny);
 
   std::vector<Check> checks;
   checks.push_back(CheckBuild());

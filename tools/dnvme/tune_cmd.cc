@@ -69,17 +69,6 @@ struct Target {
 
 std::string FileName() { return fmt::format("dnvme_tune.{}.dat", ::getpid()); }
 
-void CheckDir(const std::string& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    throw UsageError(fmt::format("--dir {}: {}", dir, std::strerror(errno)));
-  }
-  if (!S_ISDIR(st.st_mode)) throw UsageError(fmt::format("--dir {}: not a directory", dir));
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    throw UsageError(fmt::format("--dir {}: not writable: {}", dir, std::strerror(errno)));
-  }
-}
-
 // mkdir -p for the log directory.
 Status MakeDirs(const std::string& dir) {
   std::string partial;
@@ -311,7 +300,7 @@ int RunTune(const TuneOptions& o) {
   const int64_t size = ParseSizeFlag("--io-size", o.io_size);
   if (o.loops < 1) throw UsageError("--loops must be at least 1");
   if (o.min_gain < 0 || o.min_gain >= 1) throw UsageError("--min-gain must be in [0, 1)");
-  for (const std::string& d : o.dirs) CheckDir(d);
+  for (const std::string& d : o.dirs) CheckDirFlag("--dir", d, DirAccess::kWrite);
   Result<tune::SearchStrategy> strategy = tune::ParseSearchStrategy(o.search);
   if (!strategy.ok()) throw UsageError("--search: " + strategy.status().message());
   SweepSpace space = SweepSpace::Default();
