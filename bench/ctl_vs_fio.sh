@@ -32,7 +32,9 @@ while [[ $# -gt 0 ]]; do
     *) echo "ctl_vs_fio: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-die() { echo "ctl_vs_fio: $*" >&2; exit 1; }
+BENCH_NAME=ctl_vs_fio
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [[ -x $DNVMEFS && -x $DNVME ]] || die "build first: scripts/build.sh ($DNVMEFS, $DNVME)"
 command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
 [[ -c /dev/fuse ]] || die "/dev/fuse is missing"
@@ -57,9 +59,6 @@ cleanup() {
   findmnt -rn -M "$MNT" >/dev/null 2>&1 || rm -rf "$WORK"
 }
 trap cleanup EXIT
-BENCH_NAME=ctl_vs_fio
-# shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 "$DNVMEFS" "$BACKING" "$MNT" -f ${OPTS:+-o "$OPTS"} >"$WORK/dnvmefs.log" 2>&1 &
 DNV_PID=$!

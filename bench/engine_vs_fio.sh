@@ -31,7 +31,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-die() { echo "engine_vs_fio: $*" >&2; exit 1; }
+BENCH_NAME=engine_vs_fio
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [[ -x $DNVME ]] || die "$DNVME is missing; build it first: scripts/build.sh"
 command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
 [[ -x $PY ]] || die "$PY is missing (needed to parse fio's JSON)"
@@ -39,13 +41,7 @@ command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
 mkdir -p "$DIR"
 [[ -w $DIR ]] || die "--dir $DIR is not writable"
 
-# Sizes as K/M/G/T (powers of 1024, like dnvme and fio); both tools get the same byte count.
-BYTES=$($PY -c '
-import re, sys
-m = re.fullmatch(r"(\d+)\s*([kKmMgGtT]?)(i?[bB])?", sys.argv[1])
-if not m or int(m.group(1)) == 0: sys.exit("bad --size " + repr(sys.argv[1]))
-print(int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))' "$SIZE" 2>/dev/null) ||
-  die "--size '$SIZE' is not a size (use e.g. 512M or 1G)"
+BYTES=$(size_bytes "$SIZE")
 
 FIO_FILE=$DIR/engine_vs_fio.fio.dat
 DNVME_FILE=engine_vs_fio.dnvme.dat
@@ -53,9 +49,6 @@ WORK=$(mktemp -d)
 cleanup() { rm -f "$FIO_FILE" "$DIR/$DNVME_FILE"; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-BENCH_NAME=engine_vs_fio
-# shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 FIO_CMD=(fio --name=engine_vs_fio --filename="$FIO_FILE" --ioengine=libaio --direct=1 --bs=1M
   --iodepth=32 --size="$BYTES" --numjobs=1 --output-format=json)

@@ -1,5 +1,18 @@
 # Shared helpers for the bench scripts (sourced, not run). Set BENCH_NAME before sourcing.
 
+die() { echo "$BENCH_NAME: $*" >&2; exit 1; }
+
+# size_bytes SIZE: prints SIZE ("512M", "1G", "4096"; powers of 1024, like dnvme and fio) in
+# bytes, so both tools get the same byte count; dies on anything else or on 0.
+size_bytes() {
+  /usr/bin/python3 -c '
+import re, sys
+m = re.fullmatch(r"(\d+)\s*([kKmMgGtT]?)(i?[bB])?", sys.argv[1])
+if not m or int(m.group(1)) == 0: sys.exit("bad --size " + repr(sys.argv[1]))
+print(int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))' "$1" 2>/dev/null ||
+    die "--size '$1' is not a size (use e.g. 512M or 1G)"
+}
+
 # drop_caches: sync, then drop the page cache so the next read comes from the disk. Needs root;
 # without it, says so once and carries on (reads may then be served from the cache).
 can_drop=1

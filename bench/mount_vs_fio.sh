@@ -49,19 +49,16 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-die() { echo "mount_vs_fio: $*" >&2; exit 1; }
+BENCH_NAME=mount_vs_fio
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [[ -x $DNVMEFS ]] || die "$DNVMEFS is missing; build it first: scripts/build.sh"
 command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
 command -v fusermount3 >/dev/null || die "fusermount3 is missing; run scripts/install-deps.sh"
 [[ -x $PY ]] || die "$PY is missing (needed to parse fio's JSON)"
 [[ -c /dev/fuse ]] || die "/dev/fuse is missing (modprobe fuse, or pass the device to the container)"
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs must be a positive integer, got '$RUNS'"
-BYTES=$($PY -c '
-import re, sys
-m = re.fullmatch(r"(\d+)\s*([kKmMgGtT]?)(i?[bB])?", sys.argv[1])
-if not m or int(m.group(1)) == 0: sys.exit("bad --size " + repr(sys.argv[1]))
-print(int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))' "$SIZE" 2>/dev/null) ||
-  die "--size '$SIZE' is not a size (use e.g. 512M or 1G)"
+BYTES=$(size_bytes "$SIZE")
 mkdir -p "$BACKING"
 BACKING=$(cd "$BACKING" && pwd -P)
 [[ -w $BACKING ]] || die "--backing $BACKING is not writable"
@@ -102,9 +99,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-BENCH_NAME=mount_vs_fio
-# shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 wait_mounted() {  # mountpoint pid log name
   local mnt=$1 pid=$2 log=$3 name=$4

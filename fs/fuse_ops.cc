@@ -103,7 +103,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (fs.opts().read_ahead > 0) RaiseKernelReadAhead(fs.opts().mountpoint, 1 << 20);
   // 1 MiB requests (libfuse 3.14's buffer limit), parallel reads, async direct I/O so a libaio
   // client's requests reach us concurrently, splice where the kernel offers it.
-  conn->max_write = 1 << 20;
+  conn->max_write = kMaxFuseRequestBytes;
   conn->max_readahead = 1 << 20;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   if (conn->capable & FUSE_CAP_ASYNC_DIO) conn->want |= FUSE_CAP_ASYNC_DIO;
@@ -404,7 +404,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 char* ThreadScratch(size_t size) {
   thread_local PinnedBuffer buf;
   if (buf.size() < size) {
-    auto b = PinnedBuffer::Allocate(std::max<size_t>(size, 1 << 20));
+    auto b = PinnedBuffer::Allocate(std::max<size_t>(size, kMaxFuseRequestBytes));
     if (!b.ok()) {
       Logger().error("request buffer: {}", b.status().ToString());
       return nullptr;
@@ -827,15 +827,15 @@ Status Fs::Start() {
   }
   if (opts_.read_ahead > 0) {
     ra_chunk_ = std::min<int64_t>(opts_.read_ahead, 4 << 20);
-    // Room for four sequential readers' windows; more readers share what is free.
-    const size_t n = static_cast<size_t>(4 * opts_.read_ahead / ra_chunk_);
+    // Room for kReadAheadWindows sequential readers' windows; more readers share what is free.
+    const size_t n = static_cast<size_t>(kReadAheadWindows * opts_.read_ahead / ra_chunk_);
     auto pool = PinnedPool::Create(static_cast<size_t>(ra_chunk_), n);
     if (!pool.ok()) return pool.status().WithContext("read-ahead buffers (read_ahead=)");
     ra_pool_ = std::move(pool).value();
   }
   if (opts_.async_reply) {
     // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
-    auto pool = PinnedPool::Create(size_t{1} << 20, 64);
+    auto pool = PinnedPool::Create(static_cast<size_t>(kMaxFuseRequestBytes), kAsyncReplyBuffers);
     if (!pool.ok()) return pool.status().WithContext("reply buffers (async_reply=)");
     reply_pool_ = std::move(pool).value();
   }

@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
         fuse_loop_config* cfg = fuse_loop_cfg_create();
         fuse_loop_cfg_set_clone_fd(cfg, opts.clone_fd ? 1 : 0);
         fuse_loop_cfg_set_idle_threads(cfg, 16);
-        fuse_loop_cfg_set_max_threads(cfg, 64);
+        fuse_loop_cfg_set_max_threads(cfg, dnvme::fs::kMaxFuseThreads);
         loop_rc = fuse_session_loop_mt(se, cfg);
         fuse_loop_cfg_destroy(cfg);
       }

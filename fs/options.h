@@ -16,6 +16,17 @@
 
 namespace dnvme::fs {
 
+// FUSE worker threads at most (multi-threaded loop).
+inline constexpr int kMaxFuseThreads = 64;
+// The read-ahead pool holds this many readers' windows; more readers share what is free.
+inline constexpr int kReadAheadWindows = 4;
+// The largest FUSE read/write request (max_write, 256 pages): the size of each FUSE thread's
+// pinned request buffer and of each async-reply buffer.
+inline constexpr int64_t kMaxFuseRequestBytes = int64_t{1} << 20;
+// async_reply: one 1 MiB buffer per read an O_DIRECT client can have in flight at the kernel's
+// limit.
+inline constexpr int kAsyncReplyBuffers = 64;
+
 struct MountOptions {
   std::string backing;     // absolute path
   std::string mountpoint;  // absolute path
@@ -53,6 +64,18 @@ struct MountOptions {
   std::string log_file;
 
   std::vector<std::string> fuse_opts;  // "-o" arguments passed to libfuse, e.g. "allow_other"
+
+  // Pinned memory the mount allocates when it starts (write-behind, read-ahead and async-reply
+  // pools), and at most once every FUSE thread has its request buffer and every engine worker
+  // its bounce buffers. `dnvme report` compares these with RLIMIT_MEMLOCK.
+  int64_t PinnedAtStart() const {
+    return write_behind + (read_ahead > 0 ? kReadAheadWindows * read_ahead : 0) +
+           (async_reply ? kAsyncReplyBuffers * kMaxFuseRequestBytes : 0);
+  }
+  int64_t PinnedPeak() const {
+    return PinnedAtStart() + kMaxFuseThreads * kMaxFuseRequestBytes +
+           engine.bounce_bytes_per_worker * engine.intra_op_parallelism;
+  }
 };
 
 // Parses argv (without touching the filesystem beyond checking the two directories). An error

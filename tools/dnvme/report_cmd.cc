@@ -31,6 +31,7 @@
 
 #include "dnvme/config.h"
 #include "dnvme/pinned.h"
+#include "fs/options.h"
 #include "tools/dnvme/cli_util.h"
 #include "tools/dnvme/commands.h"
 
@@ -48,13 +49,6 @@ namespace dnvme::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// Pinned memory the mount needs with its default options: the write-behind pool (64 MiB) and the
-// read-ahead pool (4 windows of 16 MiB) are allocated at mount time; a 1 MiB buffer per FUSE
-// thread (up to 64) and the engine's bounce buffers (up to 64 MiB per worker) come on demand.
-constexpr int64_t kMountPinnedAtStart = int64_t{128} << 20;
-constexpr int64_t kMountPinnedPeak =
-    kMountPinnedAtStart + (int64_t{64} << 20) + (int64_t{64} << 20);
 
 struct Check {
   std::string name;
@@ -256,6 +250,10 @@ Check CheckDirect(const std::string& dir) {
 }
 
 Check CheckMemlock(bool ipc_lock) {
+  // What a mount with the default options pins (fs/options.h).
+  const fs::MountOptions defaults;
+  const int64_t at_start = defaults.PinnedAtStart();
+  const int64_t peak = defaults.PinnedPeak();
   Check c;
   c.name = "memlock";
   rlimit rl{};
@@ -266,14 +264,14 @@ Check CheckMemlock(bool ipc_lock) {
   c.values["soft_bytes"] = limit(rl.rlim_cur);
   c.values["hard_bytes"] = limit(rl.rlim_max);
   c.values["cap_ipc_lock"] = ipc_lock;
-  c.values["mount_needs_bytes"] = kMountPinnedAtStart;
-  c.values["mount_peak_bytes"] = kMountPinnedPeak;
+  c.values["mount_needs_bytes"] = at_start;
+  c.values["mount_peak_bytes"] = peak;
   const bool unlimited = rl.rlim_cur == RLIM_INFINITY;
   const std::string soft = unlimited ? "unlimited" : FormatBytes(static_cast<int64_t>(rl.rlim_cur));
-  c.ok = ipc_lock || unlimited || static_cast<int64_t>(rl.rlim_cur) >= kMountPinnedPeak;
+  c.ok = ipc_lock || unlimited || static_cast<int64_t>(rl.rlim_cur) >= peak;
   c.summary = fmt::format("RLIMIT_MEMLOCK {}{}; a default mount pins {} at start and up to {}",
                           soft, ipc_lock ? " (CAP_IPC_LOCK held: no limit applies)" : "",
-                          FormatBytes(kMountPinnedAtStart), FormatBytes(kMountPinnedPeak));
+                          FormatBytes(at_start), FormatBytes(peak));
   if (!c.ok) {
     c.fix =
         "raise the limit: `ulimit -l unlimited`, a 'memlock' line in "

@@ -282,7 +282,7 @@ Result<SearchResult> RunSearch(const SweepSpace& space, const SearchOptions& opt
   for (int pass = 1; pass <= options.max_passes; ++pass) {
     bool moved = false;
     // One step: try every value of one parameter, keep the best if it is clearly better.
-    auto step = [&](auto values, auto field) -> Status {
+    auto step = [&](const auto& values, auto field) -> Status {
       size_t best_index = current_index;
       for (const auto& v : values) {
         TunePoint candidate = current;
