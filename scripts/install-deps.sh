@@ -9,6 +9,8 @@ PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-de
   gnuplot-nox systemd
   # The Python module deepnvme (python/), built for Debian's /usr/bin/python3.
   python3-dev pybind11-dev
+  # Its tests and benchmarks: Debian's torch, numpy and pytest (there is no PyPI here).
+  python3-torch python3-numpy python3-pytest
   clang-format
   # The FUSE filesystem (fs/, mount-scripts/, bench/mount_vs_fio.sh): libfuse3 headers and its
   # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and

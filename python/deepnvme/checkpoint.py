@@ -1,0 +1,296 @@
+"""FastPersist-style checkpoints: ``save``, ``load`` and the ``FastFileWriter`` stream.
+
+``torch.save`` to a path writes the serialized stream through the page cache in many small
+writes and leaves the data dirty in memory (``fsync`` then pays for all of it). ``deepnvme.save``
+hands the same stream to a ``FastFileWriter``: the bytes are copied into a ring of pinned,
+aligned buffers and each full buffer goes to the disk as one asynchronous O_DIRECT operation
+(block_size requests, queue_depth deep) while the next one fills; the unaligned tail is written
+exactly and the file is fsynced before ``save`` returns. The file is an ordinary torch.save file:
+plain ``torch.load(path)`` reads it.
+
+Data-parallel save (``data_parallel=True``, torch.distributed initialised, e.g. gloo): every rank
+serializes the same (replicated) object and writes only its stripes of the stream (stripe s goes
+to rank s % world_size), so each rank moves 1/world_size of the bytes. The ranks agree on the
+path, rank 0 creates the file before the others open it, and the stream lengths are compared at
+the end: ranks that serialized different streams make every rank raise (and rank 0 removes the
+file) instead of leaving a corrupt checkpoint.
+
+Thread safety: one FastFileWriter per thread. The default handle shared by save/load is safe to use
+from several threads (the writer submits with thread-safe file operations).
+"""
+
+import io
+import os
+import threading
+
+from . import _C
+from .handles import aio_handle, _path
+
+MiB = 1 << 20
+DEFAULT_BUFFER_BYTES = 64 * MiB
+DEFAULT_NUM_BUFFERS = 2
+
+_default_lock = threading.Lock()
+_default = None
+
+
+def default_handle():
+    """The process-wide aio_handle that save/load use when none is given (DeepSpeed's defaults)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = aio_handle()
+        return _default
+
+
+def _native(handle):
+    if handle is None:
+        handle = default_handle()
+    if not isinstance(handle, aio_handle):
+        raise TypeError("handle must be a deepnvme.aio_handle, not %s" % type(handle).__name__)
+    return handle
+
+
+class FastFileWriter(io.RawIOBase):
+    """A write-only binary file that writes through pinned double buffers and O_DIRECT.
+
+    FastFileWriter(path, handle=None, buffer_bytes=64 MiB, num_buffers=2, truncate=True,
+                   fsync=True, stripe_bytes=0, stripe_count=1, stripe_index=0)
+
+    write() copies and returns at once; close() writes the rest, waits and fsyncs, and raises
+    OSError if any write failed (ENOSPC, EIO): the data is durable only when close() returned.
+    flush() does nothing (it cannot make a partial buffer durable; close() does). Leaving a
+    ``with`` block by an exception abandons the stream (no fsync) and re-raises.
+    """
+
+    def __init__(self, path, handle=None, buffer_bytes=DEFAULT_BUFFER_BYTES,
+                 num_buffers=DEFAULT_NUM_BUFFERS, truncate=True, fsync=True, stripe_bytes=0,
+                 stripe_count=1, stripe_index=0):
+        super().__init__()
+        self.name = _path(path)
+        self._handle = _native(handle)
+        self._w = _C.FastWriter(self._handle._h, self.name, int(buffer_bytes), int(num_buffers),
+                                bool(truncate), bool(fsync), int(stripe_bytes), int(stripe_count),
+                                int(stripe_index))
+
+    def writable(self):
+        return True
+
+    def readable(self):
+        return False
+
+    def seekable(self):
+        return False
+
+    def write(self, b):
+        if self.closed:
+            raise ValueError("write to closed file '%s'" % self.name)
+        return self._w.write(b)
+
+    def tell(self):
+        return self._w.tell()
+
+    @property
+    def bytes_stored(self):
+        """Bytes of the stream this writer stores (all of them unless striped)."""
+        return self._w.bytes_stored
+
+    def flush(self):
+        if self.closed:
+            raise ValueError("flush of closed file '%s'" % self.name)
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            self._w.close()
+        finally:
+            super().close()
+
+    def abort(self):
+        """Stops without raising: waits for writes in flight; no fsync. For error paths."""
+        if not self.closed:
+            self._w.abort()
+            super().close()
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+            return False
+        self.close()
+        return False
+
+    def __del__(self):
+        # Never raise from a finalizer; an unclosed writer is a caller bug the engine logs.
+        try:
+            self.abort()
+        except Exception:
+            pass
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def save(obj, path, handle=None, *, buffer_bytes=DEFAULT_BUFFER_BYTES,
+         num_buffers=DEFAULT_NUM_BUFFERS, fsync=True, data_parallel=False, group=None,
+         stripe_bytes=None, pickle_protocol=2):
+    """torch.save(obj) to `path` through a FastFileWriter; durable when it returns.
+
+    With data_parallel=True (torch.distributed initialised) every rank of `group` must call it
+    with the same path and the same object; each writes its share of the bytes.
+    Returns the file size in bytes.
+    """
+    torch = _torch()
+    if data_parallel:
+        return _save_data_parallel(obj, path, handle, buffer_bytes, num_buffers, fsync, group,
+                                   stripe_bytes or buffer_bytes, pickle_protocol)
+    with FastFileWriter(path, handle, buffer_bytes, num_buffers, True, fsync) as f:
+        torch.save(obj, f, pickle_protocol=pickle_protocol)
+        size = f.tell()
+    return size
+
+
+def _agree(dist, group, local_error, what):
+    """Every rank learns every rank's error; raises the same RuntimeError on all if any failed."""
+    world = dist.get_world_size(group)
+    errors = [None] * world
+    dist.all_gather_object(errors, None if local_error is None else repr(local_error), group=group)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        detail = "; ".join("rank %d: %s" % (r, e) for r, e in failed)
+        if local_error is not None:
+            raise RuntimeError("deepnvme.save(data_parallel=True): %s failed: %s" %
+                               (what, detail)) from local_error
+        raise RuntimeError("deepnvme.save(data_parallel=True): %s failed: %s" % (what, detail))
+
+
+def _remove_on_rank0(rank, path):
+    # A failed data-parallel save must not leave a file that looks like a checkpoint.
+    if rank == 0:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _save_data_parallel(obj, path, handle, buffer_bytes, num_buffers, fsync, group,
+                        stripe_bytes, pickle_protocol):
+    torch = _torch()
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("deepnvme.save(data_parallel=True) needs torch.distributed initialised "
+                           "(torch.distributed.init_process_group)")
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    path = os.path.abspath(_path(path))
+    paths = [None] * world
+    dist.all_gather_object(paths, path, group=group)
+    if len(set(paths)) != 1:
+        raise ValueError("deepnvme.save(data_parallel=True): ranks name different paths: %s" %
+                         paths)
+
+    def open_writer():
+        return FastFileWriter(path, handle, buffer_bytes, num_buffers, truncate=(rank == 0),
+                              fsync=fsync, stripe_bytes=stripe_bytes, stripe_count=world,
+                              stripe_index=rank)
+
+    # Rank 0 creates (and truncates) the file before anyone else opens it.
+    writer, error = None, None
+    if rank == 0:
+        try:
+            writer = open_writer()
+        except Exception as e:  # reported to every rank by _agree
+            error = e
+    _agree(dist, group, error, "creating '%s'" % path)
+    if rank != 0:
+        try:
+            writer = open_writer()
+        except Exception as e:
+            error = e
+    try:
+        _agree(dist, group, error, "opening '%s'" % path)
+    except Exception:
+        if writer is not None:
+            writer.abort()
+        raise
+
+    length = -1
+    try:
+        torch.save(obj, writer, pickle_protocol=pickle_protocol)
+        length = writer.tell()
+        writer.close()
+    except Exception as e:
+        error = e
+        writer.abort()
+    try:
+        _agree(dist, group, error, "writing '%s'" % path)
+    except RuntimeError:
+        _remove_on_rank0(rank, path)
+        raise
+
+    lengths = [None] * world
+    dist.all_gather_object(lengths, length, group=group)
+    if len(set(lengths)) != 1:
+        _remove_on_rank0(rank, path)
+        raise RuntimeError("deepnvme.save(data_parallel=True): the ranks serialized streams of "
+                           "different lengths %s: the object is not the same on every rank; "
+                           "'%s' was removed" % (lengths, path))
+    return length
+
+
+class _MemoryReader(io.RawIOBase):
+    """A seekable read-only file over a memoryview (what torch.load reads from)."""
+
+    def __init__(self, view):
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def readinto(self, b):
+        n = min(len(b), len(self._view) - self._pos)
+        if n <= 0:
+            return 0
+        memoryview(b).cast("B")[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        pos = base + offset
+        if pos < 0:
+            raise ValueError("negative seek position %d" % pos)
+        self._pos = pos
+        return pos
+
+    def tell(self):
+        return self._pos
+
+
+def read_file(path, handle=None):
+    """The whole file read with parallel O_DIRECT into fresh page-aligned memory (a memoryview)."""
+    handle = _native(handle)
+    path = _path(path)
+    size = os.stat(path).st_size
+    if size == 0:
+        return memoryview(b"")
+    memory = _C.HostBuffer(size, False)
+    handle.sync_pread(memory, path)
+    return memoryview(memory)
+
+
+def load(path, map_location=None, handle=None, **torch_load_kwargs):
+    """torch.load of a file read in one parallel O_DIRECT pass (any torch.save file)."""
+    torch = _torch()
+    view = read_file(path, handle)
+    return torch.load(_MemoryReader(view), map_location=map_location, **torch_load_kwargs)
+
+
+__all__ = ["FastFileWriter", "save", "load", "read_file", "default_handle"]

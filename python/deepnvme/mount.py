@@ -1,0 +1,291 @@
+"""Client of a dnvmefs mount's control file ``<mount>/.dnvme/ctl`` (docs/control-protocol.md).
+
+    m = deepnvme.Mount("/mnt/dnvme")
+    m.config()                              # the live engine configuration
+    m.set_config(queue_depth=64)            # applied live (root or the mount's owner)
+    t = m.shared_tensor(1 << 28, torch.float32)   # CPU tensor in /dev/shm, registered
+    m.pwrite(t, "ckpt/w.bin")               # daemon: shared memory -> O_DIRECT -> file
+    m.pread(t, "ckpt/w.bin")
+    m.stats()["ctl"]["bytes_written"]
+
+Transfers go through the daemon's engine straight from the client's shared memory: no FUSE data
+copy. Memory the daemon can use is shared memory: tensors and arrays from shared_tensor /
+shared_array / SharedBuffer, or any tensor or array whose memory lies in a mapping of a live
+``/dev/shm`` object (found through /proc/self/maps and registered on first use).
+
+Failures the daemon reports raise OSError with its errno and message (PermissionError for
+EACCES, ...); the session stays usable. Thread safety: a Mount is one ctl session and is used by
+one thread at a time (answers are read back in order); open one Mount per thread.
+"""
+
+import errno
+import itertools
+import json
+import mmap
+import os
+import threading
+import weakref
+
+from .handles import _buffer, _path
+
+PAGE = mmap.PAGESIZE
+_names = itertools.count()
+_names_lock = threading.Lock()
+
+
+class SharedBuffer:
+    """A new /dev/shm object (mode 0600, unique name), mapped here; removed by close() or GC.
+
+    The mapping stays valid while tensors or arrays made from it are alive."""
+
+    def __init__(self, nbytes):
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError("SharedBuffer size must be a positive int, not %r" % (nbytes,))
+        with _names_lock:
+            self.name = "deepnvme-%d-%d" % (os.getpid(), next(_names))
+        self.path = "/dev/shm/" + self.name
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            self.map = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
+        os.close(fd)  # the mapping keeps the object; the name is removed by close()
+        self.nbytes = nbytes
+        self._finalizer = weakref.finalize(self, _unlink_quietly, self.path)
+
+    def close(self):
+        """Removes the name (the memory lives on while mapped, also in the daemon)."""
+        self._finalizer()
+
+    def tensor(self, dtype, count=-1, offset=0):
+        import torch
+        return torch.frombuffer(self.map, dtype=dtype, count=count, offset=offset)
+
+    def array(self, dtype, shape=None, offset=0):
+        import numpy as np
+        dtype = np.dtype(dtype)
+        count = -1 if shape is None else int(np.prod(shape))
+        a = np.frombuffer(self.map, dtype=dtype, count=count, offset=offset)
+        return a if shape is None else a.reshape(shape)
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _shm_mapping(address, nbytes):
+    """(name, object offset of `address`) if [address, address+nbytes) lies in one mapping of a
+    live /dev/shm object, else None."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) < 6:
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            if not start <= address < end:
+                continue
+            path = parts[5].strip()
+            if address + nbytes > end or not path.startswith("/dev/shm/") or \
+                    path.endswith(" (deleted)"):
+                return None
+            name = path[len("/dev/shm/"):]
+            if "/" in name:
+                return None
+            return name, int(parts[2], 16) + (address - start)
+    return None
+
+
+class Mount:
+    """One session on ``<mountpoint>/.dnvme/ctl``; close() (or the with-block) ends it, and the
+    daemon then releases the session's handles and buffers."""
+
+    def __init__(self, mountpoint):
+        self.mountpoint = os.path.abspath(_path(mountpoint))
+        ctl = os.path.join(self.mountpoint, ".dnvme", "ctl")
+        try:
+            self._fd = os.open(ctl, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "not a dnvmefs mount (no control file)",
+                                    ctl) from None
+        self._ids = itertools.count(1)
+        self._handle = None
+        self._regions = []  # (address, nbytes, buffer id, keepalive) registered by this session
+        self._shm_regs = {}  # (name, offset, size) -> buffer id
+        try:
+            self.hello = self.call("hello")
+        except BaseException:
+            os.close(self._fd)
+            raise
+        if self.hello.get("protocol") != 1:
+            os.close(self._fd)
+            raise OSError(errno.EPROTO, "unsupported control protocol %r" %
+                          self.hello.get("protocol"), ctl)
+
+    # --- the session ------------------------------------------------------------------------
+    def call(self, op, **fields):
+        """One request; returns the answer (a dict) or raises OSError for "ok": false."""
+        if self._fd < 0:
+            raise ValueError("Mount session is closed")
+        request = dict(fields, op=op, id=next(self._ids))
+        data = json.dumps(request).encode()
+        written = os.write(self._fd, data)
+        if written != len(data):
+            raise OSError(errno.EIO, "short write of a control request (%d of %d bytes)" %
+                          (written, len(data)))
+        chunks = []
+        while True:
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        answer = json.loads(b"".join(chunks))
+        if answer.get("id") != request["id"]:
+            raise OSError(errno.EPROTO, "control answer for request %r, expected %r" %
+                          (answer.get("id"), request["id"]))
+        if not answer.get("ok"):
+            e = answer.get("error", {})
+            raise OSError(e.get("errno", errno.EIO), "%s: %s" % (op, e.get("message", "failed")))
+        return answer
+
+    def close(self):
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._regions.clear()
+            self._shm_regs.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # --- configuration and statistics ---------------------------------------------------------
+    def config(self):
+        return self.call("config.get")["config"]
+
+    def set_config(self, config=None, **keys):
+        """Applies HandleConfig keys (a dict and/or keywords) to the live mount; returns the
+        resulting configuration."""
+        merged = dict(config or {}, **keys)
+        return self.call("config.set", config=merged)["config"]
+
+    def stats(self):
+        return self.call("stats")["stats"]
+
+    # --- handles ------------------------------------------------------------------------------
+    def open_handle(self, **config):
+        """A daemon-side engine handle (unspecified keys from the live configuration)."""
+        return self.call("handle.open", **config)["handle"]
+
+    def close_handle(self, handle):
+        if handle == self._handle:
+            self._handle = None
+        return self.call("handle.close", handle=handle)
+
+    def _default_handle(self):
+        if self._handle is None:
+            self._handle = self.open_handle()
+        return self._handle
+
+    # --- shared memory ------------------------------------------------------------------------
+    def shared_buffer(self, nbytes):
+        """A SharedBuffer registered with the daemon (whole object)."""
+        buf = SharedBuffer(nbytes)
+        self.register_shm(buf.name, keepalive=buf, address=_buffer(buf.map, True)[0],
+                          nbytes=nbytes)
+        return buf
+
+    def shared_tensor(self, num_elem, dtype):
+        """A 1-D CPU tensor of `num_elem` elements in registered shared memory."""
+        import torch
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        return self.shared_buffer(max(1, num_elem * itemsize)).tensor(dtype, count=num_elem)
+
+    def shared_array(self, shape, dtype):
+        """A numpy array in registered shared memory."""
+        import numpy as np
+        count = int(np.prod(shape))
+        nbytes = max(1, count * np.dtype(dtype).itemsize)
+        return self.shared_buffer(nbytes).array(dtype, shape)
+
+    def register_shm(self, name, offset=0, size=0, keepalive=None, address=None, nbytes=None):
+        """buffer.register of /dev/shm/NAME (a page-aligned part, or all of it); returns its id."""
+        answer = self.call("buffer.register", shm=name, offset=offset, size=size)
+        if address is not None:
+            self._regions.append((address, nbytes, answer["buffer"], keepalive))
+        return answer["buffer"]
+
+    def register(self, buffer):
+        """(buffer id, buffer offset) of a tensor/array/buffer in shared memory, registering the
+        /dev/shm pages it lies in on first use."""
+        address, nbytes = _buffer(buffer, writable=False)
+        for start, size, buffer_id, _ in self._regions:
+            if start <= address and address + nbytes <= start + size:
+                return buffer_id, address - start
+        found = _shm_mapping(address, max(nbytes, 1))
+        if found is None:
+            raise ValueError("this memory is not in a /dev/shm mapping, so the daemon cannot "
+                             "reach it; allocate it with Mount.shared_tensor / shared_array")
+        name, object_offset = found
+        reg_offset = object_offset - object_offset % PAGE
+        reg_end = -(-(object_offset + nbytes) // PAGE) * PAGE
+        key = (name, reg_offset, reg_end - reg_offset)
+        buffer_id = self._shm_regs.get(key)
+        if buffer_id is None:
+            buffer_id = self.call("buffer.register", shm=name, offset=reg_offset,
+                                  size=reg_end - reg_offset)["buffer"]
+            self._shm_regs[key] = buffer_id
+        return buffer_id, object_offset - reg_offset
+
+    # --- transfers ----------------------------------------------------------------------------
+    def _transfer(self, op, buffer, path, file_offset, async_op, handle, length):
+        buffer_id, buffer_offset = self.register(buffer)
+        _, nbytes = _buffer(buffer, writable=(op == "pread"))
+        if length is None:
+            length = nbytes
+        if not 0 <= length <= nbytes:
+            raise ValueError("length %d is outside the buffer's %d bytes" % (length, nbytes))
+        answer = self.call(op, handle=self._default_handle() if handle is None else handle,
+                           buffer=buffer_id, buffer_offset=buffer_offset, length=length,
+                           path=_path(path), file_offset=file_offset, **{"async": bool(async_op)})
+        return answer["op_id"] if async_op else answer["bytes"]
+
+    def pread(self, buffer, path, file_offset=0, async_op=False, handle=None, length=None):
+        """Daemon reads the file (path relative to the mount) into `buffer`; returns bytes read
+        (or the op id when async_op; collect with wait)."""
+        return self._transfer("pread", buffer, path, file_offset, async_op, handle, length)
+
+    def pwrite(self, buffer, path, file_offset=0, async_op=False, handle=None, length=None):
+        """Daemon writes `buffer` to the file (created if missing, never truncated)."""
+        return self._transfer("pwrite", buffer, path, file_offset, async_op, handle, length)
+
+    def wait(self, handle=None):
+        """Outcomes of the handle's async transfers since the last wait (a list of dicts); raises
+        OSError for the first failure after collecting all."""
+        ops = self.call("wait", handle=self._default_handle() if handle is None else handle)["ops"]
+        for op in ops:
+            if not op.get("ok"):
+                e = op.get("error", {})
+                raise OSError(e.get("errno", errno.EIO), e.get("message", "transfer failed"),
+                              op.get("path"))
+        return ops
+
+    def fsync(self, path):
+        self.call("fsync", path=_path(path))
+
+
+__all__ = ["Mount", "SharedBuffer"]
