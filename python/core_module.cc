@@ -181,13 +181,31 @@ class ReadView {
   Py_buffer view_{};
 };
 
+// Pinned buffers kept for many FastWriters (pinning costs page faults, zeroing and mlock).
+class BufferPool {
+ public:
+  BufferPool(size_t buffer_bytes, size_t count) {
+    auto pool = dnvme::PinnedPool::Create(buffer_bytes, count);
+    if (!pool.ok()) ThrowStatus(pool.status(), "", -1);
+    pool_ = std::move(pool).value();
+  }
+  dnvme::PinnedPool* get() { return pool_.get(); }
+  size_t buffer_bytes() const { return pool_->buffer_size(); }
+  size_t count() const { return pool_->count(); }
+  size_t available() const { return pool_->available(); }
+
+ private:
+  std::unique_ptr<dnvme::PinnedPool> pool_;
+};
+
 class PyFastWriter {
  public:
   PyFastWriter(PyAioHandle& handle, const std::string& path, size_t buffer_bytes, int num_buffers,
                bool truncate, bool fsync_on_close, int64_t stripe_bytes, int stripe_count,
-               int stripe_index)
+               int stripe_index, BufferPool* pool)
       : path_(path) {
     dnvme::FastWriterOptions o;
+    o.pool = pool != nullptr ? pool->get() : nullptr;
     o.buffer_bytes = buffer_bytes;
     o.num_buffers = num_buffers;
     o.truncate = truncate;
@@ -293,11 +311,20 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("nbytes", &HostBuffer::size)
       .def_property_readonly("pinned", &HostBuffer::pinned);
 
+  py::class_<BufferPool>(m, "BufferPool")
+      .def(py::init<size_t, size_t>(), py::arg("buffer_bytes"), py::arg("count"))
+      .def_property_readonly("buffer_bytes", &BufferPool::buffer_bytes)
+      .def_property_readonly("count", &BufferPool::count)
+      .def_property_readonly("available", &BufferPool::available);
+
+  // keep_alive: the writer keeps its handle and its pool alive.
   py::class_<PyFastWriter>(m, "FastWriter")
-      .def(py::init<PyAioHandle&, const std::string&, size_t, int, bool, bool, int64_t, int, int>(),
+      .def(py::init<PyAioHandle&, const std::string&, size_t, int, bool, bool, int64_t, int, int,
+                    BufferPool*>(),
            py::arg("handle"), py::arg("path"), py::arg("buffer_bytes"), py::arg("num_buffers"),
            py::arg("truncate"), py::arg("fsync_on_close"), py::arg("stripe_bytes"),
-           py::arg("stripe_count"), py::arg("stripe_index"), py::keep_alive<1, 2>())
+           py::arg("stripe_count"), py::arg("stripe_index"), py::arg("pool").none(true),
+           py::keep_alive<1, 2>(), py::keep_alive<1, 11>())
       .def("write", &PyFastWriter::write)
       .def("close", &PyFastWriter::close)
       .def("abort", &PyFastWriter::abort)

@@ -32,6 +32,10 @@ Status FastWriterOptions::Validate() const {
                                    " is not in [0, stripe_count=" + std::to_string(stripe_count) +
                                    ")");
   }
+  if (pool != nullptr && pool->buffer_size() != buffer_bytes) {
+    return Status::InvalidArgument("the pool's buffers are " + std::to_string(pool->buffer_size()) +
+                                   " bytes, buffer_bytes is " + std::to_string(buffer_bytes));
+  }
   if (stripe_count > 1 && stripe_bytes == 0) {
     return Status::InvalidArgument("stripe_count > 1 needs stripe_bytes");
   }
@@ -51,10 +55,22 @@ Result<std::unique_ptr<FastWriter>> FastWriter::Open(AioHandle* handle, const st
     if (rc != 0) return Status::FromErrno(errno, "truncate '" + path + "'");
   }
   std::vector<Slot> slots(static_cast<size_t>(options.num_buffers));
+  if (options.pool != nullptr) {
+    for (Slot& slot : slots) {
+      slot.lease = options.pool->TryAcquire();
+      if (!slot.lease) break;
+      slot.data = slot.lease.data();
+    }
+    if (!slots.back().lease) {
+      for (Slot& slot : slots) slot = Slot();  // all or none: the leases go back
+    }
+  }
   for (Slot& slot : slots) {
+    if (slot.data != nullptr) continue;
     auto buffer = PinnedBuffer::Allocate(options.buffer_bytes, kAlign);
     if (!buffer.ok()) return buffer.status().WithContext("FastWriter buffers for '" + path + "'");
-    slot.buffer = std::move(buffer).value();
+    slot.own = std::move(buffer).value();
+    slot.data = slot.own.bytes();
   }
   return std::unique_ptr<FastWriter>(
       new FastWriter(handle, path, options, std::move(file), std::move(slots)));
@@ -100,7 +116,7 @@ Status FastWriter::SubmitCurrent() {
       std::lock_guard<std::mutex> lock(mu_);
       slot.in_flight = true;
     }
-    Status st = handle_->submit_pwrite(slot.buffer.data(), static_cast<int64_t>(slot.fill), file_,
+    Status st = handle_->submit_pwrite(slot.data, static_cast<int64_t>(slot.fill), file_,
                                        slot.file_offset, [this, index](const OpResult& result) {
                                          std::lock_guard<std::mutex> lock(mu_);
                                          if (!result.status.ok() && first_error_.ok())
@@ -149,7 +165,7 @@ Status FastWriter::Write(const void* data, size_t n) {
       return Status::Internal("FastWriter slot does not continue the stream");
     }
     const size_t take = std::min(static_cast<size_t>(limit), options_.buffer_bytes - slot.fill);
-    std::memcpy(slot.buffer.bytes() + slot.fill, p, take);
+    std::memcpy(slot.data + slot.fill, p, take);
     slot.fill += take;
     p += take;
     n -= take;
@@ -176,7 +192,8 @@ Status FastWriter::Close() {
     } while (rc != 0 && errno == EINTR);
     if (rc != 0) st = Status::FromErrno(errno, "fsync '" + path_ + "'");
   }
-  file_ = FileRef();  // closes the file (last reference)
+  file_ = FileRef();                        // closes the file (last reference)
+  for (Slot& slot : slots_) slot = Slot();  // buffers back to the pool (or freed) at once
   close_status_ = st;
   return st;
 }

@@ -53,6 +53,12 @@ struct FastWriterOptions {
   int64_t stripe_bytes = 0;
   int stripe_count = 1;
   int stripe_index = 0;
+  // Where the pinned buffers come from. Pinning is not free (the pages are faulted in, zeroed and
+  // locked: about a second per GiB on a VM), so a program that saves often keeps a pool of
+  // `buffer_bytes` buffers and lends it to every writer. When the pool has fewer than num_buffers
+  // free (another writer holds them), the writer allocates its own. Null: always its own. The pool
+  // must outlive the writer.
+  PinnedPool* pool = nullptr;
 
   Status Validate() const;
 };
@@ -80,7 +86,9 @@ class FastWriter {
 
  private:
   struct Slot {
-    PinnedBuffer buffer;
+    PinnedBuffer own;         // allocated for this writer, or
+    PinnedPool::Lease lease;  // lent by FastWriterOptions::pool
+    char* data = nullptr;
     size_t fill = 0;
     int64_t file_offset = 0;
     bool in_flight = false;  // guarded by mu_

@@ -14,7 +14,7 @@ deepnvme imports neither.
 """
 
 from ._C import memlock_limit_bytes, pinned_bytes_in_use
-from .checkpoint import FastFileWriter, default_handle, load, read_file, save
+from .checkpoint import FastFileWriter, buffer_pool, default_handle, load, read_file, save
 from .handles import (GdsUnavailableError, aio_handle, cast_to_byte_tensor, gds_handle,
                       gds_unavailable_reason)
 from .mount import Mount, SharedBuffer
@@ -23,5 +23,5 @@ __version__ = "@PROJECT_VERSION@"
 
 __all__ = ["aio_handle", "gds_handle", "GdsUnavailableError", "gds_unavailable_reason",
            "cast_to_byte_tensor", "FastFileWriter", "save", "load", "read_file",
-           "default_handle", "Mount", "SharedBuffer", "pinned_bytes_in_use",
+           "default_handle", "buffer_pool", "Mount", "SharedBuffer", "pinned_bytes_in_use",
            "memlock_limit_bytes"]

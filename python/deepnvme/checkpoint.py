@@ -27,11 +27,12 @@ from . import _C
 from .handles import aio_handle, _path
 
 MiB = 1 << 20
-DEFAULT_BUFFER_BYTES = 64 * MiB
-DEFAULT_NUM_BUFFERS = 2
+DEFAULT_BUFFER_BYTES = 32 * MiB
+DEFAULT_NUM_BUFFERS = 3
 
 _default_lock = threading.Lock()
 _default = None
+_pools = {}  # (buffer_bytes, num_buffers) -> BufferPool, guarded by _default_lock
 
 
 def default_handle():
@@ -41,6 +42,17 @@ def default_handle():
         if _default is None:
             _default = aio_handle()
         return _default
+
+
+def buffer_pool(buffer_bytes=DEFAULT_BUFFER_BYTES, num_buffers=DEFAULT_NUM_BUFFERS):
+    """The process's pool of pinned writer buffers of this shape, created on first use and kept:
+    pinning is paid once, not at every save (about a second per GiB of buffers on a VM)."""
+    key = (int(buffer_bytes), int(num_buffers))
+    with _default_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = _C.BufferPool(*key)
+        return pool
 
 
 def _native(handle):
@@ -54,24 +66,30 @@ def _native(handle):
 class FastFileWriter(io.RawIOBase):
     """A write-only binary file that writes through pinned double buffers and O_DIRECT.
 
-    FastFileWriter(path, handle=None, buffer_bytes=64 MiB, num_buffers=2, truncate=True,
+    FastFileWriter(path, handle=None, buffer_bytes=32 MiB, num_buffers=3, truncate=True,
                    fsync=True, stripe_bytes=0, stripe_count=1, stripe_index=0)
 
     write() copies and returns at once; close() writes the rest, waits and fsyncs, and raises
     OSError if any write failed (ENOSPC, EIO): the data is durable only when close() returned.
     flush() does nothing (it cannot make a partial buffer durable; close() does). Leaving a
-    ``with`` block by an exception abandons the stream (no fsync) and re-raises.
+    ``with`` block by an exception abandons the stream (no fsync) and re-raises. The pinned
+    buffers come from the process's kept pool when the shape is the default (pool=True), from a
+    given pool (deepnvme.buffer_pool(bytes, count)), or are pinned for this writer alone.
     """
 
     def __init__(self, path, handle=None, buffer_bytes=DEFAULT_BUFFER_BYTES,
                  num_buffers=DEFAULT_NUM_BUFFERS, truncate=True, fsync=True, stripe_bytes=0,
-                 stripe_count=1, stripe_index=0):
+                 stripe_count=1, stripe_index=0, pool=True):
         super().__init__()
         self.name = _path(path)
         self._handle = _native(handle)
+        if pool is True:  # the process's kept buffers for the default shape (see buffer_pool)
+            default_shape = (buffer_bytes, num_buffers) == (DEFAULT_BUFFER_BYTES,
+                                                             DEFAULT_NUM_BUFFERS)
+            pool = buffer_pool() if default_shape else None
         self._w = _C.FastWriter(self._handle._h, self.name, int(buffer_bytes), int(num_buffers),
                                 bool(truncate), bool(fsync), int(stripe_bytes), int(stripe_count),
-                                int(stripe_index))
+                                int(stripe_index), pool or None)
 
     def writable(self):
         return True
@@ -293,4 +311,4 @@ def load(path, map_location=None, handle=None, **torch_load_kwargs):
     return torch.load(_MemoryReader(view), map_location=map_location, **torch_load_kwargs)
 
 
-__all__ = ["FastFileWriter", "save", "load", "read_file", "default_handle"]
+__all__ = ["FastFileWriter", "save", "load", "read_file", "default_handle", "buffer_pool"]

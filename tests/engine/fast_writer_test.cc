@@ -217,6 +217,35 @@ TEST_F(FastWriterTest, NoSpaceReachesTheWriterAndSticks) {
   EXPECT_EQ((*w)->Close().error_number(), ENOSPC);
 }
 
+// Writers borrow a pool's buffers when it has enough free, else pin their own; Close returns them.
+TEST_F(FastWriterTest, BorrowsPoolBuffers) {
+  auto pool = PinnedPool::Create(256 * kKiB, 3);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  FastWriterOptions o = SmallOptions();
+  o.num_buffers = 2;
+  o.pool = pool->get();
+  auto a = FastWriter::Open(handle_.get(), Path("a.bin"), o);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*pool)->available(), 1u);
+  auto b = FastWriter::Open(handle_.get(), Path("b.bin"), o);  // only 1 free: pins its own
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*pool)->available(), 1u);
+  ASSERT_NO_FATAL_FAILURE(Feed(a->get(), 3 * kMiB + 1, 5, 1));
+  ASSERT_NO_FATAL_FAILURE(Feed(b->get(), 2 * kMiB + 7, 6, 2));
+  DNVME_ASSERT_OK((*a)->Close());
+  EXPECT_EQ((*pool)->available(), 3u) << "Close returns the leases";
+  DNVME_ASSERT_OK((*b)->Close());
+  std::vector<uint8_t> file = test::ReadWholeFile(Path("a.bin"));
+  ASSERT_EQ(static_cast<int64_t>(file.size()), 3 * kMiB + 1);
+  EXPECT_TRUE(test::MatchesPattern(file.data(), file.size(), 0, 5));
+  file = test::ReadWholeFile(Path("b.bin"));
+  ASSERT_EQ(static_cast<int64_t>(file.size()), 2 * kMiB + 7);
+  EXPECT_TRUE(test::MatchesPattern(file.data(), file.size(), 0, 6));
+
+  o.buffer_bytes = 512 * kKiB;  // a pool of another size is a caller bug
+  EXPECT_EQ(FastWriter::Open(handle_.get(), Path("c.bin"), o).status().error_number(), EINVAL);
+}
+
 TEST_F(FastWriterTest, BadOptionsAndMisuse) {
   struct Bad {
     const char* what;

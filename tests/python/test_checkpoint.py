@@ -206,3 +206,26 @@ def test_data_parallel_save_two_ranks(deepnvme, torch, scratch):
 def test_data_parallel_needs_distributed(deepnvme, torch, scratch):
     with pytest.raises(RuntimeError, match="init_process_group"):
         deepnvme.save({"a": 1}, os.path.join(scratch, "x.pt"), data_parallel=True)
+
+
+def test_save_reuses_the_kept_pinned_buffers(deepnvme, torch, scratch):
+    path = os.path.join(scratch, "pool.pt")
+    deepnvme.save({"a": torch.ones(10)}, path)  # creates the default handle and pool
+    pool = deepnvme.buffer_pool()
+    assert pool.available == pool.count == 3 and pool.buffer_bytes == 32 << 20
+    pinned = deepnvme.pinned_bytes_in_use()
+    state = {"a": torch.arange(100 << 20, dtype=torch.uint8)}  # 100 MiB: every buffer is used
+    deepnvme.save(state, path)
+    assert deepnvme.pinned_bytes_in_use() == pinned, "a save with the default shape pins nothing"
+    assert pool.available == pool.count, "the buffers are back in the pool"
+    assert torch.equal(torch.load(path)["a"], state["a"])
+    # Another shape pins its own buffers for the save and releases them after.
+    deepnvme.save(state, path, buffer_bytes=1 << 20, num_buffers=2)
+    assert deepnvme.pinned_bytes_in_use() == pinned
+    assert torch.equal(deepnvme.load(path)["a"], state["a"])
+    # Or borrows a pool the caller keeps.
+    mine = deepnvme.buffer_pool(1 << 20, 2)
+    with deepnvme.FastFileWriter(path, buffer_bytes=1 << 20, num_buffers=2, pool=mine) as f:
+        f.write(b"z" * (3 << 20))
+        assert mine.available == 0
+    assert mine.available == 2

@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""Checkpoint save benchmark: torch.save+fsync vs deepnvme.save vs torch.save through dnvmefs.
+
+Usage (as root, from the repository, after scripts/build.sh):
+    /usr/bin/python3 bench/checkpoint.py [--dir DIR] [--size 1G] [--runs 3] [--tensors 16]
+                                         [--mount-options OPTS] [--json-out FILE]
+
+One state dict of SIZE bytes (TENSORS float32 tensors of random values) is saved, in every
+round, by each variant into the same directory DIR on one disk:
+  torch       torch.save(state, DIR/x.pt), then fsync (the file opened again, os.fsync)
+  deepnvme    deepnvme.save(state, DIR/x.pt): pinned double buffer, O_DIRECT libaio, fsync
+  mount       torch.save(state, MNT/x.pt) + fsync through a dnvmefs mount whose backing
+              directory is DIR/backing (started by this script, -f, always unmounted)
+  fio         fio --ioengine=libaio --direct=1 --iodepth=32 --bs=1M --rw=write --end_fsync=1
+              of SIZE in DIR: the disk's raw O_DIRECT write speed, the yardstick
+Before each run: the previous file is removed and `sync` plus drop_caches settle the disk. The
+order of the variants rotates every round so none always gets the same position. Prints every
+run, the median GiB/s per variant and the ratios deepnvme/torch, mount/torch and each/fio.
+GiB = 2^30 bytes. The whole time of the call is measured (serialization included), as a
+training loop would see it.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "build", "python"))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import deepnvme  # noqa: E402
+
+GiB = 1 << 30
+
+
+def die(msg):
+    sys.exit("checkpoint.py: " + msg)
+
+
+def size_arg(text):
+    m = re.fullmatch(r"(\d+)([KMGT]?)", text.strip().upper())
+    if not m or int(m.group(1)) == 0:
+        raise argparse.ArgumentTypeError("not a size: %r (use e.g. 512M or 1G)" % text)
+    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
+
+
+def settle():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        print("checkpoint.py: cannot drop caches (%s); results include cache effects" % e,
+              file=sys.stderr)
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_state(size, tensors):
+    per = size // tensors // 4
+    g = torch.Generator().manual_seed(0)
+    state = {"layer%02d.weight" % i: torch.randn(per, generator=g) for i in range(tensors)}
+    state["step"] = 1000
+    return state
+
+
+class DnvmeMount:
+    """dnvmefs BACKING MNT -f in a child; unmounted and stopped on exit, also on failure."""
+
+    def __init__(self, backing, mnt, options):
+        self.backing, self.mnt = backing, mnt
+        binary = os.path.join(ROOT, "build", "bin", "dnvmefs")
+        if not os.access(binary, os.X_OK):
+            die("%s not found: run scripts/build.sh first" % binary)
+        argv = [binary, backing, mnt, "-f"] + (["-o", options] if options else [])
+        self.log = open(os.path.join(os.path.dirname(mnt), "dnvmefs.log"), "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 15
+        while not os.path.ismount(mnt):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.close()
+                die("dnvmefs did not mount %s (see %s)" % (mnt, self.log.name))
+            time.sleep(0.05)
+
+    def close(self):
+        if os.path.ismount(self.mnt):
+            subprocess.run(["fusermount3", "-u", self.mnt], check=False)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if os.path.ismount(self.mnt):
+            subprocess.run(["umount", "-l", self.mnt], check=False)
+        self.log.close()
+
+
+def run_fio(directory, size):
+    name = os.path.join(directory, "fio.dat")
+    out = subprocess.run(
+        ["fio", "--name=raw", "--filename=" + name, "--rw=write", "--ioengine=libaio",
+         "--direct=1", "--iodepth=32", "--bs=1M", "--size=%d" % size, "--end_fsync=1",
+         "--fallocate=none", "--output-format=json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        die("fio failed: " + out.stderr[-2000:])
+    job = json.loads(out.stdout)["jobs"][0]
+    os.unlink(name)
+    return job["write"]["bw_bytes"]  # O_DIRECT: the closing fsync has nothing left to flush
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default=os.path.join(ROOT, "var", "bench-checkpoint"))
+    ap.add_argument("--size", type=size_arg, default=GiB)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tensors", type=int, default=16)
+    ap.add_argument("--mount-options", default="")
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    if args.runs < 1 or args.tensors < 1:
+        die("--runs and --tensors must be >= 1")
+    if shutil.which("fio") is None:
+        die("fio is missing (apt-get install fio)")
+    if os.geteuid() != 0:
+        print("checkpoint.py: not root: caches are not dropped", file=sys.stderr)
+
+    os.makedirs(args.dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="ckpt-", dir=args.dir)
+    backing, mnt = os.path.join(work, "backing"), os.path.join(work, "mnt")
+    os.mkdir(backing)
+    os.mkdir(mnt)
+    print("checkpoint.py: %s state dict (%d tensors) into %s; torch %s; %d rounds" %
+          (args.size, args.tensors, work, torch.__version__, args.runs))
+    state = make_state(args.size, args.tensors)
+    handle = deepnvme.aio_handle()  # DeepSpeed's defaults, as deepnvme.save uses
+    results = {"torch": [], "deepnvme": [], "mount": [], "fio": []}
+    mount = DnvmeMount(backing, mnt, args.mount_options)
+    try:
+        def torch_save(path):
+            torch.save(state, path)
+            fsync_path(path)
+
+        variants = {
+            "torch": lambda: torch_save(os.path.join(work, "x.pt")),
+            "deepnvme": lambda: deepnvme.save(state, os.path.join(work, "x.pt"), handle),
+            "mount": lambda: torch_save(os.path.join(mnt, "x.pt")),
+        }
+        order = ["torch", "deepnvme", "mount", "fio"]
+        for r in range(args.runs):
+            rot = order[r % len(order):] + order[:r % len(order)]
+            for name in rot:
+                for leftover in (os.path.join(work, "x.pt"), os.path.join(backing, "x.pt")):
+                    if os.path.exists(leftover):
+                        os.unlink(leftover)
+                settle()
+                if name == "fio":
+                    rate = run_fio(work, args.size) / GiB
+                else:
+                    t0 = time.perf_counter()
+                    variants[name]()
+                    dt = time.perf_counter() - t0
+                    written = os.path.getsize(os.path.join(backing if name == "mount" else work,
+                                                           "x.pt"))
+                    rate = written / GiB / dt
+                results[name].append(rate)
+                print("  round %d %-8s %6.3f GiB/s" % (r + 1, name, rate), flush=True)
+    finally:
+        mount.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print("\nmedian GiB/s over %d rounds:" % args.runs)
+    for k in ("fio", "torch", "deepnvme", "mount"):
+        print("  %-8s %6.3f   (%.2f of fio raw)" % (k, med[k], med[k] / med["fio"]))
+    ratios = {"deepnvme_vs_torch": med["deepnvme"] / med["torch"],
+              "mount_vs_torch": med["mount"] / med["torch"]}
+    print("ratios (goal >= 4): deepnvme.save / torch.save = %.2fx, mount / torch.save = %.2fx" %
+          (ratios["deepnvme_vs_torch"], ratios["mount_vs_torch"]))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"size": args.size, "runs": results, "median": med, "ratios": ratios}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
