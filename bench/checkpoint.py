@@ -13,8 +13,13 @@ round, by each variant into the same directory DIR on one disk:
               directory is DIR/backing (started by this script, -f, always unmounted)
   fio         fio --ioengine=libaio --direct=1 --iodepth=32 --bs=1M --rw=write --end_fsync=1
               of SIZE in DIR: the disk's raw O_DIRECT write speed, the yardstick
-Before each run: the previous file is removed and `sync` plus drop_caches settle the disk. The
-order of the variants rotates every round so none always gets the same position. Prints every
+Then the load side, on one file written by deepnvme.save, cold every time (drop_caches before
+each run), the order rotating per round:
+  torch.load      torch.load(DIR/x.pt)
+  deepnvme.load   deepnvme.load(DIR/x.pt): one parallel O_DIRECT read, then torch.load from memory
+  fio read        fio --rw=read, same flags, on that file: the raw read speed
+Before each save run the previous file is removed and `sync` plus drop_caches settle the disk.
+The order of the variants rotates every round so none always gets the same position. Prints every
 run, the median GiB/s per variant and the ratios deepnvme/torch, mount/torch and each/fio.
 GiB = 2^30 bytes. The whole time of the call is measured (serialization included), as a
 training loop would see it.
@@ -113,17 +118,17 @@ class DnvmeMount:
         self.log.close()
 
 
-def run_fio(directory, size):
-    name = os.path.join(directory, "fio.dat")
+def run_fio(name, size, rw="write"):
     out = subprocess.run(
-        ["fio", "--name=raw", "--filename=" + name, "--rw=write", "--ioengine=libaio",
+        ["fio", "--name=raw", "--filename=" + name, "--rw=" + rw, "--ioengine=libaio",
          "--direct=1", "--iodepth=32", "--bs=1M", "--size=%d" % size, "--end_fsync=1",
          "--fallocate=none", "--output-format=json"], capture_output=True, text=True)
     if out.returncode != 0:
         die("fio failed: " + out.stderr[-2000:])
     job = json.loads(out.stdout)["jobs"][0]
-    os.unlink(name)
-    return job["write"]["bw_bytes"]  # O_DIRECT: the closing fsync has nothing left to flush
+    if rw == "write":
+        os.unlink(name)
+    return job[rw if rw == "write" else "read"]["bw_bytes"]  # O_DIRECT: fsync has nothing left
 
 
 def main():
@@ -151,7 +156,8 @@ def main():
           (args.size, args.tensors, work, torch.__version__, args.runs))
     state = make_state(args.size, args.tensors)
     handle = deepnvme.aio_handle()  # DeepSpeed's defaults, as deepnvme.save uses
-    results = {"torch": [], "deepnvme": [], "mount": [], "fio": []}
+    results = {"torch": [], "deepnvme": [], "mount": [], "fio": [], "torch.load": [],
+               "deepnvme.load": [], "fio read": []}
     mount = DnvmeMount(backing, mnt, args.mount_options)
     try:
         def torch_save(path):
@@ -172,7 +178,7 @@ def main():
                         os.unlink(leftover)
                 settle()
                 if name == "fio":
-                    rate = run_fio(work, args.size) / GiB
+                    rate = run_fio(os.path.join(work, "fio.dat"), args.size) / GiB
                 else:
                     t0 = time.perf_counter()
                     variants[name]()
@@ -182,6 +188,27 @@ def main():
                     rate = written / GiB / dt
                 results[name].append(rate)
                 print("  round %d %-8s %6.3f GiB/s" % (r + 1, name, rate), flush=True)
+
+        # Load: one file, read cold by each variant in turn.
+        ckpt = os.path.join(work, "x.pt")
+        size = deepnvme.save(state, ckpt, handle)
+        loaders = {"torch.load": lambda: torch.load(ckpt),
+                   "deepnvme.load": lambda: deepnvme.load(ckpt)}  # its default read handle
+        order = ["torch.load", "deepnvme.load", "fio read"]
+        for r in range(args.runs):
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                settle()
+                if name == "fio read":
+                    rate = run_fio(ckpt, size, "read") / GiB
+                else:
+                    t0 = time.perf_counter()
+                    loaded = loaders[name]()
+                    rate = size / GiB / (time.perf_counter() - t0)
+                    if not torch.equal(loaded["layer00.weight"], state["layer00.weight"]):
+                        die("%s returned different data" % name)
+                    del loaded
+                results[name].append(rate)
+                print("  round %d %-13s %6.3f GiB/s" % (r + 1, name, rate), flush=True)
     finally:
         mount.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -190,10 +217,17 @@ def main():
     print("\nmedian GiB/s over %d rounds:" % args.runs)
     for k in ("fio", "torch", "deepnvme", "mount"):
         print("  %-8s %6.3f   (%.2f of fio raw)" % (k, med[k], med[k] / med["fio"]))
+    for k in ("fio read", "torch.load", "deepnvme.load"):
+        print("  %-13s %6.3f   (%.2f of fio raw read)" % (k, med[k], med[k] / med["fio read"]))
     ratios = {"deepnvme_vs_torch": med["deepnvme"] / med["torch"],
-              "mount_vs_torch": med["mount"] / med["torch"]}
-    print("ratios (goal >= 4): deepnvme.save / torch.save = %.2fx, mount / torch.save = %.2fx" %
-          (ratios["deepnvme_vs_torch"], ratios["mount_vs_torch"]))
+              "mount_vs_torch": med["mount"] / med["torch"],
+              "ceiling_fio_vs_torch": med["fio"] / med["torch"],
+              "load_deepnvme_vs_torch": med["deepnvme.load"] / med["torch.load"]}
+    print("ratios (goal >= 4): deepnvme.save / torch.save = %.2fx, mount / torch.save = %.2fx "
+          "(fio raw / torch.save, the most any writer can reach on this disk: %.2fx)" %
+          (ratios["deepnvme_vs_torch"], ratios["mount_vs_torch"],
+           ratios["ceiling_fio_vs_torch"]))
+    print("load: deepnvme.load / torch.load = %.2fx" % ratios["load_deepnvme_vs_torch"])
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"size": args.size, "runs": results, "median": med, "ratios": ratios}, f,

@@ -19,6 +19,7 @@ Thread safety: one FastFileWriter per thread. The default handle shared by save/
 from several threads (the writer submits with thread-safe file operations).
 """
 
+import errno
 import io
 import os
 import threading
@@ -32,6 +33,7 @@ DEFAULT_NUM_BUFFERS = 3
 
 _default_lock = threading.Lock()
 _default = None
+_default_read = None
 _pools = {}  # (buffer_bytes, num_buffers) -> BufferPool, guarded by _default_lock
 
 
@@ -304,11 +306,79 @@ def read_file(path, handle=None):
     return memoryview(memory)
 
 
+class _DirectReader(io.RawIOBase):
+    """A seekable file that reads large requests (a tensor's storage: torch.load reads each
+    record straight into the storage it allocated) with the handle's parallel O_DIRECT reads,
+    and small ones (zip headers, the pickle) with plain pread."""
+
+    LARGE = 1 << 20
+
+    def __init__(self, path, handle):
+        super().__init__()
+        self.name = path
+        self._handle = handle
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._size = os.fstat(self._fd).st_size
+        self._pos = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def readinto(self, b):
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        view = memoryview(b).cast("B")[:n]
+        if n >= self.LARGE:
+            self._handle.sync_pread(view, self.name, self._pos)
+        else:
+            done = 0
+            while done < n:
+                got = os.preadv(self._fd, [view[done:]], self._pos + done)
+                if got == 0:
+                    raise OSError(errno.ENODATA, "file shrank while loading", self.name)
+                done += got
+        self._pos += n
+        return n
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position %d" % (base + offset))
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self):
+        return self._pos
+
+    def close(self):
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+
+def default_read_handle():
+    """The handle load() uses when none is given: two workers, because torch's storages are not
+    page-aligned, so every large read lands through pinned bounce buffers and the copy out of
+    them is CPU work worth spreading (measured in docs/performance.md)."""
+    global _default_read
+    with _default_lock:
+        if _default_read is None:
+            _default_read = aio_handle(intra_op_parallelism=2)
+        return _default_read
+
+
 def load(path, map_location=None, handle=None, **torch_load_kwargs):
-    """torch.load of a file read in one parallel O_DIRECT pass (any torch.save file)."""
+    """torch.load of any torch.save file, each tensor's bytes read straight into its storage by
+    the handle's parallel O_DIRECT reads (no intermediate copy of the file)."""
     torch = _torch()
-    view = read_file(path, handle)
-    return torch.load(_MemoryReader(view), map_location=map_location, **torch_load_kwargs)
+    if handle is None:
+        handle = default_read_handle()
+    with _DirectReader(_path(path), _native(handle)) as f:
+        return torch.load(f, map_location=map_location, **torch_load_kwargs)
 
 
 __all__ = ["FastFileWriter", "save", "load", "read_file", "default_handle", "buffer_pool"]
