@@ -162,18 +162,17 @@ class HostBuffer {
   size_t size_ = 0;
 };
 
-// A contiguous, read-only view of any buffer-protocol object; released (with the GIL) on scope
-// exit.
-class ReadView {
+// A C-contiguous view of any buffer-protocol object (writable when asked: a read target);
+// released (with the GIL) on scope exit.
+class BufferView {
  public:
-  explicit ReadView(py::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
-      throw py::error_already_set();
-    }
+  explicit BufferView(py::handle obj, bool writable = false) {
+    const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) throw py::error_already_set();
   }
-  ~ReadView() { PyBuffer_Release(&view_); }
-  ReadView(const ReadView&) = delete;
-  ReadView& operator=(const ReadView&) = delete;
+  ~BufferView() { PyBuffer_Release(&view_); }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
   const void* data() const { return view_.buf; }
   size_t size() const { return static_cast<size_t>(view_.len); }
 
@@ -225,7 +224,7 @@ class PyFastWriter {
   size_t write(py::handle obj) {
     if (!writer_ || writer_->closed())
       throw py::value_error("write to closed file '" + path_ + "'");
-    ReadView view(obj);
+    BufferView view(obj);
     const int64_t at = writer_->position();
     dnvme::Status st;
     {
@@ -337,13 +336,9 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "buffer_address",
       [](py::handle obj, bool writable) {
-        Py_buffer view{};
-        const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) throw py::error_already_set();
-        const auto address = reinterpret_cast<uintptr_t>(view.buf);
-        const auto size = static_cast<int64_t>(view.len);
-        PyBuffer_Release(&view);
-        return py::make_tuple(address, size);
+        BufferView view(obj, writable);
+        return py::make_tuple(reinterpret_cast<uintptr_t>(view.data()),
+                              static_cast<int64_t>(view.size()));
       },
       py::arg("obj"), py::arg("writable"));
   m.def("pinned_bytes_in_use", &dnvme::PinnedBytesInUse);

@@ -260,40 +260,6 @@ def _save_data_parallel(obj, path, handle, buffer_bytes, num_buffers, fsync, gro
     return length
 
 
-class _MemoryReader(io.RawIOBase):
-    """A seekable read-only file over a memoryview (what torch.load reads from)."""
-
-    def __init__(self, view):
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def readinto(self, b):
-        n = min(len(b), len(self._view) - self._pos)
-        if n <= 0:
-            return 0
-        memoryview(b).cast("B")[:n] = self._view[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset, whence=io.SEEK_SET):
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        pos = base + offset
-        if pos < 0:
-            raise ValueError("negative seek position %d" % pos)
-        self._pos = pos
-        return pos
-
-    def tell(self):
-        return self._pos
-
-
 def read_file(path, handle=None):
     """The whole file read with parallel O_DIRECT into fresh page-aligned memory (a memoryview)."""
     handle = _native(handle)

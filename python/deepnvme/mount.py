@@ -232,7 +232,9 @@ class Mount:
     def register(self, buffer):
         """(buffer id, buffer offset) of a tensor/array/buffer in shared memory, registering the
         /dev/shm pages it lies in on first use."""
-        address, nbytes = _buffer(buffer, writable=False)
+        return self._locate(*_buffer(buffer, writable=False))
+
+    def _locate(self, address, nbytes):
         for start, size, buffer_id, _ in self._regions:
             if start <= address and address + nbytes <= start + size:
                 return buffer_id, address - start
@@ -253,8 +255,8 @@ class Mount:
 
     # --- transfers ----------------------------------------------------------------------------
     def _transfer(self, op, buffer, path, file_offset, async_op, handle, length):
-        buffer_id, buffer_offset = self.register(buffer)
-        _, nbytes = _buffer(buffer, writable=(op == "pread"))
+        address, nbytes = _buffer(buffer, writable=(op == "pread"))
+        buffer_id, buffer_offset = self._locate(address, nbytes)
         if length is None:
             length = nbytes
         if not 0 <= length <= nbytes:
