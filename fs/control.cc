@@ -176,7 +176,8 @@ CtlSession::~CtlSession() {
   std::lock_guard lock(mu_);
   for (auto& [id, h] : handles_) ReleaseHandle(*h);
   handles_.clear();  // destroys the engines (nothing in flight)
-  for (auto& [id, map] : buffers_) ReleaseBuffer(*map);
+  for (auto& [id, map] : buffers_) ReleaseBuffer(map->size());
+  for (auto& [id, g] : gpu_buffers_) ReleaseBuffer(g->size);
   fs_.ctl_counters().sessions_open.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -286,18 +287,20 @@ size_t CtlSession::ReleaseHandle(CtlHandle& h) {
   return done.size();
 }
 
-void CtlSession::ReleaseBuffer(const ClientMapping& map) {
-  fs_.ReleaseBufferQuota(owner_, map.size());
+void CtlSession::ReleaseBuffer(int64_t size) {
+  fs_.ReleaseBufferQuota(owner_, size);
   fs_.ctl_counters().buffers_registered.fetch_sub(1, std::memory_order_relaxed);
-  fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(map.size()),
+  fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(size),
                                                 std::memory_order_relaxed);
 }
 
 Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& caller) {
-  if (static_cast<int64_t>(buffers_.size()) >= fs_.ctl_limits().max_buffers) {
-    return Err(EMFILE, "this session already has " + std::to_string(buffers_.size()) +
+  const size_t registered = buffers_.size() + gpu_buffers_.size();
+  if (static_cast<int64_t>(registered) >= fs_.ctl_limits().max_buffers) {
+    return Err(EMFILE, "this session already has " + std::to_string(registered) +
                            " buffers registered (the limit)");
   }
+  if (!r.cuda_ipc.empty()) return RegisterCuda(r);
   std::string source = r.shm.empty() ? r.source : "/dev/shm/" + r.shm;
   // Only shared-memory objects, named in one of two shapes; anything else (a file of this mount,
   // a device) is refused before it is opened.
@@ -335,7 +338,72 @@ Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& call
   return json{{"buffer", id}, {"size", size}, {"writable", writable}, {"sealed", sealed}}.dump();
 }
 
+// GPU memory of the client: possession of the IPC handle is the permission (CUDA's model: only
+// a process the owner handed the handle to can open it). CUDA is first initialised here, long
+// after the daemon forked (main.cc defers it until then).
+Result<std::string> CtlSession::RegisterCuda(const CtlRequest& r) {
+  DNVME_RETURN_IF_ERROR(gpu::DecodeIpcHandleHex(r.cuda_ipc).status());
+  auto opened = gpu::IpcMapping::Open(r.cuda_ipc, static_cast<int>(r.cuda_device));
+  if (!opened.ok()) {
+    const Status& st = opened.status();
+    // No device or no CUDA in this daemon: ENODEV, with the reason.
+    if (st.code() == Status::Code::kUnsupported) {
+      return Err(ENODEV, "cannot open the CUDA IPC handle: " + st.message());
+    }
+    return st.WithContext("cudaIpcOpenMemHandle");
+  }
+  auto g = std::make_shared<CtlGpuBuffer>();
+  g->ipc = std::move(opened).value();
+  const int64_t total = g->ipc->allocation_size();
+  if (r.region_offset > total || r.region_size > total - r.region_offset) {
+    return Err(EINVAL, "offset " + std::to_string(r.region_offset) + " + size " +
+                           std::to_string(r.region_size) + " is past the end of the " +
+                           std::to_string(total) + "-byte CUDA allocation");
+  }
+  g->data = g->ipc->data() + r.region_offset;
+  g->size = r.region_size > 0 ? r.region_size : total - r.region_offset;
+  g->device = static_cast<int>(r.cuda_device);
+  DNVME_RETURN_IF_ERROR(fs_.TakeBufferQuota(owner_, g->size));
+  const int64_t id = next_buffer_++;
+  const int64_t size = g->size;
+  gpu_buffers_[id] = std::move(g);
+  fs_.ctl_counters().buffers_registered.fetch_add(1, std::memory_order_relaxed);
+  fs_.ctl_counters().bytes_registered.fetch_add(static_cast<uint64_t>(size),
+                                                std::memory_order_relaxed);
+  return json{{"buffer", id},    {"size", size}, {"writable", true},
+              {"sealed", false}, {"gpu", true},  {"device", r.cuda_device}}
+      .dump();
+}
+
+Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device) {
+  if (h.gds != nullptr) {
+    if (h.gds_device != device) {
+      return Err(EINVAL, "this handle already serves CUDA device " + std::to_string(h.gds_device) +
+                             "; open another handle for device " + std::to_string(device));
+    }
+    return h.gds.get();
+  }
+  GdsOptions o;
+  o.device = device;
+  auto made = GdsHandle::Create(h.engine->config(), o);
+  if (!made.ok()) return made.status().WithContext("GPU engine for this handle");
+  h.gds = std::move(made).value();
+  h.gds_device = device;
+  Logger().info("control file: GPU transfers on device {} use {} ({})", device,
+                GdsModeName(h.gds->mode()), h.gds->mode_reason());
+  return h.gds.get();
+}
+
 Result<std::string> CtlSession::Unregister(int64_t id) {
+  if (auto g = gpu_buffers_.find(id); g != gpu_buffers_.end()) {
+    if (g->second.use_count() > 1) {
+      return Err(EBUSY, "buffer " + std::to_string(id) +
+                            " has transfers in flight or not yet collected by wait");
+    }
+    ReleaseBuffer(g->second->size);
+    gpu_buffers_.erase(g);
+    return std::string("{}");
+  }
   auto it = buffers_.find(id);
   if (it == buffers_.end())
     return Err(EBADF, "no buffer " + std::to_string(id) + " in this session");
@@ -344,7 +412,7 @@ Result<std::string> CtlSession::Unregister(int64_t id) {
     return Err(EBUSY, "buffer " + std::to_string(id) +
                           " has transfers in flight or not yet collected by wait");
   }
-  ReleaseBuffer(*it->second);
+  ReleaseBuffer(it->second->size());
   buffers_.erase(it);
   return std::string("{}");
 }
@@ -359,6 +427,7 @@ void CtlSession::FinishRecord(CtlOpRecord& rec) {
   }
   rec.file = FileRef();
   rec.buffer.reset();
+  rec.gpu_buffer.reset();
 }
 
 Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& caller) {
@@ -368,23 +437,28 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
     return Err(EBADF, "no handle " + std::to_string(r.handle) + " in this session");
   }
   auto bit = buffers_.find(r.buffer);
-  if (bit == buffers_.end()) {
+  auto git = gpu_buffers_.find(r.buffer);
+  if (bit == buffers_.end() && git == gpu_buffers_.end()) {
     return Err(EBADF, "no buffer " + std::to_string(r.buffer) + " in this session");
   }
   CtlHandle& h = *hit->second;
-  std::shared_ptr<ClientMapping> map = bit->second;
-  if (r.buffer_offset > map->size() || r.length > map->size() - r.buffer_offset) {
+  std::shared_ptr<ClientMapping> map = bit != buffers_.end() ? bit->second : nullptr;
+  std::shared_ptr<CtlGpuBuffer> gbuf = map == nullptr ? git->second : nullptr;
+  const int64_t bsize = map != nullptr ? map->size() : gbuf->size;
+  if (r.buffer_offset > bsize || r.length > bsize - r.buffer_offset) {
     return Err(EINVAL, "buffer_offset " + std::to_string(r.buffer_offset) + " + length " +
                            std::to_string(r.length) + " is past the end of buffer " +
-                           std::to_string(r.buffer) + " (" + std::to_string(map->size()) +
-                           " bytes)");
+                           std::to_string(r.buffer) + " (" + std::to_string(bsize) + " bytes)");
   }
-  if (!write && !map->writable()) {
+  GdsHandle* gds = nullptr;
+  if (gbuf != nullptr) {
+    DNVME_ASSIGN_OR_RETURN(gds, GpuEngine(h, gbuf->device));
+  } else if (!write && !map->writable()) {
     return Err(EACCES, "buffer " + std::to_string(r.buffer) +
                            " is registered read-only (the caller may not write it): it can be "
                            "the source of a pwrite, not the target of a pread");
   }
-  if (map->revoked())
+  if (map != nullptr && map->revoked())
     return Err(EFAULT, "buffer " + std::to_string(r.buffer) + " was shrunk by its owner");
 
   // Open the file as the caller: the same permission decision as open(2) on the mount.
@@ -414,6 +488,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   rec->file_offset = r.file_offset;
   rec->length = r.length;
   rec->buffer = map;
+  rec->gpu_buffer = gbuf;
   // Coherence with the mount: data still in the mount's write-behind must reach the file first
   // (a read sees it; a write is not overwritten by it later).
   rec->pinned = fs_.PinInode(st.st_dev, st.st_ino);
@@ -424,19 +499,28 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
       return drained;
     }
   }
-  auto file = h.engine->adopt_fd(fd.get(), write ? FileAccess::kWrite : FileAccess::kRead);
-  if (!file.ok()) {
-    FinishRecord(*rec);
-    return file.status();
+  // GPU buffers go through the handle's GdsHandle, which reopens `fd` itself.
+  if (gds == nullptr) {
+    auto file = h.engine->adopt_fd(fd.get(), write ? FileAccess::kWrite : FileAccess::kRead);
+    if (!file.ok()) {
+      FinishRecord(*rec);
+      return file.status();
+    }
+    rec->file = std::move(file).value();
   }
-  rec->file = std::move(file).value();
-  char* buf = map->data() + r.buffer_offset;
+  char* buf = (map != nullptr ? map->data() : gbuf->data) + r.buffer_offset;
   CtlCounters& cc = fs_.ctl_counters();
 
   if (!r.async) {
-    Status st2 = write ? h.engine->sync_pwrite(buf, r.length, rec->file, r.file_offset)
-                       : h.engine->sync_pread(buf, r.length, rec->file, r.file_offset);
-    if (st2.ok() && map->revoked()) {
+    Status st2;
+    if (gds != nullptr) {
+      st2 = write ? gds->sync_pwrite(buf, r.length, fd.get(), r.file_offset)
+                  : gds->sync_pread(buf, r.length, fd.get(), r.file_offset);
+    } else {
+      st2 = write ? h.engine->sync_pwrite(buf, r.length, rec->file, r.file_offset)
+                  : h.engine->sync_pread(buf, r.length, rec->file, r.file_offset);
+    }
+    if (st2.ok() && map != nullptr && map->revoked()) {
       st2 = Err(EFAULT, "buffer " + std::to_string(r.buffer) +
                             " was shrunk by its owner during the transfer");
     }
@@ -468,7 +552,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
       std::lock_guard hl(hp->m);
       rec->bytes_done = res.bytes_done;
       rec->status = res.status;
-      if (rec->status.ok() && rec->buffer->revoked()) {
+      if (rec->status.ok() && rec->buffer != nullptr && rec->buffer->revoked()) {
         rec->status =
             Status::IoError(EFAULT, "the buffer was shrunk by its owner during the transfer");
       }
@@ -483,8 +567,14 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
     }
     hp->cv.notify_all();
   };
-  Status sub = write ? h.engine->submit_pwrite(buf, r.length, rec->file, r.file_offset, done)
-                     : h.engine->submit_pread(buf, r.length, rec->file, r.file_offset, done);
+  Status sub;
+  if (gds != nullptr) {
+    sub = write ? gds->submit_pwrite(buf, r.length, fd.get(), r.file_offset, done)
+                : gds->submit_pread(buf, r.length, fd.get(), r.file_offset, done);
+  } else {
+    sub = write ? h.engine->submit_pwrite(buf, r.length, rec->file, r.file_offset, done)
+                : h.engine->submit_pread(buf, r.length, rec->file, r.file_offset, done);
+  }
   if (!sub.ok()) {
     {
       std::lock_guard hl(h.m);

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "dnvme/gds_handle.h"
+#include "dnvme/gpu.h"
 #include "dnvme/handle.h"
 #include "fs/client_memory.h"
 #include "fs/ctl_protocol.h"
@@ -65,6 +67,15 @@ struct CtlLimits {
   int64_t max_pending = 4096;                    // async operations not yet collected, per handle
 };
 
+// A client's GPU memory, opened from its CUDA IPC handle (buffer.register with cuda_ipc): the
+// range [data, data + size) of the exported allocation. Closed with the last reference.
+struct CtlGpuBuffer {
+  std::unique_ptr<gpu::IpcMapping> ipc;
+  char* data = nullptr;
+  int64_t size = 0;
+  int device = 0;
+};
+
 // One asynchronous or finished transfer of a session.
 struct CtlOpRecord {
   uint64_t op_id = 0;
@@ -76,13 +87,18 @@ struct CtlOpRecord {
   Status status;
   // Held until the outcome is collected: the buffer (kept mapped), the inode pin (for coherence
   // work after a write), the file.
-  std::shared_ptr<ClientMapping> buffer;
+  std::shared_ptr<ClientMapping> buffer;     // shared memory, or
+  std::shared_ptr<CtlGpuBuffer> gpu_buffer;  // GPU memory
   Inode* pinned = nullptr;
   FileRef file;
 };
 
 struct CtlHandle {
   std::unique_ptr<AioHandle> engine;
+  // For transfers into GPU memory: created on the first one, with the engine's configuration, on
+  // the buffer's device (GDS where cuFile offers it, else the bounce path).
+  std::unique_ptr<GdsHandle> gds;
+  int gds_device = 0;
   std::mutex m;
   std::condition_variable cv;
   std::vector<std::shared_ptr<CtlOpRecord>> ops;  // guarded by m; submission order
@@ -104,6 +120,7 @@ class CtlSession {
   Result<std::string> OpenHandle(const CtlRequest& r);
   Result<std::string> CloseHandle(int64_t id);
   Result<std::string> Register(const CtlRequest& r, const Caller& caller);
+  Result<std::string> RegisterCuda(const CtlRequest& r);
   Result<std::string> Unregister(int64_t id);
   Result<std::string> Transfer(const CtlRequest& r, const Caller& caller);
   Result<std::string> Wait(int64_t id);
@@ -115,7 +132,9 @@ class CtlSession {
   // back (the caller then drops `h`); returns how many outcomes were never collected.
   size_t ReleaseHandle(CtlHandle& h);
   // Gives a buffer's quota and counters back (the caller then drops the mapping).
-  void ReleaseBuffer(const ClientMapping& map);
+  void ReleaseBuffer(int64_t size);
+  // The handle's GdsHandle for GPU buffers on `device`, created on first use.
+  Result<GdsHandle*> GpuEngine(CtlHandle& h, int device);
 
   Fs& fs_;
   const uid_t owner_;
@@ -126,6 +145,7 @@ class CtlSession {
   uint64_t next_op_ = 1;
   std::map<int64_t, std::unique_ptr<CtlHandle>> handles_;
   std::map<int64_t, std::shared_ptr<ClientMapping>> buffers_;
+  std::map<int64_t, std::shared_ptr<CtlGpuBuffer>> gpu_buffers_;  // ids shared with buffers_
 };
 
 }  // namespace dnvme::fs

@@ -59,7 +59,10 @@ const std::vector<OpSpec>& Specs() {
        {"block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism",
         "direct", "fdatasync_on_write", "bounce_bytes_per_worker"}},
       {"handle.close", CtlOp::kHandleClose, {"handle"}, {}},
-      {"buffer.register", CtlOp::kBufferRegister, {}, {"shm", "source", "offset", "size"}},
+      {"buffer.register",
+       CtlOp::kBufferRegister,
+       {},
+       {"shm", "source", "cuda_ipc", "device", "offset", "size"}},
       {"buffer.unregister", CtlOp::kBufferUnregister, {"buffer"}, {}},
       {"pread",
        CtlOp::kPread,
@@ -270,13 +273,27 @@ Result<CtlRequest> ParseCtlRequest(std::string_view text, const std::string& mou
       break;
     }
     case CtlOp::kBufferRegister: {
-      const bool has_shm = j.contains("shm"), has_source = j.contains("source");
-      if (has_shm == has_source) {
+      const bool has_shm = j.contains("shm"), has_source = j.contains("source"),
+                 has_cuda = j.contains("cuda_ipc");
+      if (int{has_shm} + int{has_source} + int{has_cuda} != 1) {
         return Err(EINVAL,
-                   "buffer.register needs exactly one of 'shm' (a /dev/shm name) and "
-                   "'source' (/dev/shm/NAME or /proc/PID/fd/N)");
+                   "buffer.register needs exactly one of 'shm' (a /dev/shm name), 'source' "
+                   "(/dev/shm/NAME or /proc/PID/fd/N) and 'cuda_ipc' (a CUDA IPC memory handle "
+                   "as 128 hex digits)");
       }
-      if (has_shm) {
+      if (j.contains("device") && !has_cuda) {
+        return Err(EINVAL, "'device' belongs to a 'cuda_ipc' registration");
+      }
+      if (has_cuda) {
+        DNVME_ASSIGN_OR_RETURN(r.cuda_ipc, GetString(j, "cuda_ipc", 128));
+        if (r.cuda_ipc.size() != 128 ||
+            r.cuda_ipc.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+          return Err(EINVAL, "'cuda_ipc' must be exactly 128 hex digits (cudaIpcMemHandle_t)");
+        }
+        if (j.contains("device")) {
+          DNVME_ASSIGN_OR_RETURN(r.cuda_device, GetCount(j, "device", 1023));
+        }
+      } else if (has_shm) {
         DNVME_ASSIGN_OR_RETURN(r.shm, GetString(j, "shm", 255));
         if (r.shm.empty() || r.shm == "." || r.shm == ".." ||
             r.shm.find('/') != std::string::npos) {

@@ -64,6 +64,11 @@ struct CtlRequest {
   std::string source;
   int64_t region_offset = 0;
   int64_t region_size = 0;
+  // ... or `cuda_ipc`: another process's GPU memory (a cudaIpcMemHandle_t as 128 hex digits) on
+  // CUDA device `device` (default 0); offset (any byte) and size (0: to the allocation's end)
+  // select a range inside the exported allocation.
+  std::string cuda_ipc;
+  int64_t cuda_device = 0;
 
   // pread / pwrite / fsync.
   std::string path;  // relative to the mount root, normalised: no leading '/', no '.' parts

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dnvme/gpu.h"
 #include "dnvme/log.h"
 #include "engine/common/log.h"
 #include "fs/caps.h"
@@ -132,6 +133,9 @@ dnvme::Status DropCaps() {
 
 int main(int argc, char** argv) {
   using dnvme::Logger;
+  // cuFile forbids fork after its initialisation and a CUDA context does not survive fork: no
+  // CUDA until fuse_daemonize has forked (gpu.h).
+  dnvme::gpu::DeferCudaInit("dnvmefs has not daemonized yet");
   auto parsed = dnvme::fs::ParseMountOptions(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "dnvmefs: error: %s (see dnvmefs --help)\n",
@@ -193,7 +197,11 @@ int main(int argc, char** argv) {
                  opts.mountpoint.c_str());
   } else {
     // The parent of fuse_daemonize exits once the child is set up; the mount is live already.
-    if (fuse_daemonize(opts.foreground ? 1 : 0) != 0) {
+    const bool daemonized = fuse_daemonize(opts.foreground ? 1 : 0) == 0;
+    // Forked for good: CUDA (and cuFile) may start from now on, on the first GPU registration
+    // through the control file.
+    if (daemonized) dnvme::gpu::AllowCudaInit();
+    if (!daemonized) {
       Logger().error("daemonize failed");
     } else if (auto caps = DropCaps(); !caps.ok()) {
       Logger().error("dropping capabilities failed: {}", caps.ToString());

@@ -8,13 +8,23 @@
 //
 //   AioHandle   dnvme::AioHandle with DeepSpeed's construction arguments; pread/pwrite on
 //               addresses, wait, fsync, stats.
+//   GdsHandle   dnvme::GdsHandle (include/dnvme/gds_handle.h): the same calls for device or host
+//               addresses, plus the data path (mode), pin/unpin of device ranges and pinned
+//               device buffers.
+//   DeviceBuffer  device memory from GdsHandle.new_pinned_device_buffer, exported through
+//               __cuda_array_interface__ so torch.as_tensor(buf, device="cuda") / cupy view it.
 //   HostBuffer  page-aligned host memory, page-locked (pinned) or not, exported through the
 //               buffer protocol so torch.frombuffer / numpy.frombuffer view it without a copy.
 //   FastWriter  dnvme::FastWriter (include/dnvme/fast_writer.h) as a write-only binary stream.
 //
-// Thread safety: an AioHandle (and a FastWriter) is used by one Python thread at a time, as
-// DeepSpeed's aio_handle is; concurrent use from several threads is the caller's bug (the engine
-// does not synchronise submission against wait). HostBuffer is immutable after creation.
+// CUDA is touched only by the GPU calls (GdsHandle, export_cuda_ipc, cuda_unavailable_reason):
+// importing the module or moving host memory never initialises it, so a process that only uses
+// host memory may still fork.
+//
+// Thread safety: an AioHandle, a GdsHandle (and a FastWriter) is used by one Python thread at a
+// time, as DeepSpeed's handles are; concurrent use from several threads is the caller's bug (the
+// engine does not synchronise submission against wait). HostBuffer is immutable after creation;
+// a DeviceBuffer changes only when freed.
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -23,9 +33,12 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dnvme/config.h"
 #include "dnvme/fast_writer.h"
+#include "dnvme/gds_handle.h"
+#include "dnvme/gpu.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
@@ -48,18 +61,79 @@ struct IoFailure {
 
 void* ToPointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+dnvme::HandleConfig MakeConfig(int64_t block_size, int queue_depth, bool single_submit,
+                               bool overlap_events, int intra_op_parallelism) {
+  dnvme::HandleConfig config;
+  config.block_size = block_size;
+  config.queue_depth = queue_depth;
+  config.single_submit = single_submit;
+  config.overlap_events = overlap_events;
+  config.intra_op_parallelism = intra_op_parallelism;
+  // A bad value is the caller's mistake: ValueError naming the key, never an abort.
+  if (dnvme::Status st = config.Validate(); !st.ok()) throw py::value_error(st.message());
+  return config;
+}
+
+// DeepSpeed's return values: a synchronous operation returns 1 (the operations it completed), an
+// asynchronous one 0 (wait() counts it). Called with the GIL released.
+template <class Handle>
+int Transfer(Handle& h, bool read, uintptr_t address, int64_t num_bytes, const std::string& path,
+             bool validate, bool async_op, int64_t file_offset) {
+  dnvme::Status st =
+      read ? h.pread(ToPointer(address), num_bytes, path, validate, async_op, file_offset)
+           : h.pwrite(ToPointer(address), num_bytes, path, validate, async_op, file_offset);
+  if (!st.ok()) ThrowStatus(st, path, file_offset);
+  return async_op ? 0 : 1;
+}
+
+// Waits for every queued operation. Returns how many completed; when any failed, raises for the
+// first failure (all of them have finished by then, so the handle is idle and reusable). Called
+// with the GIL released.
+template <class Handle>
+int WaitAndRaise(Handle& h) {
+  const int n = h.wait();
+  int failed = 0;
+  const dnvme::OpResult* first = nullptr;
+  for (const dnvme::OpResult& r : h.completed()) {
+    if (r.status.ok()) continue;
+    ++failed;
+    if (first == nullptr) first = &r;
+  }
+  if (first != nullptr) {
+    std::string msg = first->status.message();
+    if (failed > 1) {
+      msg += " (" + std::to_string(failed) + " of " + std::to_string(n) +
+             " operations failed; this is the first)";
+    }
+    throw IoFailure{first->status.error_number(), msg, first->path,
+                    first->error_offset >= 0 ? first->error_offset : first->file_offset};
+  }
+  return n;
+}
+
+// Waits like WaitAndRaise but raises nothing: [(ok, errno, message, path, offset)] for every
+// operation, in submission order. The Python half merges the lists of two engines (an aio_handle
+// that moved host and CUDA buffers) in its own submission order before raising.
+template <class Handle>
+py::list WaitResults(Handle& h) {
+  {
+    py::gil_scoped_release release;
+    h.wait();
+  }
+  py::list out;
+  for (const dnvme::OpResult& r : h.completed()) {
+    out.append(py::make_tuple(r.status.ok(), r.status.error_number(), r.status.message(), r.path,
+                              r.error_offset >= 0 ? r.error_offset : r.file_offset));
+  }
+  return out;
+}
+
 class PyAioHandle {
  public:
   PyAioHandle(int64_t block_size, int queue_depth, bool single_submit, bool overlap_events,
               int intra_op_parallelism) {
-    dnvme::HandleConfig config;
-    config.block_size = block_size;
-    config.queue_depth = queue_depth;
-    config.single_submit = single_submit;
-    config.overlap_events = overlap_events;
-    config.intra_op_parallelism = intra_op_parallelism;
-    // A bad value is the caller's mistake: ValueError naming the key, never an abort.
-    if (dnvme::Status st = config.Validate(); !st.ok()) throw py::value_error(st.message());
+    const dnvme::HandleConfig config =
+        MakeConfig(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism);
     auto handle = dnvme::AioHandle::Create(config);
     if (!handle.ok()) ThrowStatus(handle.status(), "", -1);
     handle_ = std::move(handle).value();
@@ -72,45 +146,16 @@ class PyAioHandle {
   bool overlap_events() const { return handle_->get_overlap_events(); }
   int intra_op_parallelism() const { return handle_->get_intra_op_parallelism(); }
 
-  // DeepSpeed's return values: a synchronous operation returns 1 (the operations it completed),
-  // an asynchronous one 0 (wait() counts it).
   int pread(uintptr_t address, int64_t num_bytes, const std::string& path, bool validate,
             bool async_op, int64_t file_offset) {
-    dnvme::Status st =
-        handle_->pread(ToPointer(address), num_bytes, path, validate, async_op, file_offset);
-    if (!st.ok()) ThrowStatus(st, path, file_offset);
-    return async_op ? 0 : 1;
+    return Transfer(*handle_, true, address, num_bytes, path, validate, async_op, file_offset);
   }
   int pwrite(uintptr_t address, int64_t num_bytes, const std::string& path, bool validate,
              bool async_op, int64_t file_offset) {
-    dnvme::Status st =
-        handle_->pwrite(ToPointer(address), num_bytes, path, validate, async_op, file_offset);
-    if (!st.ok()) ThrowStatus(st, path, file_offset);
-    return async_op ? 0 : 1;
+    return Transfer(*handle_, false, address, num_bytes, path, validate, async_op, file_offset);
   }
-
-  // Waits for every queued operation. Returns how many completed; when any failed, raises for the
-  // first failure (all of them have finished by then, so the handle is idle and reusable).
-  int wait() {
-    const int n = handle_->wait();
-    int failed = 0;
-    const dnvme::OpResult* first = nullptr;
-    for (const dnvme::OpResult& r : handle_->completed()) {
-      if (r.status.ok()) continue;
-      ++failed;
-      if (first == nullptr) first = &r;
-    }
-    if (first != nullptr) {
-      std::string msg = first->status.message();
-      if (failed > 1) {
-        msg += " (" + std::to_string(failed) + " of " + std::to_string(n) +
-               " operations failed; this is the first)";
-      }
-      throw IoFailure{first->status.error_number(), msg, first->path,
-                      first->error_offset >= 0 ? first->error_offset : first->file_offset};
-    }
-    return n;
-  }
+  int wait() { return WaitAndRaise(*handle_); }
+  py::list wait_results() { return WaitResults(*handle_); }
   int pending() const { return handle_->pending(); }
 
   void fsync(const std::string& path) {
@@ -122,6 +167,137 @@ class PyAioHandle {
 
  private:
   std::unique_ptr<dnvme::AioHandle> handle_;
+};
+
+// Device memory from GdsHandle::new_pinned_device_buffer. Freed (and unpinned) when this object
+// goes, or earlier by GdsHandle.free_pinned_device_buffer, after which it is empty.
+class PyDeviceBuffer {
+ public:
+  explicit PyDeviceBuffer(dnvme::gpu::DeviceBuffer b) : buffer_(std::move(b)) {}
+
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(buffer_.data()); }
+  size_t nbytes() const { return buffer_.size(); }
+  int device() const { return buffer_.device(); }
+  bool freed() const { return buffer_.empty(); }
+  dnvme::gpu::DeviceBuffer take() { return std::move(buffer_); }
+
+  // Version 3 of the CUDA Array Interface: a 1-D uint8 array over the whole buffer. "stream" is
+  // None: the buffer is ready for any stream (see new_pinned_device_buffer).
+  py::dict cuda_array_interface() const {
+    if (buffer_.empty()) throw py::value_error("this DeviceBuffer was freed");
+    py::dict d;
+    d["shape"] = py::make_tuple(static_cast<py::ssize_t>(buffer_.size()));
+    d["typestr"] = "|u1";
+    d["data"] = py::make_tuple(address(), false);
+    d["strides"] = py::none();
+    d["version"] = 3;
+    d["stream"] = py::none();
+    return d;
+  }
+
+ private:
+  dnvme::gpu::DeviceBuffer buffer_;
+};
+
+class PyGdsHandle {
+ public:
+  PyGdsHandle(int64_t block_size, int queue_depth, bool single_submit, bool overlap_events,
+              int intra_op_parallelism, const std::string& cufile, int device, bool cufile_compat) {
+    const dnvme::HandleConfig config =
+        MakeConfig(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism);
+    auto policy = dnvme::ParseCuFilePolicy(cufile);
+    if (!policy.ok()) throw py::value_error(policy.status().message());
+    if (device < 0) throw py::value_error("device must be >= 0, not " + std::to_string(device));
+    dnvme::GdsOptions options;
+    options.cufile = policy.value();
+    options.cufile_compat = cufile_compat;
+    options.device = device;
+    // CUDA initialisation and cuFile's driver open take a while: let other threads run.
+    auto handle = [&] {
+      py::gil_scoped_release release;
+      return dnvme::GdsHandle::Create(config, std::move(options));
+    }();
+    if (!handle.ok()) ThrowStatus(handle.status(), "", -1);
+    handle_ = std::move(handle).value();
+  }
+
+  int64_t block_size() const { return handle_->get_block_size(); }
+  int queue_depth() const { return handle_->get_queue_depth(); }
+  bool single_submit() const { return handle_->get_single_submit(); }
+  bool overlap_events() const { return handle_->get_overlap_events(); }
+  int intra_op_parallelism() const { return handle_->get_intra_op_parallelism(); }
+  std::string mode() const { return dnvme::GdsModeName(handle_->mode()); }
+  std::string mode_reason() const { return handle_->mode_reason(); }
+
+  int pread(uintptr_t address, int64_t num_bytes, const std::string& path, bool validate,
+            bool async_op, int64_t file_offset) {
+    return Transfer(*handle_, true, address, num_bytes, path, validate, async_op, file_offset);
+  }
+  int pwrite(uintptr_t address, int64_t num_bytes, const std::string& path, bool validate,
+             bool async_op, int64_t file_offset) {
+    return Transfer(*handle_, false, address, num_bytes, path, validate, async_op, file_offset);
+  }
+  int wait() { return WaitAndRaise(*handle_); }
+  py::list wait_results() { return WaitResults(*handle_); }
+  int pending() const { return handle_->pending(); }
+
+  void fsync(const std::string& path) {
+    dnvme::Status st = handle_->fsync(path);
+    if (!st.ok()) ThrowStatus(st, path, -1);
+  }
+
+  // pin/unpin refuse a range that is not device memory, pinned twice or not pinned with
+  // ValueError (the caller's mistake); cuFile failures are OSError.
+  void pin(uintptr_t address, int64_t num_bytes) {
+    dnvme::Status st;
+    {
+      py::gil_scoped_release release;
+      st = handle_->pin_device_buffer(ToPointer(address), num_bytes);
+    }
+    Raise(st);
+  }
+  void unpin(uintptr_t address) {
+    dnvme::Status st;
+    {
+      py::gil_scoped_release release;
+      st = handle_->unpin_device_buffer(ToPointer(address));
+    }
+    Raise(st);
+  }
+
+  PyDeviceBuffer new_pinned_device_buffer(int64_t num_bytes) {
+    if (num_bytes <= 0) throw py::value_error("num_bytes must be positive");
+    dnvme::Result<dnvme::gpu::DeviceBuffer> b = [&]() -> dnvme::Result<dnvme::gpu::DeviceBuffer> {
+      py::gil_scoped_release release;
+      // The engine finishes the zero fill before returning, so the interface can say
+      // "stream": None.
+      return handle_->new_pinned_device_buffer(num_bytes);
+    }();
+    if (!b.ok()) ThrowStatus(b.status(), "", -1);
+    return PyDeviceBuffer(std::move(b).value());
+  }
+  // Frees at once: nothing may still use the memory (a tensor viewing it would dangle).
+  void free_pinned_device_buffer(PyDeviceBuffer& b) {
+    if (b.freed()) throw py::value_error("this DeviceBuffer was already freed");
+    dnvme::gpu::DeviceBuffer owned = b.take();
+    dnvme::Status st;
+    {
+      py::gil_scoped_release release;
+      st = handle_->free_pinned_device_buffer(std::move(owned));
+    }
+    if (!st.ok()) ThrowStatus(st, "", -1);
+  }
+
+  std::string stats_json() const { return handle_->stats().ToJson(); }
+
+ private:
+  static void Raise(const dnvme::Status& st) {
+    if (st.ok()) return;
+    if (st.code() == dnvme::Status::Code::kInvalidArgument) throw py::value_error(st.message());
+    ThrowStatus(st, "", -1);
+  }
+
+  std::unique_ptr<dnvme::GdsHandle> handle_;
 };
 
 // Page-aligned host memory. Pinned: dnvme::PinnedBuffer (mlock'ed; the refusal names
@@ -264,6 +440,24 @@ class PyFastWriter {
 
 }  // namespace
 
+// The methods AioHandle and GdsHandle share (DeepSpeed's aio_handle surface); I/O releases the
+// GIL.
+template <typename H>
+void BindHandleMethods(py::class_<H>& c) {
+  c.def("get_block_size", &H::block_size)
+      .def("get_queue_depth", &H::queue_depth)
+      .def("get_single_submit", &H::single_submit)
+      .def("get_overlap_events", &H::overlap_events)
+      .def("get_intra_op_parallelism", &H::intra_op_parallelism)
+      .def("pread", &H::pread, py::call_guard<py::gil_scoped_release>())
+      .def("pwrite", &H::pwrite, py::call_guard<py::gil_scoped_release>())
+      .def("wait", &H::wait, py::call_guard<py::gil_scoped_release>())
+      .def("wait_results", &H::wait_results)
+      .def("pending", &H::pending)
+      .def("fsync", &H::fsync, py::call_guard<py::gil_scoped_release>())
+      .def("stats_json", &H::stats_json);
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "deepnvme native core (dnvmefs engine); use the deepnvme package, not this module";
 
@@ -284,20 +478,30 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  py::class_<PyAioHandle>(m, "AioHandle")
-      .def(py::init<int64_t, int, bool, bool, int>(), py::arg("block_size"), py::arg("queue_depth"),
-           py::arg("single_submit"), py::arg("overlap_events"), py::arg("intra_op_parallelism"))
-      .def("get_block_size", &PyAioHandle::block_size)
-      .def("get_queue_depth", &PyAioHandle::queue_depth)
-      .def("get_single_submit", &PyAioHandle::single_submit)
-      .def("get_overlap_events", &PyAioHandle::overlap_events)
-      .def("get_intra_op_parallelism", &PyAioHandle::intra_op_parallelism)
-      .def("pread", &PyAioHandle::pread, py::call_guard<py::gil_scoped_release>())
-      .def("pwrite", &PyAioHandle::pwrite, py::call_guard<py::gil_scoped_release>())
-      .def("wait", &PyAioHandle::wait, py::call_guard<py::gil_scoped_release>())
-      .def("pending", &PyAioHandle::pending)
-      .def("fsync", &PyAioHandle::fsync, py::call_guard<py::gil_scoped_release>())
-      .def("stats_json", &PyAioHandle::stats_json);
+  py::class_<PyAioHandle> aio(m, "AioHandle");
+  aio.def(py::init<int64_t, int, bool, bool, int>(), py::arg("block_size"), py::arg("queue_depth"),
+          py::arg("single_submit"), py::arg("overlap_events"), py::arg("intra_op_parallelism"));
+  BindHandleMethods(aio);
+
+  py::class_<PyDeviceBuffer>(m, "DeviceBuffer")
+      .def_property_readonly("address", &PyDeviceBuffer::address)
+      .def_property_readonly("nbytes", &PyDeviceBuffer::nbytes)
+      .def_property_readonly("device", &PyDeviceBuffer::device)
+      .def_property_readonly("freed", &PyDeviceBuffer::freed)
+      .def_property_readonly("__cuda_array_interface__", &PyDeviceBuffer::cuda_array_interface);
+
+  py::class_<PyGdsHandle> gds(m, "GdsHandle");
+  gds.def(py::init<int64_t, int, bool, bool, int, const std::string&, int, bool>(),
+          py::arg("block_size"), py::arg("queue_depth"), py::arg("single_submit"),
+          py::arg("overlap_events"), py::arg("intra_op_parallelism"), py::arg("cufile"),
+          py::arg("device"), py::arg("cufile_compat"));
+  BindHandleMethods(gds);
+  gds.def_property_readonly("mode", &PyGdsHandle::mode)
+      .def_property_readonly("mode_reason", &PyGdsHandle::mode_reason)
+      .def("pin", &PyGdsHandle::pin, py::arg("address"), py::arg("num_bytes"))
+      .def("unpin", &PyGdsHandle::unpin, py::arg("address"))
+      .def("new_pinned_device_buffer", &PyGdsHandle::new_pinned_device_buffer, py::arg("num_bytes"))
+      .def("free_pinned_device_buffer", &PyGdsHandle::free_pinned_device_buffer, py::arg("buffer"));
 
   py::class_<HostBuffer>(m, "HostBuffer", py::buffer_protocol())
       .def(py::init<size_t, bool>(), py::arg("num_bytes"), py::arg("pinned"))
@@ -331,6 +535,17 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("bytes_stored", &PyFastWriter::bytes_stored)
       .def_property_readonly("closed", &PyFastWriter::closed);
 
+  // ValueError naming the key when the HandleConfig values are out of range (checked before a
+  // GdsHandle needs a device, so a bad argument is reported as such everywhere).
+  m.def(
+      "check_handle_config",
+      [](int64_t block_size, int queue_depth, bool single_submit, bool overlap_events,
+         int intra_op_parallelism) {
+        MakeConfig(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism);
+      },
+      py::arg("block_size"), py::arg("queue_depth"), py::arg("single_submit"),
+      py::arg("overlap_events"), py::arg("intra_op_parallelism"));
+
   // (address, byte count) of any C-contiguous buffer-protocol object; `writable` asks for a
   // writable one (a read target). The caller keeps the object alive while the address is used.
   m.def(
@@ -342,5 +557,55 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("obj"), py::arg("writable"));
   m.def("pinned_bytes_in_use", &dnvme::PinnedBytesInUse);
+
+  // CUDA: whether this build has it, why no device is usable ("" when one is; initialises CUDA),
+  // and the IPC export of device memory for the mount's control file.
+  m.def("built_with_cuda", &dnvme::gpu::BuiltWithCuda);
+  // The device owning `address`; ValueError when it is not CUDA device memory (an object whose
+  // __cuda_array_interface__ points at host memory), OSError when CUDA cannot answer.
+  m.def(
+      "cuda_pointer_device",
+      [](uintptr_t address) {
+        dnvme::Result<int> device = [&]() -> dnvme::Result<int> {
+          py::gil_scoped_release release;
+          DNVME_ASSIGN_OR_RETURN(bool is_device, dnvme::gpu::IsDevicePointer(ToPointer(address)));
+          if (!is_device) {
+            return dnvme::Status::InvalidArgument(
+                "the address is not CUDA device memory (cudaPointerGetAttributes)");
+          }
+          return dnvme::gpu::DeviceOfPointer(ToPointer(address));
+        }();
+        if (!device.ok()) {
+          if (device.status().code() == dnvme::Status::Code::kInvalidArgument) {
+            throw py::value_error(device.status().message());
+          }
+          ThrowStatus(device.status(), "", -1);
+        }
+        return device.value();
+      },
+      py::arg("address"));
+  m.def("cuda_unavailable_reason", &dnvme::gpu::UnavailableReason,
+        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "export_cuda_ipc",
+      [](uintptr_t address) {
+        dnvme::Result<dnvme::gpu::IpcExport> e = [&] {
+          py::gil_scoped_release release;
+          return dnvme::gpu::ExportIpc(ToPointer(address));
+        }();
+        if (!e.ok()) {
+          if (e.status().code() == dnvme::Status::Code::kInvalidArgument) {
+            throw py::value_error(e.status().message());
+          }
+          ThrowStatus(e.status(), "", -1);
+        }
+        py::dict d;
+        d["handle"] = e.value().handle_hex;
+        d["offset"] = e.value().offset;
+        d["allocation_size"] = e.value().allocation_size;
+        d["device"] = e.value().device;
+        return d;
+      },
+      py::arg("address"));
   m.def("memlock_limit_bytes", &dnvme::MemlockLimitBytes);
 }

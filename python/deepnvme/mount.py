@@ -11,13 +11,19 @@
 Transfers go through the daemon's engine straight from the client's shared memory: no FUSE data
 copy. Memory the daemon can use is shared memory: tensors and arrays from shared_tensor /
 shared_array / SharedBuffer, or any tensor or array whose memory lies in a mapping of a live
-``/dev/shm`` object (found through /proc/self/maps and registered on first use).
+``/dev/shm`` object (found through /proc/self/maps and registered on first use), and GPU memory
+lent through CUDA IPC:
+
+    t = torch.empty(1 << 28, dtype=torch.float16, device="cuda")
+    m.register_cuda(t)                      # buffer.register with the allocation's IPC handle
+    m.pread(t, "ckpt/w.bin")                # the daemon reads the file into this tensor
 
 Failures the daemon reports raise OSError with its errno and message (PermissionError for
 EACCES, ...); the session stays usable. Thread safety: a Mount is one ctl session and is used by
 one thread at a time (answers are read back in order); open one Mount per thread.
 """
 
+import collections
 import errno
 import itertools
 import json
@@ -26,7 +32,13 @@ import os
 import threading
 import weakref
 
+from . import _C
 from .handles import _buffer, _path
+
+# Memory this session registered: [address, address + nbytes) is buffer `buffer_id` from its
+# start; `keepalive` is held while registered (None: the caller keeps it); `writable` is False
+# for memory registered read-only (a pwrite source only).
+_Region = collections.namedtuple("_Region", "address nbytes buffer_id keepalive writable")
 
 PAGE = mmap.PAGESIZE
 _names = itertools.count()
@@ -113,10 +125,7 @@ class Mount:
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "not a dnvmefs mount (no control file)",
                                     ctl) from None
-        self._ids = itertools.count(1)
-        self._handle = None
-        self._regions = []  # (address, nbytes, buffer id, keepalive) registered by this session
-        self._shm_regs = {}  # (name, offset, size) -> buffer id
+        self._init_session_state()
         try:
             self.hello = self.call("hello")
         except BaseException:
@@ -126,6 +135,12 @@ class Mount:
             os.close(self._fd)
             raise OSError(errno.EPROTO, "unsupported control protocol %r" %
                           self.hello.get("protocol"), ctl)
+
+    def _init_session_state(self):
+        self._ids = itertools.count(1)
+        self._handle = None
+        self._regions = []  # _Region: registered by this session
+        self._shm_regs = {}  # (name, offset, size) -> buffer id
 
     # --- the session ------------------------------------------------------------------------
     def call(self, op, **fields):
@@ -205,7 +220,7 @@ class Mount:
     def shared_buffer(self, nbytes):
         """A SharedBuffer registered with the daemon (whole object)."""
         buf = SharedBuffer(nbytes)
-        self.register_shm(buf.name, keepalive=buf, address=_buffer(buf.map, True)[0],
+        self.register_shm(buf.name, keepalive=buf, address=_buffer(buf.map, True).address,
                           nbytes=nbytes)
         return buf
 
@@ -226,18 +241,66 @@ class Mount:
         """buffer.register of /dev/shm/NAME (a page-aligned part, or all of it); returns its id."""
         answer = self.call("buffer.register", shm=name, offset=offset, size=size)
         if address is not None:
-            self._regions.append((address, nbytes, answer["buffer"], keepalive))
+            # The daemon answers EACCES for a pread into a read-only object itself.
+            self._regions.append(_Region(address, nbytes, answer["buffer"], keepalive, True))
         return answer["buffer"]
 
     def register(self, buffer):
         """(buffer id, buffer offset) of a tensor/array/buffer in shared memory, registering the
-        /dev/shm pages it lies in on first use."""
-        return self._locate(*_buffer(buffer, writable=False))
+        /dev/shm pages it lies in on first use; for CUDA memory, of the registration
+        register_cuda made."""
+        return self._locate(_buffer(buffer, writable=False))
 
-    def _locate(self, address, nbytes):
-        for start, size, buffer_id, _ in self._regions:
-            if start <= address and address + nbytes <= start + size:
-                return buffer_id, address - start
+    def register_cuda(self, buffer, writable=True):
+        """Lends CUDA memory (a CUDA tensor or a __cuda_array_interface__ object, contiguous) to
+        the daemon through CUDA IPC; returns (buffer id, 0) like register.
+
+        Sends buffer.register with the IPC handle of the cudaMalloc allocation holding the
+        buffer, the buffer's offset in it and its size; the daemon maps it on the same device.
+        After this pread/pwrite/wait take the buffer (or any part of it) like shared memory. The
+        buffer is kept alive until unregister() or the end of the session. writable=False refuses
+        pread into it here (and reads an interface marked read-only)."""
+        mem = _buffer(buffer, writable=bool(writable))
+        if not mem.is_cuda:
+            raise ValueError("register_cuda needs CUDA memory (a CUDA tensor or an object with "
+                             "__cuda_array_interface__); host memory goes through shared_tensor "
+                             "/ register")
+        if mem.nbytes == 0:
+            raise ValueError("register_cuda: the buffer is empty")
+        reason = _C.cuda_unavailable_reason()
+        if reason:
+            raise OSError(errno.ENODEV, "register_cuda: no usable CUDA device: %s" % reason)
+        ipc = _C.export_cuda_ipc(mem.address)
+        answer = self.call("buffer.register", cuda_ipc=ipc["handle"], device=ipc["device"],
+                           offset=ipc["offset"], size=mem.nbytes)
+        size = answer.get("size", mem.nbytes)
+        if size != mem.nbytes:
+            raise OSError(errno.EPROTO, "buffer.register of %d bytes of CUDA memory answered size "
+                          "%r" % (mem.nbytes, size))
+        writable = bool(writable) and answer.get("writable", True)
+        self._regions.append(_Region(mem.address, mem.nbytes, answer["buffer"], buffer,
+                                     writable))
+        return answer["buffer"], 0
+
+    def unregister(self, buffer):
+        """buffer.unregister of a registration (its id, or the (id, offset) pair register and
+        register_cuda return); drops this session's hold on the memory."""
+        buffer_id = buffer[0] if isinstance(buffer, tuple) else buffer
+        self.call("buffer.unregister", buffer=buffer_id)
+        self._regions = [r for r in self._regions if r.buffer_id != buffer_id]
+        self._shm_regs = {k: v for k, v in self._shm_regs.items() if v != buffer_id}
+
+    def _locate(self, mem, writable=False):
+        address, nbytes = mem.address, mem.nbytes
+        for r in self._regions:
+            if r.address <= address and address + nbytes <= r.address + r.nbytes:
+                if writable and not r.writable:
+                    raise ValueError("this memory is registered read-only (buffer %d) and cannot "
+                                     "be read into" % r.buffer_id)
+                return r.buffer_id, address - r.address
+        if mem.is_cuda:
+            raise ValueError("this CUDA memory is not registered with the daemon; lend it first "
+                             "with Mount.register_cuda(buffer)")
         found = _shm_mapping(address, max(nbytes, 1))
         if found is None:
             raise ValueError("this memory is not in a /dev/shm mapping, so the daemon cannot "
@@ -255,8 +318,11 @@ class Mount:
 
     # --- transfers ----------------------------------------------------------------------------
     def _transfer(self, op, buffer, path, file_offset, async_op, handle, length):
-        address, nbytes = _buffer(buffer, writable=(op == "pread"))
-        buffer_id, buffer_offset = self._locate(address, nbytes)
+        mem = _buffer(buffer, writable=(op == "pread"))
+        nbytes = mem.nbytes
+        buffer_id, buffer_offset = self._locate(mem, writable=(op == "pread"))
+        if mem.sync is not None:
+            mem.sync()  # the daemon's copies do not follow this process's CUDA streams
         if length is None:
             length = nbytes
         if not 0 <= length <= nbytes:

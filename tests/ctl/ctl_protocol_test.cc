@@ -55,6 +55,22 @@ TEST(CtlProtocolTest, ParsesEveryOp) {
   EXPECT_EQ(json::parse(open->config_json), json::parse(R"({"queue_depth":8})"));
 }
 
+TEST(CtlProtocolTest, ParsesCudaIpcRegistrations) {
+  const std::string hex = std::string(64, '0') + std::string(64, 'F');
+  auto r = ParseCtlRequest(
+      R"({"op":"buffer.register","cuda_ipc":")" + hex + R"(","device":1,"offset":100,"size":4096})",
+      kMnt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->cuda_ipc, hex);
+  EXPECT_EQ(r->cuda_device, 1);
+  EXPECT_EQ(r->region_offset, 100) << "a GPU range may start at any byte";
+  EXPECT_EQ(r->region_size, 4096);
+  EXPECT_TRUE(r->shm.empty() && r->source.empty());
+  auto d = ParseCtlRequest(R"({"op":"buffer.register","cuda_ipc":")" + hex + "\"}", kMnt);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->cuda_device, 0);
+}
+
 TEST(CtlProtocolTest, RefusesMalformedInputWithItsErrno) {
   EXPECT_EQ(ErrnoOf(""), EBADMSG);
   EXPECT_EQ(ErrnoOf("{"), EBADMSG);
@@ -82,6 +98,16 @@ TEST(CtlProtocolTest, RefusesMalformedInputWithItsErrno) {
   EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","shm":"a","source":"b"})"), EINVAL);
   EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","shm":"a/b"})"), EINVAL);
   EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","shm":".."})"), EINVAL);
+  // CUDA IPC registrations: exactly 128 hex digits, alone, device only with them.
+  const std::string hex(128, 'a');
+  EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","cuda_ipc":")" + hex.substr(1) + "\"}"), EINVAL);
+  EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","cuda_ipc":")" + hex + "0\"}"), EINVAL);
+  EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","cuda_ipc":")" + std::string(127, 'a') + "x\"}"),
+            EINVAL);
+  EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","cuda_ipc":7})"), EINVAL);
+  EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","shm":"a","cuda_ipc":")" + hex + "\"}"), EINVAL);
+  EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","shm":"a","device":0})"), EINVAL);
+  EXPECT_EQ(ErrnoOf(R"({"op":"buffer.register","cuda_ipc":")" + hex + R"(","device":-1})"), EINVAL);
   EXPECT_EQ(ErrnoOf(std::string(R"({"op":"stats","x":")") + std::string(70000, 'a') + "\"}"),
             E2BIG);
   EXPECT_EQ(ErrnoOf(R"({"op":"stats","x":)" + std::string(100, '[') + std::string(100, ']') + "}"),

@@ -287,6 +287,14 @@ class RequestErrorsTest(CtlCase):
                                                            offset=100)), "EINVAL"),
             ("register past end", json.dumps(dict(op="buffer.register", shm=s.name,
                                                    size=2 * MiB)), "EINVAL"),
+            ("cuda_ipc short", json.dumps(dict(op="buffer.register", cuda_ipc="ab" * 63)),
+             "EINVAL"),
+            ("cuda_ipc not hex", json.dumps(dict(op="buffer.register", cuda_ipc="zz" * 64)),
+             "EINVAL"),
+            ("cuda_ipc and shm", json.dumps(dict(op="buffer.register", cuda_ipc="00" * 64,
+                                                 shm=s.name)), "EINVAL"),
+            ("device without cuda_ipc", json.dumps(dict(op="buffer.register", shm=s.name,
+                                                        device=0)), "EINVAL"),
         ]
         for what, text, code in cases:
             self.assertErr(self.ctl.raw(text), code, what)
@@ -309,6 +317,30 @@ class RequestErrorsTest(CtlCase):
         self.assertIs(self.ctl.req("hello")["ok"], True)
         self.assertEqual(self.ctl.ok("config.get")["config"]["queue_depth"], 128)
         self.assertEqual(self.backing_snapshot(), before)
+
+
+class CudaIpcTest(CtlCase):
+    """buffer.register with a CUDA IPC handle. A GPU machine is exercised end to end by
+    tests/python/test_gpu.py (a CUDA client process exports real memory); here a handle that
+    names no real allocation must be refused cleanly and leave the daemon serving."""
+
+    def test_unusable_handle_is_refused_and_the_daemon_lives(self):
+        h = self.ctl.ok("handle.open")["handle"]
+        a = self.ctl.req("buffer.register", cuda_ipc="5a" * 64, device=0, size=4096)
+        self.assertIs(a.get("ok"), False, a)
+        if not any(n.startswith("nvidia") for n in os.listdir("/dev")):
+            # No GPU: ENODEV, and the message carries the CUDA runtime's reason.
+            self.assertErr(a, "ENODEV", "cuda_ipc without a GPU")
+            self.assertIn("CUDA", a["error"]["message"])
+        a = self.ctl.req("buffer.register", cuda_ipc="5a" * 64, device=4000)
+        self.assertIs(a.get("ok"), False, a)
+        # The failed registrations left nothing behind; ordinary transfers still work.
+        self.assertEqual(self.stats()["ctl"]["buffers_registered"], 0)
+        s = self.shm(MiB)
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        self.ctl.ok("pwrite", handle=h, buffer=b, length=MiB, path="after_cuda")
+        self.assertEqual(os.path.getsize(self.b("after_cuda")), MiB)
+        self.assertTrue(self.mount.alive())
 
 
 class TransferTest(CtlCase):

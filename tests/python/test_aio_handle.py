@@ -338,17 +338,24 @@ def test_bad_arguments(deepnvme, torch, np, scratch):
 
 
 def test_gds_handle_refuses_with_its_reason(deepnvme, torch):
-    with pytest.raises(deepnvme.GdsUnavailableError) as e:
-        deepnvme.gds_handle()
-    msg = str(e.value)
-    assert "no GPU path yet" in msg
-    if not torch.cuda.is_available():
-        assert "no CUDA device" in msg
+    # The GPU path itself is tested by test_gpu.py; here: the class has DeepSpeed's methods, and
+    # without a usable CUDA device creating one raises GdsUnavailableError with CUDA's reason.
     for name in ("sync_pread", "sync_pwrite", "async_pread", "async_pwrite", "pread", "pwrite",
                  "wait", "new_cpu_locked_tensor", "new_pinned_device_tensor",
                  "free_pinned_device_tensor", "pin_device_tensor", "unpin_device_tensor",
                  "get_block_size"):
         assert callable(getattr(deepnvme.gds_handle, name)), name
+    reason = deepnvme._C.cuda_unavailable_reason()
+    if not reason:
+        h = deepnvme.gds_handle()
+        assert h.mode in ("gds", "p2pdma", "compat", "bounce") and h.mode_reason
+        return
+    with pytest.raises(deepnvme.GdsUnavailableError) as e:
+        deepnvme.gds_handle()
+    assert reason in str(e.value)
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, OSError)
+    assert e.value.errno == errno.ENODEV
+    assert reason in deepnvme.gds_unavailable_reason()
 
 
 def test_getters_and_repr(deepnvme):

@@ -5,6 +5,9 @@ by every consumer: `dnvme io --config`, `dnvmefs -o config=FILE` (a real mount),
 file's config.set (raw request and `dnvme ctl config set`), and the Python handle
 `deepnvme.aio_handle(**cfg)`. Bad arguments exit 2 with a message.
 report: the JSON has every field, and the values the test can find out by itself match.
+GPU: report's gpu and cufile checks against what this machine has; `tune --gpu` refuses with CUDA's
+reason where there is no device and sweeps device buffers where there is one (never both skipped:
+DNVME_TEST_EXPECT_GPU=1 or /dev/nvidia0 makes a missing device a failure).
 
 Run: DNVME_BIN=build/bin/dnvme DNVMEFS_BIN=build/bin/dnvmefs \
      /usr/bin/python3 -m unittest -v tests.tools.test_tune_report
@@ -47,6 +50,31 @@ def scratch_root():
     root = os.path.join(mh.test_root(), "..", "tools")
     os.makedirs(root, exist_ok=True)
     return os.path.realpath(root)
+
+
+def built_with_cuda():
+    """What the build found (CMakeCache.txt beside bin/), or None when there is no cache."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(DNVME)), "CMakeCache.txt")
+    if not os.path.exists(cache):
+        return None
+    with open(cache) as f:
+        lines = f.read().splitlines()
+    return ("DNVME_WITH_CUDA:BOOL=ON" in lines and
+            any(l.startswith("CUDA_cudart_static_LIBRARY:FILEPATH=") and
+                l.endswith("libcudart_static.a") for l in lines))
+
+
+def expect_gpu():
+    """Whether this machine must have a usable GPU (so a missing one is a failure, not a skip)."""
+    return os.environ.get("DNVME_TEST_EXPECT_GPU") == "1" or os.path.exists("/dev/nvidia0")
+
+
+def gpu_report(directory):
+    """dnvme report's gpu and cufile checks."""
+    p = run(["report", "--dir", directory, "--json"])
+    assert p.returncode == 0, p.stderr
+    checks = json.loads(p.stdout)["checks"]
+    return checks["gpu"], checks["cufile"]
 
 
 @unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
@@ -241,7 +269,9 @@ class TuneUsageTest(unittest.TestCase):
         self.expect_usage(["--dir", d, "--no-read", "--no-write"], "nothing to tune")
         self.expect_usage(["--dir", d, "--loops", "0"], "--loops")
         self.expect_usage(["--dir", d, "--search", "random"], "--search")
-        self.expect_usage(["--dir", d, "--gpu"], "--gpu")
+        self.expect_usage(["--dir", d, "--gds"], "--gds needs --gpu")
+        self.expect_usage(["--dir", d, "--gpu", "--gds-compat"], "--gds-compat needs --gds")
+        self.expect_usage(["--dir", d, "--gpu-device", "0"], "--gpu-device needs --gpu")
         self.expect_usage(["--dir", d, "--sweep-config", os.path.join(d, "nope.json")],
                           "--sweep-config")
         for text, want in [("{", "not valid JSON"),
@@ -263,6 +293,68 @@ class TuneUsageTest(unittest.TestCase):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("not writable", p.stderr)
+
+
+@unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
+class TuneGpuTest(unittest.TestCase):
+    """`tune --gpu`: a clear refusal without a device, a real sweep of device buffers with one."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tune-gpu-", dir=scratch_root())
+        self.data = os.path.join(self.tmp, "data")
+        os.mkdir(self.data)
+        self.gpu, self.cufile = gpu_report(self.tmp)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def tune(self, *extra):
+        sweep = os.path.join(self.tmp, "sweep.json")
+        with open(sweep, "w") as f:
+            json.dump(dict(SMALL_SWEEP, block_size=["1M"], queue_depth=[8]), f)
+        return run(["tune", "--dir", self.data, "--io-size", "8M", "--loops", "1",
+                    "--sweep-config", sweep, "--log-dir", os.path.join(self.tmp, "logs"),
+                    "--json", "--gpu"] + list(extra))
+
+    def test_tune_gpu(self):
+        p = self.tune()
+        if self.gpu["device_count"] == 0:
+            self.assertFalse(expect_gpu(), "a GPU is expected here: %s" % self.gpu["reason"])
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertEqual(p.stdout, "")
+            self.assertIn("--gpu: " + self.gpu["reason"], p.stderr)
+            self.assertEqual(len(p.stderr.splitlines()), 1, p.stderr)
+            self.assertFalse(os.path.exists(os.path.join(self.tmp, "logs")),
+                             "a refused run creates no log directory")
+            self.assertEqual(os.listdir(self.data), [])
+            return
+        self.assertEqual(p.returncode, 0, p.stderr)
+        o = json.loads(p.stdout)
+        self.assertEqual(o["memory"], "gpu")
+        self.assertEqual(o["gpu"]["device"], 0)
+        self.assertEqual(o["gpu"]["name"], self.gpu["devices"][0]["name"])
+        self.assertEqual((o["gpu"]["cufile"], o["gpu"]["mode"]), ("never", "bounce"))
+        self.assertEqual(o["points_measured"], 1)
+        self.assertGreater(o["best"]["write_gib_per_s"], 0)
+        self.assertGreater(o["best"]["read_gib_per_s"], 0)
+        self.assertEqual(list(o["best"]["config"]), DEEPSPEED_KEYS)
+        self.assertEqual(os.listdir(self.data), [], "the tuner removes its data files")
+
+    def test_tune_gds(self):
+        p = self.tune("--gds")
+        if self.gpu["device_count"] == 0:
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("--gpu: " + self.gpu["reason"], p.stderr)
+        elif self.cufile["mode"] in ("gds", "p2pdma"):
+            self.assertEqual(p.returncode, 0, p.stderr)
+            o = json.loads(p.stdout)
+            self.assertEqual((o["gpu"]["cufile"], o["gpu"]["mode"]),
+                             ("require", self.cufile["mode"]))
+        else:
+            # Never silently the bounce path: --gds refuses with cuFile's reason.
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("GPUDirect Storage required but unavailable", p.stderr)
+            self.assertEqual(p.stdout, "")
 
 
 @unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
@@ -292,9 +384,10 @@ class ReportTest(unittest.TestCase):
         "fusermount3": ["path", "setuid_root"],
         "fuse_max_pages": ["max_pages_limit", "libfuse_max_pages", "max_request_bytes"],
         "capabilities": ["uid", "cap_ipc_lock", "cap_sys_admin", "cap_setuid", "cap_dac_override"],
-        "cuda_runtime": ["library"],
-        "gpus": ["count"],
-        "cufile": ["library", "nvidia_fs", "mode"],
+        "gpu": ["built_with_cuda", "cuda_runtime_version", "nvidia_driver", "device_count",
+                "devices", "reason"],
+        "cufile": ["library", "found", "loaded", "error", "version", "nvidia_fs",
+                   "nvidia_fs_loaded", "nvfs_driver_version", "p2pdma", "mode", "mode_reason"],
     }
 
     def test_every_field(self):
@@ -388,29 +481,77 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(m["max_request_bytes"],
                          min(m["max_pages_limit"] or 256, 256) * os.sysconf("SC_PAGE_SIZE"))
 
-    def test_gpu_fields(self):
-        gpus = self.checks["gpus"]
-        has_gpu = os.path.exists("/dev/nvidia0")
-        if not has_gpu:
-            self.assertEqual(gpus["count"], 0)
-            self.assertFalse(gpus["ok"])
-        cufile = self.checks["cufile"]
+    def test_gpu(self):
+        g = self.checks["gpu"]
+        self.assertEqual(g["built_with_cuda"], self.checks["dnvmefs"]["cuda_built"])
+        self.assertTrue(self.checks["dnvmefs"]["gds_handle_built"])
+        self.assertEqual(g["cuda_runtime_version"] is not None, g["built_with_cuda"])
+        if built_with_cuda() is not None:
+            self.assertEqual(g["built_with_cuda"], built_with_cuda(), "CMakeCache.txt disagrees")
+        self.assertEqual(g["nvidia_driver"] is not None,
+                         os.path.exists("/proc/driver/nvidia/version"))
+        self.assertEqual(g["device_count"], len(g["devices"]))
+        self.assertEqual(g["ok"], g["device_count"] > 0)
+        line = [l for l in self.text.stdout.splitlines() if l.split()[1:2] == ["gpu"]]
+        self.assertEqual(len(line), 1, self.text.stdout)
+        if g["device_count"] == 0:
+            self.assertFalse(expect_gpu(), "a GPU is expected here, dnvme finds none: %s"
+                             % g["reason"])
+            self.assertIsInstance(g["reason"], str)
+            self.assertTrue(g["reason"].strip())
+            if g["built_with_cuda"]:
+                self.assertIn("no device: " + g["reason"], line[0])
+            else:
+                self.assertIn("built without CUDA", g["reason"])
+                self.assertIn("built without CUDA", line[0])
+        else:
+            self.assertIsNone(g["reason"])
+            for i, d in enumerate(g["devices"]):
+                self.assertEqual(d["index"], i)
+                self.assertTrue(d["name"] and d["pci_bus_id"], d)
+                self.assertGreater(d["total_memory_bytes"], 0)
+                self.assertRegex(d["compute_capability"], r"^\d+\.\d+$")
+                self.assertRegex(d["driver_version"], r"^\d+\.\d+$")
+                self.assertIn(d["name"], line[0])
+            smi = shutil.which("nvidia-smi")
+            if smi:
+                listed = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, text=True).stdout
+                self.assertEqual(g["device_count"],
+                                 len([l for l in listed.splitlines() if l.startswith("GPU ")]))
+
+    def test_cufile(self):
+        c = self.checks["cufile"]
+        g = self.checks["gpu"]
+        self.assertEqual(c["library"], "libcufile.so.0")
         try:
             ctypes.CDLL("libcufile.so.0")
             have_cufile = True
-        except OSError:
+        except OSError as exc:
             have_cufile = False
-        self.assertEqual(cufile["library"] is not None, have_cufile)
-        self.assertEqual(cufile["nvidia_fs"] is not None,
-                         os.path.exists("/proc/driver/nvidia-fs/version"))
+            dlopen_error = str(exc)
+        self.assertEqual(c["found"], have_cufile)
         if not have_cufile:
-            self.assertEqual(cufile["mode"], "bounce" if gpus["count"] > 0 else "none")
-        try:
-            ctypes.CDLL("libcudart.so")
-            have_cudart = True
-        except OSError:
-            have_cudart = os.path.exists("/usr/local/cuda/lib64/libcudart.so")
-        self.assertEqual(self.checks["cuda_runtime"]["library"] is not None, have_cudart)
+            # dlopen's own reason, as the loader gave it to ctypes.
+            self.assertFalse(c["loaded"])
+            self.assertIn("libcufile.so.0", c["error"])
+            self.assertIn(dlopen_error.split(":")[-1].strip(), c["error"])
+            self.assertIsNone(c["version"])
+            self.assertFalse(c["p2pdma"])
+        self.assertEqual(c["error"] is None, c["loaded"])
+        self.assertEqual(c["nvidia_fs"] is not None,
+                         os.path.exists("/proc/driver/nvidia-fs/version"))
+        if c["nvidia_fs"] is not None:
+            self.assertTrue(c["nvidia_fs_loaded"])
+        if g["device_count"] == 0:
+            self.assertIsNone(c["mode"])
+            self.assertEqual(c["mode_reason"], "no device: " + g["reason"])
+            self.assertFalse(c["ok"])
+        else:
+            self.assertIn(c["mode"], ("gds", "p2pdma", "compat", "bounce"))
+            self.assertTrue(c["mode_reason"])
+            self.assertEqual(c["ok"], c["mode"] in ("gds", "p2pdma"))
+            if not c["loaded"]:
+                self.assertEqual(c["mode"], "bounce")  # cufile=auto without cuFile
 
     def test_bad_arguments(self):
         p = run(["report", "--dir", os.path.join(self.dir, "missing")])

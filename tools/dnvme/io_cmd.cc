@@ -1,6 +1,11 @@
 // `dnvme io`: DeepSpeed's ds_io for one file. Writes and/or reads --size bytes between one buffer
 // (pinned unless --no-pin) and DIR/FILE through an AioHandle, --warmup untimed loops then --loops
 // timed ones, and reports the median per operation.
+//
+// With --gpu the buffer is device memory and a GdsHandle moves it (the bounce path, or cuFile with
+// --gds); the report adds the device, the handle's mode and why, and the raw pinned host<->device
+// copy rate for --size, the ceiling the bounce path cannot beat (with --disk-gibps, the measured
+// rate as a fraction of min(copy rate, disk rate)).
 #include <fcntl.h>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -19,11 +24,14 @@
 #include <vector>
 
 #include "dnvme/config.h"
+#include "dnvme/gds_handle.h"
+#include "dnvme/gpu.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
 #include "tools/dnvme/cli_util.h"
 #include "tools/dnvme/commands.h"
+#include "tools/dnvme/gpu_cli.h"
 
 namespace dnvme::cli {
 namespace {
@@ -49,10 +57,13 @@ struct IoOptions {
   bool validate = false;
   bool json = false;
   bool no_pin = false;
+  GpuFlags gpu;
+  double disk_gibps = 0;  // --disk-gibps: the disk's own rate, for ratio_vs_limit (0: unknown)
 
   // Set by CLI11 when the flag was given, so only explicit flags override --config.
   CLI::Option* queue_depth_opt = nullptr;
   CLI::Option* intra_op_opt = nullptr;
+  CLI::Option* disk_gibps_opt = nullptr;
 };
 
 // The caller's memory for every loop: pinned (the DeepNVMe way) or a plain aligned heap block.
@@ -89,6 +100,43 @@ class IoBuffer {
   size_t size_ = 0;
 };
 
+// What the loops move. Host runs use `host` directly. With --gpu the handle moves `device`, and
+// `host` only holds the pattern: it is copied to the device before writes and receives the device
+// contents to check reads (both untimed, like the host path's pattern check).
+struct IoMemory {
+  IoBuffer host;
+  gpu::DeviceBuffer device;
+
+  bool on_gpu() const { return !device.empty(); }
+  void* data() const { return on_gpu() ? device.data() : host.data(); }
+  size_t size() const { return host.size(); }
+
+  // Zeroes what the handle reads into, so a read that moved nothing cannot pass the check.
+  Status Clear() {
+    if (on_gpu()) return gpu::MemsetDevice(device.data(), 0, device.size());
+    std::memset(host.data(), 0, host.size());
+    return Status::Ok();
+  }
+  // The first offset that differs from the pattern, or size().
+  Result<size_t> FirstMismatch() {
+    if (on_gpu()) {
+      DNVME_RETURN_IF_ERROR(gpu::CopyToHost(host.data(), device.data(), device.size())
+                                .WithContext("copying the read data back to check it"));
+    }
+    return FirstPatternMismatch(host.data(), host.size());
+  }
+};
+
+// The GPU facts every --gpu result line carries: measured once per run, before the timed loops.
+struct GpuFacts {
+  gpu::DeviceInfo device;
+  GdsOptions options;
+  std::string mode;          // GdsModeName of the handle's mode
+  std::string mode_reason;   // GdsHandle::mode_reason
+  double h2d_gib_per_s = 0;  // raw pinned host -> device copy of --size bytes
+  double d2h_gib_per_s = 0;  // and back
+};
+
 // A JSON text from the engine, embedded as an object (or as a string if it is not valid JSON).
 nlohmann::ordered_json EmbedJson(const std::string& text) {
   auto parsed = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -99,11 +147,17 @@ nlohmann::ordered_json EmbedJson(const std::string& text) {
 struct OpOutcome {
   OpType op = OpType::kWrite;
   std::vector<double> seconds;  // timed loops only
-  HandleStats stats;
+  std::string stats_json;       // HandleStats, or GdsStats (with the engine's inside) for --gpu
 };
 
+// The pinned copy rate in the direction an operation moves GPU memory: a write takes it off the
+// device (device -> host -> disk), a read puts it on (disk -> host -> device).
+double CopyRateFor(OpType op, const GpuFacts& g) {
+  return op == OpType::kWrite ? g.d2h_gib_per_s : g.h2d_gib_per_s;
+}
+
 void PrintOutcome(const OpOutcome& out, const IoOptions& opts, int64_t bytes,
-                  const HandleConfig& config, const std::string& path) {
+                  const HandleConfig& config, const std::string& path, const GpuFacts* gpu) {
   const double median_s = Median(out.seconds);
   const double gib = static_cast<double>(bytes) / kGiB;
   std::vector<double> rates;
@@ -113,6 +167,11 @@ void PrintOutcome(const OpOutcome& out, const IoOptions& opts, int64_t bytes,
   const double min_rate = *std::min_element(rates.begin(), rates.end());
   const double max_rate = *std::max_element(rates.begin(), rates.end());
   const char* op_name = OpTypeName(out.op);
+  // The bound on this rate with GPU memory: the slower of the copy and the disk. The disk's rate
+  // is only known when the caller measured it (bench/gpu_io.sh runs fio for that).
+  const double copy_rate = gpu != nullptr ? CopyRateFor(out.op, *gpu) : 0;
+  const bool have_limit = gpu != nullptr && opts.disk_gibps > 0 && copy_rate > 0;
+  const double limit = have_limit ? std::min(copy_rate, opts.disk_gibps) : 0;
 
   if (opts.json) {
     nlohmann::ordered_json j;
@@ -128,64 +187,154 @@ void PrintOutcome(const OpOutcome& out, const IoOptions& opts, int64_t bytes,
     j["all_gib_per_s"] = rates;
     j["path"] = path;
     j["pinned"] = !opts.no_pin;
+    j["memory"] = gpu != nullptr ? "gpu" : (opts.no_pin ? "host" : "host_pinned");
     j["validate"] = opts.validate;
     j["config"] = EmbedJson(config.ToJson());
-    j["stats"] = EmbedJson(out.stats.ToJson());
+    j["stats"] = EmbedJson(out.stats_json);
+    if (gpu != nullptr) {
+      nlohmann::ordered_json g;
+      g["device"] = gpu->device.index;
+      g["name"] = gpu->device.name;
+      g["pci_bus_id"] = gpu->device.pci_bus_id;
+      g["cufile"] = CuFilePolicyName(gpu->options.cufile);
+      g["cufile_compat"] = gpu->options.cufile_compat;
+      g["mode"] = gpu->mode;
+      g["mode_reason"] = gpu->mode_reason;
+      g["h2d_gib_per_s"] = gpu->h2d_gib_per_s;
+      g["d2h_gib_per_s"] = gpu->d2h_gib_per_s;
+      g["copy_gib_per_s"] = copy_rate;
+      if (opts.disk_gibps > 0) g["disk_gib_per_s"] = opts.disk_gibps;
+      if (have_limit) {
+        g["limit_gib_per_s"] = limit;
+        g["ratio_vs_limit"] = median_rate / limit;
+      }
+      j["gpu"] = g;
+    }
     std::cout << j.dump() << std::endl;
     return;
   }
   std::cout << fmt::format(
                    "{:<5}  {}  median {:.3f} s  {:.2f} GiB/s  (min {:.2f}, max {:.2f}, {} loops)  "
                    "block_size={} qd={} intra_op_parallelism={} single_submit={} "
-                   "overlap_events={} direct={} fdatasync={} pinned={} validate={}",
+                   "overlap_events={} direct={} fdatasync={} pinned={} validate={}{}",
                    op_name, FormatBytes(bytes), median_s, median_rate, min_rate, max_rate,
                    out.seconds.size(), FormatSizeSuffix(config.block_size), config.queue_depth,
                    config.intra_op_parallelism, config.single_submit ? 1 : 0,
                    config.overlap_events ? 1 : 0, DirectPolicyName(config.direct),
                    config.fdatasync_on_write ? 1 : 0, opts.no_pin ? "no" : "yes",
-                   opts.validate ? "yes" : "no")
+                   opts.validate ? "yes" : "no",
+                   gpu != nullptr ? fmt::format(" gpu={} mode={}", gpu->device.index, gpu->mode)
+                                  : "")
             << std::endl;
+  if (gpu == nullptr) return;
+  const char* direction = out.op == OpType::kWrite ? "device->host" : "host->device";
+  std::cout << fmt::format(
+                   "       gpu {}: mode {} ({}); pinned copy of {}: host->device {:.2f} GiB/s, "
+                   "device->host {:.2f} GiB/s",
+                   DeviceLabel(gpu->device), gpu->mode, gpu->mode_reason, FormatBytes(bytes),
+                   gpu->h2d_gib_per_s, gpu->d2h_gib_per_s)
+            << std::endl;
+  if (have_limit) {
+    std::cout << fmt::format(
+                     "       limit min({} {:.2f}, disk {:.2f}) = {:.2f} GiB/s; ratio_vs_limit "
+                     "{:.3f}",
+                     direction, copy_rate, opts.disk_gibps, limit, median_rate / limit)
+              << std::endl;
+  }
 }
 
-// Runs warmup + loops operations of one kind on a fresh handle (so its stats are this op's).
-Result<OpOutcome> RunOp(OpType op, const HandleConfig& config, const IoOptions& opts, IoBuffer& buf,
-                        const std::string& path) {
-  DNVME_ASSIGN_OR_RETURN(std::unique_ptr<AioHandle> handle, AioHandle::Create(config));
+// Runs warmup + loops operations of one kind on `handle` (an AioHandle, or a GdsHandle for
+// --gpu: the same calls).
+template <typename Handle>
+Result<OpOutcome> RunLoops(OpType op, Handle& handle, const IoOptions& opts, IoMemory& mem,
+                           const std::string& path) {
   OpOutcome out;
   out.op = op;
-  const auto bytes = static_cast<int64_t>(buf.size());
+  const auto bytes = static_cast<int64_t>(mem.size());
   for (int i = 0; i < opts.warmup + opts.loops; ++i) {
     const bool timed = i >= opts.warmup;
     const std::string what = fmt::format("{} {} loop {}", timed ? "timed" : "warmup",
                                          OpTypeName(op), timed ? i - opts.warmup + 1 : i + 1);
     if (op == OpType::kRead) {
-      // Clear the buffer so a read that moved nothing cannot pass the pattern check.
-      if (opts.validate) std::memset(buf.data(), 0, buf.size());
+      if (opts.validate) DNVME_RETURN_IF_ERROR(mem.Clear().WithContext(what));
       if (timed) DropPageCache();
     }
     const auto start = std::chrono::steady_clock::now();
     Status st;
     if (op == OpType::kWrite) {
-      st = opts.validate ? handle->pwrite(buf.data(), bytes, path, /*validate=*/true, false)
-                         : handle->sync_pwrite(buf.data(), bytes, path);
+      st = opts.validate ? handle.pwrite(mem.data(), bytes, path, /*validate=*/true, false)
+                         : handle.sync_pwrite(mem.data(), bytes, path);
     } else {
-      st = opts.validate ? handle->pread(buf.data(), bytes, path, /*validate=*/true, false)
-                         : handle->sync_pread(buf.data(), bytes, path);
+      st = opts.validate ? handle.pread(mem.data(), bytes, path, /*validate=*/true, false)
+                         : handle.sync_pread(mem.data(), bytes, path);
     }
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     if (!st.ok()) return st.WithContext(what);
     if (op == OpType::kRead && opts.validate) {
-      const size_t bad = FirstPatternMismatch(buf.data(), buf.size());
-      if (bad != buf.size()) {
+      Result<size_t> bad = mem.FirstMismatch();
+      if (!bad.ok()) return bad.status().WithContext(what);
+      if (*bad != mem.size()) {
         return Status::DataMismatch(
-            fmt::format("{}: {} differs from the dnvme io pattern at offset {}", what, path, bad));
+            fmt::format("{}: {} differs from the dnvme io pattern at offset {}", what, path, *bad));
       }
     }
     spdlog::debug("{}: {:.3f} s", what, elapsed.count());
     if (timed) out.seconds.push_back(elapsed.count());
   }
-  out.stats = handle->stats();
+  out.stats_json = handle.stats().ToJson();
   return out;
+}
+
+// A fresh handle per operation kind, so its stats are this op's.
+Result<OpOutcome> RunOp(OpType op, const HandleConfig& config, const IoOptions& opts, IoMemory& mem,
+                        const std::string& path) {
+  DNVME_ASSIGN_OR_RETURN(std::unique_ptr<AioHandle> handle, AioHandle::Create(config));
+  return RunLoops(op, *handle, opts, mem, path);
+}
+
+Result<std::unique_ptr<GdsHandle>> CreateGdsHandle(const HandleConfig& config,
+                                                   const IoOptions& opts) {
+  Result<std::unique_ptr<GdsHandle>> handle = GdsHandle::Create(config, GdsOptionsFor(opts.gpu));
+  if (!handle.ok()) {
+    return handle.status().WithContext(opts.gpu.gds ? "--gds: gds_handle" : "gds_handle");
+  }
+  return handle;
+}
+
+Result<OpOutcome> RunGpuOp(OpType op, const HandleConfig& config, const IoOptions& opts,
+                           IoMemory& mem, const std::string& path) {
+  DNVME_ASSIGN_OR_RETURN(std::unique_ptr<GdsHandle> handle, CreateGdsHandle(config, opts));
+  // Registered with cuFile like DeepSpeed's pinned device tensors (only recorded on the bounce
+  // path); an unregistered buffer would make cuFile stage through its own buffers and time
+  // something else. The handle deregisters it when it is destroyed.
+  DNVME_RETURN_IF_ERROR(
+      handle->pin_device_buffer(mem.device.data(), static_cast<int64_t>(mem.device.size()))
+          .WithContext("pin_device_buffer"));
+  return RunLoops(op, *handle, opts, mem, path);
+}
+
+// Everything --gpu reports besides the timings: the device, the mode a handle with these options
+// gets (Create fails here, before any I/O, when --gds cannot be honoured), and the raw copy rates.
+Result<GpuFacts> GatherGpuFacts(const HandleConfig& config, const IoOptions& opts, int64_t size) {
+  GpuFacts g;
+  DNVME_ASSIGN_OR_RETURN(g.device, OpenGpu(opts.gpu));
+  g.options = GdsOptionsFor(opts.gpu);
+  {
+    DNVME_ASSIGN_OR_RETURN(std::unique_ptr<GdsHandle> handle, CreateGdsHandle(config, opts));
+    g.mode = GdsModeName(handle->mode());
+    g.mode_reason = handle->mode_reason();
+  }
+  constexpr int kCopyRepeats = 3;  // best of: the ceiling, not a typical copy
+  for (const bool to_device : {true, false}) {
+    Result<double> rate =
+        gpu::MeasureCopyRate(static_cast<size_t>(size), to_device, kCopyRepeats, g.device.index);
+    if (!rate.ok()) {
+      return rate.status().WithContext(fmt::format("measuring the pinned {} copy rate",
+                                                   to_device ? "host->device" : "device->host"));
+    }
+    (to_device ? g.h2d_gib_per_s : g.d2h_gib_per_s) = *rate / kGiB;
+  }
+  return g;
 }
 
 // The handle configuration: defaults, then --config, then explicit flags.
@@ -226,6 +375,18 @@ int RunIo(const IoOptions& opts) {
   const int64_t size = ParseSizeFlag("--size", opts.size);
   if (opts.loops < 1) throw UsageError("--loops must be at least 1");
   if (opts.warmup < 0) throw UsageError("--warmup must not be negative");
+  CheckGpuFlags(opts.gpu);
+  if (opts.gpu.gpu && opts.no_pin) {
+    throw UsageError("--no-pin chooses host memory; --gpu uses GPU memory (give one of them)");
+  }
+  if (opts.disk_gibps_opt->count() > 0) {
+    if (!opts.gpu.gpu) {
+      throw UsageError("--disk-gibps is for --gpu runs (the bound in ratio_vs_limit)");
+    }
+    if (!(opts.disk_gibps > 0)) {
+      throw UsageError(fmt::format("--disk-gibps must be positive, got {}", opts.disk_gibps));
+    }
+  }
   if (opts.file.empty() || opts.file.find('/') != std::string::npos) {
     throw UsageError(fmt::format("--file '{}': give a file name inside --dir", opts.file));
   }
@@ -246,23 +407,50 @@ int RunIo(const IoOptions& opts) {
     }
   }
 
+  // The device comes first: without one there is nothing to allocate, and the reason is the
+  // whole answer.
+  GpuFacts facts;
+  if (opts.gpu.gpu) {
+    Result<GpuFacts> g = GatherGpuFacts(config, opts, size);
+    if (!g.ok()) return Fail(g.status(), "; `dnvme report` shows this machine's GPU set-up");
+    facts = std::move(g).value();
+  }
+
   spdlog::debug("{} {} at {} ({}), warmup {}, loops {}, config {}",
                 opts.write && opts.read ? "write+read" : (opts.write ? "write" : "read"),
-                FormatBytes(size), path, opts.no_pin ? "unpinned" : "pinned", opts.warmup,
-                opts.loops, config.ToJson());
-  Result<IoBuffer> buf = IoBuffer::Allocate(static_cast<size_t>(size), !opts.no_pin);
+                FormatBytes(size), path,
+                opts.gpu.gpu ? fmt::format("GPU {}, {}", facts.device.index, facts.mode)
+                             : (opts.no_pin ? "unpinned" : "pinned"),
+                opts.warmup, opts.loops, config.ToJson());
+  IoMemory mem;
+  // With --gpu the host copy of the pattern is never handed to the engine: no need to pin it
+  // (and so no RLIMIT_MEMLOCK for it).
+  Result<IoBuffer> buf =
+      IoBuffer::Allocate(static_cast<size_t>(size), !opts.no_pin && !opts.gpu.gpu);
   if (!buf.ok()) {
-    return Fail(buf.status(), opts.no_pin ? "" : "; or pass --no-pin to use unpinned memory");
+    return Fail(buf.status(),
+                opts.no_pin || opts.gpu.gpu ? "" : "; or pass --no-pin to use unpinned memory");
   }
-  FillPattern(buf->data(), buf->size());
+  mem.host = std::move(buf).value();
+  FillPattern(mem.host.data(), mem.host.size());
+  if (opts.gpu.gpu) {
+    Result<gpu::DeviceBuffer> dev =
+        gpu::DeviceBuffer::Allocate(static_cast<size_t>(size), facts.device.index);
+    if (!dev.ok()) return Fail(dev.status().WithContext("--gpu buffer"));
+    mem.device = std::move(dev).value();
+    if (Status st = gpu::CopyToDevice(mem.device.data(), mem.host.data(), mem.size()); !st.ok()) {
+      return Fail(st.WithContext("copying the pattern to the GPU"));
+    }
+  }
 
   std::vector<OpType> ops;
   if (opts.write) ops.push_back(OpType::kWrite);
   if (opts.read) ops.push_back(OpType::kRead);
   for (OpType op : ops) {
-    Result<OpOutcome> out = RunOp(op, config, opts, *buf, path);
+    Result<OpOutcome> out =
+        opts.gpu.gpu ? RunGpuOp(op, config, opts, mem, path) : RunOp(op, config, opts, mem, path);
     if (!out.ok()) return Fail(out.status());
-    PrintOutcome(*out, opts, size, config, path);
+    PrintOutcome(*out, opts, size, config, path, opts.gpu.gpu ? &facts : nullptr);
   }
   return kExitOk;
 }
@@ -294,6 +482,11 @@ Command AddIoCommand(CLI::App& parent) {
   io->add_flag("--validate", opts->validate, "Check the data (timings include the check)");
   io->add_flag("--json", opts->json, "One JSON object per line per operation");
   io->add_flag("--no-pin", opts->no_pin, "Use a 4096-aligned heap buffer instead of pinned memory");
+  AddGpuFlags(io, &opts->gpu, "the I/O buffer");
+  opts->disk_gibps_opt = io->add_option(
+      "--disk-gibps", opts->disk_gibps,
+      "With --gpu: the disk's own rate (GiB/s, e.g. fio's); adds ratio_vs_limit = rate / "
+      "min(copy rate, disk rate)");
   return Command{io, [opts] { return RunIo(*opts); }};
 }
 

@@ -1,12 +1,12 @@
 // `dnvme report`: DeepSpeed's ds_report for dnvmefs. One line per capability, [OKAY] or [NO] with
 // what to do about it, or one JSON object (--json) whose fields tests compare with what they can
 // read themselves. Every check asks the system the way the engine, the mount or the GPU path
-// would (io_setup, an O_DIRECT write, open("/dev/fuse"), dlopen of the CUDA libraries), so a
-// [OKAY] means that path works here, not merely that a file exists.
+// would (io_setup, an O_DIRECT write, open("/dev/fuse"), the CUDA layer's device count, cuFile's
+// dlopen and driver open, a GdsHandle's mode), so a [OKAY] means that path works here, not merely
+// that a file exists. A machine without a GPU gets the reason, never a failed report.
 //
 // Nothing here needs root; what root changes (capabilities, /dev/fuse access) is reported as it
 // is for the caller.
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <libaio.h>
 #include <spdlog/fmt/fmt.h>
@@ -30,10 +30,14 @@
 #include <vector>
 
 #include "dnvme/config.h"
+#include "dnvme/gds_handle.h"
+#include "dnvme/gpu.h"
 #include "dnvme/pinned.h"
+#include "engine/gpu/cufile.h"
 #include "fs/options.h"
 #include "tools/dnvme/cli_util.h"
 #include "tools/dnvme/commands.h"
+#include "tools/dnvme/gpu_cli.h"
 
 #ifndef DNVME_VERSION
 #define DNVME_VERSION "unknown"
@@ -99,8 +103,8 @@ Check CheckBuild() {
   c.values["libfuse"] = DNVME_LIBFUSE_VERSION;
   c.values["spdlog"] =
       fmt::format("{}.{}.{}", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH);
-  c.values["cuda_built"] = false;
-  c.values["gds_handle_built"] = false;
+  c.values["cuda_built"] = gpu::BuiltWithCuda();
+  c.values["gds_handle_built"] = true;  // always; without CUDA it refuses device memory
   // The daemon is installed next to the CLI (build/bin, PREFIX/bin).
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -395,117 +399,143 @@ Check CheckCapabilities(bool* ipc_lock) {
   return c;
 }
 
-// The CUDA runtime, loaded the way the GPU path will load it (dlopen, nothing linked).
-struct Cuda {
-  void* lib = nullptr;
-  std::string path;
-  ~Cuda() {
-    if (lib != nullptr) ::dlclose(lib);
-  }
-};
-
-void CheckCuda(Check* runtime, Check* gpus) {
-  runtime->name = "cuda_runtime";
-  gpus->name = "gpus";
-  Cuda cuda;
-  const char* names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                         "/usr/local/cuda/lib64/libcudart.so"};
-  for (const char* n : names) {
-    cuda.lib = ::dlopen(n, RTLD_NOW | RTLD_LOCAL);
-    if (cuda.lib != nullptr) {
-      cuda.path = n;
-      break;
+// The GPU path as the engine sees it: the CUDA runtime this build links, the devices it finds
+// (or CUDA's reason there are none) and the NVIDIA kernel driver behind them.
+Check CheckGpu(bool* have_device) {
+  Check c;
+  c.name = "gpu";
+  *have_device = false;
+  const bool built = gpu::BuiltWithCuda();
+  c.values["built_with_cuda"] = built;
+  c.values["cuda_runtime_version"] =
+      built ? Json(CudaVersionString(gpu::RuntimeVersion())) : Json(nullptr);
+  bool kernel_found = false;
+  const std::string kernel = ReadTrimmed("/proc/driver/nvidia/version", &kernel_found);
+  c.values["nvidia_driver"] = kernel_found ? Json(kernel) : Json(nullptr);
+  // DeviceCount's error message is the reason, in CUDA's words (no driver, no device, ...).
+  Result<int> count = gpu::DeviceCount();
+  Json devices = Json::array();
+  std::vector<std::string> labels;
+  for (int i = 0; count.ok() && i < *count; ++i) {
+    Json d;
+    d["index"] = i;
+    Result<gpu::DeviceInfo> info = gpu::GetDeviceInfo(i);
+    if (!info.ok()) {
+      d["error"] = info.status().message();
+      labels.push_back(fmt::format("{}: {}", i, info.status().message()));
+      devices.push_back(d);
+      continue;
     }
+    d["name"] = info->name;
+    d["pci_bus_id"] = info->pci_bus_id;
+    d["total_memory_bytes"] = info->total_memory;
+    d["compute_capability"] = fmt::format("{}.{}", info->compute_major, info->compute_minor);
+    d["driver_version"] = CudaVersionString(info->driver_version);
+    labels.push_back(fmt::format("{}, {}, sm {}.{}, driver {}", DeviceLabel(*info),
+                                 FormatBytes(info->total_memory), info->compute_major,
+                                 info->compute_minor, CudaVersionString(info->driver_version)));
+    devices.push_back(d);
   }
-  runtime->values["library"] = cuda.lib == nullptr ? Json(nullptr) : Json(cuda.path);
-  gpus->values["count"] = 0;
-  if (cuda.lib == nullptr) {
-    runtime->summary = "libcudart not found";
-    runtime->fix =
-        "install the CUDA runtime (or put /usr/local/cuda/lib64 on the loader path) for "
-        "the GPU paths; host I/O does not need it";
-    gpus->summary = "no CUDA runtime, so no GPU can be used";
-    gpus->fix = "see cuda_runtime";
-    return;
+  c.values["device_count"] = count.ok() ? *count : 0;
+  c.values["devices"] = devices;
+  c.values["reason"] = count.ok() ? Json(nullptr) : Json(count.status().message());
+  *have_device = count.ok() && *count > 0;
+  c.ok = *have_device;
+  if (!built) {
+    c.summary = "built without CUDA: GPU buffers (--gpu, gds_handle) are refused";
+    c.fix =
+        "rebuild with the CUDA toolkit installed (/usr/local/cuda, cmake -DDNVME_WITH_CUDA=ON) "
+        "for the GPU paths; host I/O does not need it";
+    return c;
   }
-  using VersionFn = int (*)(int*);
-  using ErrorStringFn = const char* (*)(int);
-  auto runtime_version = reinterpret_cast<VersionFn>(::dlsym(cuda.lib, "cudaRuntimeGetVersion"));
-  auto driver_version = reinterpret_cast<VersionFn>(::dlsym(cuda.lib, "cudaDriverGetVersion"));
-  auto device_count = reinterpret_cast<VersionFn>(::dlsym(cuda.lib, "cudaGetDeviceCount"));
-  auto error_string = reinterpret_cast<ErrorStringFn>(::dlsym(cuda.lib, "cudaGetErrorString"));
-  int rv = 0, dv = 0;
-  if (runtime_version != nullptr) runtime_version(&rv);
-  if (driver_version != nullptr) driver_version(&dv);
-  auto version = [](int v) {
-    return v > 0 ? fmt::format("{}.{}", v / 1000, (v % 1000) / 10) : "none";
-  };
-  runtime->values["runtime_version"] = version(rv);
-  runtime->values["driver_version"] = version(dv);
-  runtime->ok = true;
-  runtime->summary = fmt::format("{}: runtime {}, driver {}", cuda.path, version(rv), version(dv));
-  int count = 0;
-  const int err = device_count != nullptr ? device_count(&count) : -1;
-  gpus->values["count"] = err == 0 ? count : 0;
-  const std::string why =
-      err == 0 ? "" : (error_string != nullptr && err > 0 ? error_string(err) : "no symbol");
-  gpus->values["error"] = err == 0 ? Json(nullptr) : Json(why);
-  gpus->ok = err == 0 && count > 0;
-  gpus->summary = err == 0 ? fmt::format("{} GPU(s)", count)
-                           : fmt::format("0 GPUs (cudaGetDeviceCount: {})", why);
-  if (!gpus->ok) {
-    gpus->fix =
-        "no GPU or no NVIDIA driver: GPU buffers (gds_handle, --gpu) are unavailable; "
-        "host paths are unaffected";
+  const std::string runtime = CudaVersionString(gpu::RuntimeVersion());
+  std::string list;
+  for (const std::string& l : labels) list += (list.empty() ? "" : "; ") + l;
+  c.summary = count.ok() ? fmt::format("CUDA runtime {} (built in); {} device{}: {}", runtime,
+                                       *count, *count == 1 ? "" : "s", list)
+                         : fmt::format("CUDA runtime {} (built in); no device: {}", runtime,
+                                       count.status().message());
+  if (!c.ok) {
+    c.fix = fmt::format(
+        "no usable GPU ({}): GPU buffers (--gpu, gds_handle) are unavailable; host paths are "
+        "unaffected",
+        kernel_found ? "the NVIDIA kernel driver is loaded" : "no NVIDIA kernel driver loaded");
   }
+  return c;
 }
 
-Check CheckCufile(int gpu_count) {
+// cuFile as a GdsHandle loads it (dlopen of GdsOptions' default library, then cuFileDriverOpen),
+// and the mode a handle with the default policy (cufile=auto) gets on device 0, found by creating
+// one: the engine's own decision, not a guess from the set-up.
+Check CheckCufile(bool have_device, const std::string& no_device_reason) {
   Check c;
   c.name = "cufile";
-  void* lib = nullptr;
-  std::string path;
-  for (const char* n : {"libcufile.so.0", "libcufile.so", "/usr/local/cuda/lib64/libcufile.so.0"}) {
-    lib = ::dlopen(n, RTLD_NOW | RTLD_LOCAL);
-    if (lib != nullptr) {
-      path = n;
-      break;
+  const GdsOptions defaults;
+  c.values["library"] = defaults.cufile_library;
+  Result<const gpu::CuFileDriver*> drv = gpu::CuFileDriver::Get(defaults.cufile_library);
+  const gpu::CuFileDriver* d = drv.ok() ? *drv : nullptr;
+  // The engine reports a failed dlopen as NotFound; any other failure came after it loaded.
+  const bool found = d != nullptr || drv.status().code() != Status::Code::kNotFound;
+  c.values["found"] = found;
+  c.values["loaded"] = d != nullptr;
+  c.values["error"] = d != nullptr ? Json(nullptr) : Json(drv.status().message());
+  c.values["version"] = d != nullptr && d->version > 0 ? Json(d->version) : Json(nullptr);
+  bool nvfs_file = false;
+  const std::string nvfs_version = ReadTrimmed("/proc/driver/nvidia-fs/version", &nvfs_file);
+  c.values["nvidia_fs"] = nvfs_file ? Json(nvfs_version) : Json(nullptr);
+  c.values["nvidia_fs_loaded"] = d != nullptr ? d->nvfs_loaded : nvfs_file;
+  c.values["nvfs_driver_version"] =
+      d != nullptr && d->props.nvfs.major_version > 0
+          ? Json(fmt::format("{}.{}", d->props.nvfs.major_version, d->props.nvfs.minor_version))
+          : Json(nullptr);
+  c.values["p2pdma"] = d != nullptr && d->p2pdma;
+
+  std::string mode_text;
+  if (!have_device) {
+    c.values["mode"] = nullptr;
+    c.values["mode_reason"] = "no device: " + no_device_reason;
+    mode_text = "none, no device (see gpu)";
+  } else {
+    GdsOptions probe;
+    probe.bounce_chunk_bytes = 4 << 20;  // the smallest staging: this handle never moves data
+    Result<std::unique_ptr<GdsHandle>> h = GdsHandle::Create(HandleConfig{}, probe);
+    if (h.ok()) {
+      c.values["mode"] = GdsModeName((*h)->mode());
+      c.values["mode_reason"] = (*h)->mode_reason();
+      mode_text = fmt::format("{} ({})", GdsModeName((*h)->mode()), (*h)->mode_reason());
+      c.ok = (*h)->mode() == GdsMode::kGds || (*h)->mode() == GdsMode::kP2pDma;
+    } else {
+      c.values["mode"] = nullptr;
+      c.values["mode_reason"] = "gds_handle: " + h.status().message();
+      mode_text = "none, gds_handle fails: " + h.status().message();
     }
   }
-  if (lib != nullptr) ::dlclose(lib);
-  bool nvfs = false;
-  const std::string nvfs_version = ReadTrimmed("/proc/driver/nvidia-fs/version", &nvfs);
-  c.values["library"] = path.empty() ? Json(nullptr) : Json(path);
-  c.values["nvidia_fs"] = nvfs ? Json(nvfs_version) : Json(nullptr);
-  // The mode cuFile would run in: GDS needs the nvidia-fs module; without it cuFile uses PCIe
-  // P2PDMA where the kernel and its cufile.json allow (CUDA 12.8+), else its compat mode (POSIX
-  // I/O through its own bounce buffers). Without libcufile dnvmefs would use its own CUDA bounce
-  // path. gds_handle will report the mode it actually got from cuFileDriverOpen.
-  std::string mode;
-  if (path.empty()) {
-    mode = gpu_count > 0 ? "bounce" : "none";
-  } else if (nvfs) {
-    mode = "gds";
+  std::string lib_text;
+  if (d != nullptr) {
+    lib_text = fmt::format("{} loaded (version {}); nvidia-fs {}; p2pdma {}", d->library,
+                           d->version > 0 ? std::to_string(d->version) : "unknown",
+                           d->nvfs_loaded ? (nvfs_file ? nvfs_version : "loaded") : "not loaded",
+                           d->p2pdma ? "yes" : "no");
   } else {
-    // cufile.json allows // comments.
-    std::ifstream in("/etc/cufile.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    const Json cfg = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false,
-                                 /*ignore_comments=*/true);
-    const bool p2p = !cfg.is_discarded() && cfg.contains("properties") &&
-                     cfg["properties"].is_object() &&
-                     cfg["properties"].value("use_pci_p2pdma", false) == true;
-    mode = p2p ? "p2pdma" : "compat";
+    lib_text = fmt::format("{}; nvidia-fs {}", drv.status().message(),
+                           nvfs_file ? nvfs_version : "not loaded");
   }
-  c.values["mode"] = mode;
-  c.ok = !path.empty() && gpu_count > 0;
-  c.summary = path.empty() ? fmt::format("libcufile not found; GPU transfers would use: {}", mode)
-                           : fmt::format("{}; nvidia-fs {}; expected mode: {}", path,
-                                         nvfs ? nvfs_version : "not loaded", mode);
+  c.summary = fmt::format("{}; gds_handle mode: {}", lib_text, mode_text);
   if (!c.ok) {
-    c.fix = path.empty() ? "install NVIDIA GDS (libcufile, nvidia-fs) for GPUDirect Storage"
-                         : "cuFile is present but there is no GPU to use it with";
+    if (!found) {
+      c.fix =
+          "install NVIDIA GDS (libcufile, nvidia-fs) for GPUDirect Storage; without it --gpu "
+          "moves GPU memory through the CUDA bounce path";
+    } else if (!have_device) {
+      c.fix = "no usable GPU: see the gpu check";
+    } else if (d == nullptr) {
+      c.fix = "cuFile is installed but its driver does not open (the reason is above)";
+    } else {
+      c.fix =
+          "cuFile offers only compat mode: load nvidia-fs (modprobe nvidia-fs) or enable P2PDMA "
+          "(\"use_pci_p2pdma\": true in /etc/cufile.json) for GPUDirect Storage; meanwhile the "
+          "bounce path is used";
+    }
   }
   return c;
 }
@@ -527,12 +557,13 @@ int RunReport(const std::string& dir, bool json) {
   checks.push_back(CheckFusermount());
   checks.push_back(CheckFuseMaxPages());
   checks.push_back(std::move(caps));
-  Check runtime, gpus;
-  CheckCuda(&runtime, &gpus);
-  const int gpu_count = gpus.values["count"].get<int>();
-  checks.push_back(std::move(runtime));
-  checks.push_back(std::move(gpus));
-  checks.push_back(CheckCufile(gpu_count));
+  // Never fails for want of a GPU: the reasons are the report.
+  bool have_device = false;
+  Check gpu = CheckGpu(&have_device);
+  const std::string no_device_reason =
+      gpu.values["reason"].is_string() ? gpu.values["reason"].get<std::string>() : gpu.summary;
+  checks.push_back(std::move(gpu));
+  checks.push_back(CheckCufile(have_device, no_device_reason));
 
   if (json) {
     Json j;

@@ -4,6 +4,10 @@
 // JSON-typed, which `dnvme io --config`, `dnvmefs -o config=`, the control file's config.set and
 // the Python aio_handle(**cfg) all take verbatim. Every measured point goes to a CSV, and gnuplot
 // draws the sweep into a PNG, both in --log-dir.
+//
+// With --gpu every point is measured with device buffers through GdsHandles (the bounce path, or
+// cuFile with --gds; the flags mean what they mean for `dnvme io`), so the parameters found are
+// the best for moving GPU memory; the config written is the same five keys.
 #include <fcntl.h>
 #include <spawn.h>
 #include <spdlog/fmt/fmt.h>
@@ -27,11 +31,14 @@
 #include <vector>
 
 #include "dnvme/config.h"
+#include "dnvme/gds_handle.h"
+#include "dnvme/gpu.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
 #include "tools/dnvme/cli_util.h"
 #include "tools/dnvme/commands.h"
+#include "tools/dnvme/gpu_cli.h"
 #include "tools/dnvme/tune_search.h"
 
 extern char** environ;
@@ -56,15 +63,18 @@ struct TuneOptions {
   std::string output;  // default LOG_DIR/dnvme_tune.json
   std::string search = "descent";
   double min_gain = 0.03;
-  bool gpu = false;
-  bool gds = false;
+  GpuFlags gpu;
   bool json = false;
 };
 
-// One directory's share of a measurement: its file, its pinned buffer.
+// One directory's share of a measurement: its file and its buffer, pinned host memory or, with
+// --gpu, device memory (the host buffer is then released once the pattern is on the device).
 struct Target {
   std::string path;
   PinnedBuffer buf;
+  gpu::DeviceBuffer device;
+
+  void* data() const { return device.empty() ? buf.data() : device.data(); }
 };
 
 std::string FileName() { return fmt::format("dnvme_tune.{}.dat", ::getpid()); }
@@ -89,8 +99,9 @@ Status MakeDirs(const std::string& dir) {
 }
 
 // Runs one operation over every target at once (a thread per directory, each with its own
-// handle) and returns the wall time.
-Result<double> TimeOnce(OpType op, std::vector<std::unique_ptr<AioHandle>>& handles,
+// handle: an AioHandle, or a GdsHandle for --gpu) and returns the wall time.
+template <typename Handle>
+Result<double> TimeOnce(OpType op, std::vector<std::unique_ptr<Handle>>& handles,
                         std::vector<Target>& targets, int64_t size) {
   std::vector<Status> results(targets.size());
   const auto start = std::chrono::steady_clock::now();
@@ -99,8 +110,8 @@ Result<double> TimeOnce(OpType op, std::vector<std::unique_ptr<AioHandle>>& hand
     for (size_t i = 0; i < targets.size(); ++i) {
       threads.emplace_back([&, i] {
         results[i] = op == OpType::kWrite
-                         ? handles[i]->sync_pwrite(targets[i].buf.bytes(), size, targets[i].path)
-                         : handles[i]->sync_pread(targets[i].buf.bytes(), size, targets[i].path);
+                         ? handles[i]->sync_pwrite(targets[i].data(), size, targets[i].path)
+                         : handles[i]->sync_pread(targets[i].data(), size, targets[i].path);
       });
     }
   }
@@ -113,7 +124,8 @@ Result<double> TimeOnce(OpType op, std::vector<std::unique_ptr<AioHandle>>& hand
 
 // The median rate of `loops` timed operations, in GiB/s over all targets (handles[i] serves
 // targets[i]).
-Result<double> MeasureOp(OpType op, std::vector<std::unique_ptr<AioHandle>>& handles,
+template <typename Handle>
+Result<double> MeasureOp(OpType op, std::vector<std::unique_ptr<Handle>>& handles,
                          std::vector<Target>& targets, int64_t size, int loops) {
   std::vector<double> seconds;
   for (int i = 0; i < loops; ++i) {
@@ -123,6 +135,44 @@ Result<double> MeasureOp(OpType op, std::vector<std::unique_ptr<AioHandle>>& han
   }
   const double bytes = static_cast<double>(size) * static_cast<double>(targets.size());
   return bytes / kGiB / Median(seconds);
+}
+
+// One point's writes and then reads, with handles[i] serving targets[i].
+template <typename Handle>
+Result<Measurement> MeasurePoint(std::vector<std::unique_ptr<Handle>>& handles,
+                                 std::vector<Target>& targets, int64_t size, int loops,
+                                 bool do_write, bool do_read) {
+  Measurement m;
+  if (do_write) {
+    DNVME_ASSIGN_OR_RETURN(m.write_gib_per_s,
+                           MeasureOp(OpType::kWrite, handles, targets, size, loops));
+  }
+  if (do_read) {
+    DNVME_ASSIGN_OR_RETURN(m.read_gib_per_s,
+                           MeasureOp(OpType::kRead, handles, targets, size, loops));
+  }
+  return m;
+}
+
+// What --gpu found before the sweep: the device and the mode its handles run in.
+struct GpuSetup {
+  gpu::DeviceInfo device;
+  GdsOptions options;
+  std::string mode;
+  std::string mode_reason;
+};
+
+// The device, and a first handle to learn the mode: with --gds, Create fails here (with cuFile's
+// reason) before any file is written, rather than at the first point.
+Result<GpuSetup> SetUpGpu(const GpuFlags& flags) {
+  GpuSetup g;
+  DNVME_ASSIGN_OR_RETURN(g.device, OpenGpu(flags));
+  g.options = GdsOptionsFor(flags);
+  Result<std::unique_ptr<GdsHandle>> h = GdsHandle::Create(HandleConfig{}, g.options);
+  if (!h.ok()) return h.status().WithContext(flags.gds ? "--gds: gds_handle" : "gds_handle");
+  g.mode = GdsModeName((*h)->mode());
+  g.mode_reason = (*h)->mode_reason();
+  return g;
 }
 
 // --- progress --------------------------------------------------------------------------------
@@ -286,11 +336,7 @@ Result<std::string> Plot(const SearchResult& r, const TuneOptions& o, bool w, bo
 // --- the command -----------------------------------------------------------------------------
 
 int RunTune(const TuneOptions& o) {
-  if (o.gpu || o.gds) {
-    throw UsageError(
-        "--gpu/--gds: this build has no GPU path yet (the gds_handle and its CUDA bounce path "
-        "are not built); tune host memory without them");
-  }
+  CheckGpuFlags(o.gpu);
   if (o.no_read && o.no_write) throw UsageError("--no-read and --no-write leave nothing to tune");
   if (o.dirs.empty()) throw UsageError("give at least one --dir");
   const int64_t size = ParseSizeFlag("--io-size", o.io_size);
@@ -305,6 +351,18 @@ int RunTune(const TuneOptions& o) {
     if (!s.ok()) throw UsageError("--sweep-config: " + s.status().message());
     space = *s;
   }
+  // Before anything is created: without a device (or without cuFile for --gds) there is nothing
+  // to tune, and the reason is the answer.
+  GpuSetup gpu_setup;
+  if (o.gpu.gpu) {
+    Result<GpuSetup> g = SetUpGpu(o.gpu);
+    if (!g.ok()) {
+      std::cerr << "dnvme tune: error: " << g.status().ToString()
+                << "; `dnvme report` shows this machine's GPU set-up\n";
+      return kExitFailure;
+    }
+    gpu_setup = std::move(g).value();
+  }
   if (Status st = MakeDirs(o.log_dir); !st.ok()) {
     throw UsageError("--log-dir: " + st.message());
   }
@@ -314,7 +372,8 @@ int RunTune(const TuneOptions& o) {
 
   // One file and one pinned buffer per directory. Each file is written once before the sweep
   // (untimed), so every timed write is an overwrite of allocated blocks, like a checkpoint slot
-  // rewritten each time, and --no-write still has a file to read.
+  // rewritten each time, and --no-write still has a file to read. With --gpu the pattern then
+  // moves to a device buffer per directory and the pinned one is given back.
   std::vector<Target> targets;
   for (const std::string& d : o.dirs) {
     Result<PinnedBuffer> buf = AioHandle::new_cpu_locked_buffer(static_cast<size_t>(size));
@@ -324,7 +383,7 @@ int RunTune(const TuneOptions& o) {
       return kExitFailure;
     }
     FillPattern(buf->bytes(), buf->size());
-    targets.push_back(Target{d + "/" + FileName(), std::move(buf).value()});
+    targets.push_back(Target{d + "/" + FileName(), std::move(buf).value(), {}});
   }
   struct Cleanup {
     std::vector<Target>* t;
@@ -349,6 +408,21 @@ int RunTune(const TuneOptions& o) {
       }
     }
   }
+  if (o.gpu.gpu) {
+    for (Target& t : targets) {
+      Result<gpu::DeviceBuffer> dev =
+          gpu::DeviceBuffer::Allocate(static_cast<size_t>(size), gpu_setup.device.index);
+      Status st =
+          dev.ok() ? gpu::CopyToDevice(dev->data(), t.buf.data(), t.buf.size()) : dev.status();
+      if (!st.ok()) {
+        std::cerr << "dnvme tune: error: --gpu buffer for " << t.path << ": " << st.ToString()
+                  << "; or use a smaller --io-size\n";
+        return kExitFailure;
+      }
+      t.device = std::move(dev).value();
+      t.buf = PinnedBuffer();
+    }
+  }
 
   tune::SearchOptions sopts;
   sopts.strategy = *strategy;
@@ -359,22 +433,25 @@ int RunTune(const TuneOptions& o) {
   auto measure = [&](const TunePoint& p, int /*pass*/) -> Result<Measurement> {
     // One handle per directory, created once for the point's writes and reads (creation starts
     // threads and libaio contexts, so it stays out of the timed part and is not repeated).
+    const HandleConfig config = p.Apply(HandleConfig{});
+    if (o.gpu.gpu) {
+      std::vector<std::unique_ptr<GdsHandle>> handles;
+      for (const Target& t : targets) {
+        DNVME_ASSIGN_OR_RETURN(std::unique_ptr<GdsHandle> h,
+                               GdsHandle::Create(config, gpu_setup.options));
+        // Registered with cuFile, as DeepSpeed pins device tensors (recorded only on the bounce
+        // path); deregistered when the handle goes at the end of the point.
+        DNVME_RETURN_IF_ERROR(h->pin_device_buffer(t.device.data(), size));
+        handles.push_back(std::move(h));
+      }
+      return MeasurePoint(handles, targets, size, o.loops, do_write, do_read);
+    }
     std::vector<std::unique_ptr<AioHandle>> handles;
     for (size_t i = 0; i < targets.size(); ++i) {
-      DNVME_ASSIGN_OR_RETURN(std::unique_ptr<AioHandle> h,
-                             AioHandle::Create(p.Apply(HandleConfig{})));
+      DNVME_ASSIGN_OR_RETURN(std::unique_ptr<AioHandle> h, AioHandle::Create(config));
       handles.push_back(std::move(h));
     }
-    Measurement m;
-    if (do_write) {
-      DNVME_ASSIGN_OR_RETURN(m.write_gib_per_s,
-                             MeasureOp(OpType::kWrite, handles, targets, size, o.loops));
-    }
-    if (do_read) {
-      DNVME_ASSIGN_OR_RETURN(m.read_gib_per_s,
-                             MeasureOp(OpType::kRead, handles, targets, size, o.loops));
-    }
-    return m;
+    return MeasurePoint(handles, targets, size, o.loops, do_write, do_read);
   };
   auto on_progress = [&](const SearchResult& r, size_t bound) {
     progress.Update(r, bound);
@@ -395,9 +472,12 @@ int RunTune(const TuneOptions& o) {
 
   std::string dirs_text;
   for (const std::string& d : o.dirs) dirs_text += (dirs_text.empty() ? "" : ", ") + d;
+  const std::string memory =
+      o.gpu.gpu ? fmt::format("GPU {} memory ({} mode)", gpu_setup.device.index, gpu_setup.mode)
+                : "pinned host memory";
   const std::string title =
-      fmt::format("dnvme tune: {} x {} in {}; {} of {} points ({} search), {} loops each",
-                  o.dirs.size(), FormatSizeSuffix(size), dirs_text, r.measured.size(),
+      fmt::format("dnvme tune: {} x {} in {} from {}; {} of {} points ({} search), {} loops each",
+                  o.dirs.size(), FormatSizeSuffix(size), dirs_text, memory, r.measured.size(),
                   space.GridSize(), tune::SearchStrategyName(sopts.strategy), o.loops);
   Result<std::string> png = Plot(r, o, do_write, do_read, title);
   if (!png.ok()) spdlog::warn("no sweep plot: {}", png.status().ToString());
@@ -431,12 +511,28 @@ int RunTune(const TuneOptions& o) {
     j["dirs"] = o.dirs;
     j["loops"] = o.loops;
     j["seconds"] = elapsed.count();
+    j["memory"] = o.gpu.gpu ? "gpu" : "host_pinned";
+    if (o.gpu.gpu) {
+      nlohmann::ordered_json g;
+      g["device"] = gpu_setup.device.index;
+      g["name"] = gpu_setup.device.name;
+      g["pci_bus_id"] = gpu_setup.device.pci_bus_id;
+      g["cufile"] = CuFilePolicyName(gpu_setup.options.cufile);
+      g["cufile_compat"] = gpu_setup.options.cufile_compat;
+      g["mode"] = gpu_setup.mode;
+      g["mode_reason"] = gpu_setup.mode_reason;
+      j["gpu"] = g;
+    }
     std::cout << j.dump() << std::endl;
     return kExitOk;
   }
   std::cout << fmt::format("measured {} of {} points ({} search) in {:.1f} s\n", r.measured.size(),
                            space.GridSize(), tune::SearchStrategyName(sopts.strategy),
                            elapsed.count());
+  if (o.gpu.gpu) {
+    std::cout << fmt::format("gpu: {}, gds_handle mode {} ({})\n", DeviceLabel(gpu_setup.device),
+                             gpu_setup.mode, gpu_setup.mode_reason);
+  }
   if (do_write) {
     const MeasuredPoint& m = r.measured[r.best_write];
     std::cout << fmt::format("best write: {:.2f} GiB/s  {}\n", m.m.write_gib_per_s,
@@ -483,8 +579,7 @@ Command AddTuneCommand(CLI::App& parent) {
   cmd->add_option("--min-gain", o->min_gain,
                   "Descent: relative gain below which a move is taken as noise")
       ->capture_default_str();
-  cmd->add_flag("--gpu", o->gpu, "Tune GPU buffers through the CUDA bounce path");
-  cmd->add_flag("--gds", o->gds, "Tune GPU buffers through GPUDirect Storage");
+  AddGpuFlags(cmd, &o->gpu, "the tuner's buffers");
   cmd->add_flag("--json", o->json, "One JSON object on stdout instead of text");
   return Command{cmd, [o] { return RunTune(*o); }};
 }
