@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the release build (build/), the ASan+UBSan build (build-asan/), the
-# control-file parser's libFuzzer target for 60 s (build-fuzz/), then the clang-format check. Runs
-# all of them and exits non-zero if any failed.
+# Builds and runs every test: the release build (build/, with the CUDA toolkit when it is installed,
+# as on the CI machines: /usr/local/cuda), the ASan+UBSan build (build-asan/, built without CUDA, so
+# both configurations of the GPU path are built and tested), the control-file parser's libFuzzer
+# target for 60 s (build-fuzz/), then the clang-format check. Runs all of them and exits non-zero
+# if any failed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -26,7 +28,7 @@ run_suite() {  # name build_dir cmake args...
 }
 
 run_suite release "$ROOT/build" -DDNVME_BUILD_TESTS=ON
-run_suite asan "$ROOT/build-asan" -DDNVME_BUILD_TESTS=ON -DDNVME_SANITIZE=ON
+run_suite asan "$ROOT/build-asan" -DDNVME_BUILD_TESTS=ON -DDNVME_SANITIZE=ON -DDNVME_WITH_CUDA=OFF
 
 echo "=== fuzz: control-file request parser (60 s) ==="
 if ! tests/fuzz/run.sh 60 "$ROOT/build-fuzz" >"$ROOT/build-fuzz.log" 2>&1; then
