@@ -48,25 +48,26 @@ class HostCopyEngine : public CopyEngine {
     return Status::Ok();
   }
   Status Finish(int) override { return Status::Ok(); }
-  Status CopySync(void* dst, const void* src, size_t size, bool) override {
+  Status CopySync(void* dst, const void* src, size_t size) override {
     std::memcpy(dst, src, size);
     return Status::Ok();
   }
   Result<bool> IsDevice(const void* p) override { return r_->Contains(p); }
   Status BindThread() override { return Status::Ok(); }
-  Result<void*> AllocDevice(size_t size) override {
+  Result<DeviceBuffer> AllocDevice(size_t size) override {
     DNVME_ASSIGN_OR_RETURN(void* p, AllocStaging(size));
     std::memset(p, 0, size);
-    std::lock_guard lock(r_->mu);
-    r_->ranges[reinterpret_cast<uintptr_t>(p)] = size == 0 ? 1 : size;
-    return p;
-  }
-  void FreeDevice(void* p) override {
     {
       std::lock_guard lock(r_->mu);
-      r_->ranges.erase(reinterpret_cast<uintptr_t>(p));
+      r_->ranges[reinterpret_cast<uintptr_t>(p)] = size == 0 ? 1 : size;
     }
-    free(p);
+    return DeviceBuffer::Adopt(p, size, 0, [r = r_](void* q) {
+      {
+        std::lock_guard lock(r->mu);
+        r->ranges.erase(reinterpret_cast<uintptr_t>(q));
+      }
+      free(q);
+    });
   }
 
  private:
@@ -150,29 +151,14 @@ class CudaCopyEngine : public CopyEngine {
     return CudaCheck(cudaStreamSynchronize(slots_.at(static_cast<size_t>(slot)).stream),
                      "cudaStreamSynchronize");
   }
-  Status CopySync(void* dst, const void* src, size_t size, bool) override {
+  Status CopySync(void* dst, const void* src, size_t size) override {
     DNVME_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(device_), "cudaSetDevice"));
     return CudaCheck(cudaMemcpy(dst, src, size, cudaMemcpyDefault), "cudaMemcpy");
   }
   Result<bool> IsDevice(const void* p) override { return IsDevicePointer(p); }
   Status BindThread() override { return CudaCheck(cudaSetDevice(device_), "cudaSetDevice"); }
-  Result<void*> AllocDevice(size_t size) override {
-    DNVME_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(device_), "cudaSetDevice"));
-    void* p = nullptr;
-    DNVME_RETURN_IF_ERROR(CudaCheck(cudaMalloc(&p, size == 0 ? 1 : size),
-                                    "cudaMalloc(" + std::to_string(size) + ")"));
-    // cudaMemset may return before it has run: finish it before the memory is handed out.
-    Status st = CudaCheck(cudaMemset(p, 0, size), "cudaMemset");
-    if (st.ok()) st = CudaCheck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    if (!st.ok()) {
-      cudaFree(p);
-      return st;
-    }
-    return p;
-  }
-  void FreeDevice(void* p) override {
-    Status st = CudaCheck(cudaFree(p), "cudaFree");
-    if (!st.ok()) LogCudaFailure(st);
+  Result<DeviceBuffer> AllocDevice(size_t size) override {
+    return DeviceBuffer::Allocate(size, device_);
   }
 
  private:

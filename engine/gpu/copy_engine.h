@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "dnvme/gpu.h"
 #include "dnvme/status.h"
 
 namespace dnvme::gpu {
@@ -31,16 +32,16 @@ class CopyEngine {
   // Queues a copy on `slot` (0 .. slots-1); Finish(slot) waits for everything queued on it.
   virtual Status Start(int slot, void* dst, const void* src, size_t size, bool to_device) = 0;
   virtual Status Finish(int slot) = 0;
-  // A synchronous copy in the direction the flag says (validate, tools).
-  virtual Status CopySync(void* dst, const void* src, size_t size, bool to_device) = 0;
+  // A synchronous copy; the direction follows from the pointers (validate, tools).
+  virtual Status CopySync(void* dst, const void* src, size_t size) = 0;
   // Whether `p` is memory of this engine's device (host buffers go to libaio directly).
   virtual Result<bool> IsDevice(const void* p) = 0;
   // Makes the engine's device current on the calling thread (cudaSetDevice), so cuFile and the
   // runtime calls of a fresh thread act on the right device's primary context.
   virtual Status BindThread() = 0;
-  // Device memory for new_pinned_device_buffer; frees with the DeviceBuffer-style deleter.
-  virtual Result<void*> AllocDevice(size_t size) = 0;
-  virtual void FreeDevice(void* p) = 0;
+  // Zeroed device memory for new_pinned_device_buffer. The DeviceBuffer frees itself and does
+  // not depend on this engine (it may outlive the handle).
+  virtual Result<DeviceBuffer> AllocDevice(size_t size) = 0;
 };
 
 class CopyEngineFactory {

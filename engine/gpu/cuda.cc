@@ -231,15 +231,16 @@ Result<double> MeasureCopyRate(size_t size, bool to_device, int repeats, int dev
   return best;
 }
 
-Result<IpcExport> ExportIpc(const void* device_ptr) {
-  DNVME_RETURN_IF_ERROR(CheckCudaInitAllowed());
-  cudaPointerAttributes a{};
-  DNVME_RETURN_IF_ERROR(
-      CudaCheck(cudaPointerGetAttributes(&a, device_ptr), "cudaPointerGetAttributes"));
-  if (a.type != cudaMemoryTypeDevice) {
-    return Status::InvalidArgument("CUDA IPC needs memory from cudaMalloc (device memory)");
-  }
-  // cuMemGetAddressRange, reached through the runtime so nothing links libcuda directly.
+namespace {
+
+struct AddressRange {
+  uintptr_t base = 0;
+  int64_t size = 0;
+};
+
+// The cudaMalloc allocation containing `p` (cuMemGetAddressRange, reached through the runtime's
+// driver entry points so nothing links libcuda directly).
+Result<AddressRange> AllocationOf(const void* p) {
   using AddressRangeFn = int (*)(unsigned long long*, size_t*, unsigned long long);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
@@ -250,13 +251,27 @@ Result<IpcExport> ExportIpc(const void* device_ptr) {
     return Status::Unsupported(ENOSYS, "the CUDA driver has no cuMemGetAddressRange");
   }
   unsigned long long base = 0;
-  size_t alloc_size = 0;
-  const int r = reinterpret_cast<AddressRangeFn>(fn)(
-      &base, &alloc_size, reinterpret_cast<unsigned long long>(device_ptr));
+  size_t size = 0;
+  const int r =
+      reinterpret_cast<AddressRangeFn>(fn)(&base, &size, reinterpret_cast<unsigned long long>(p));
   if (r != 0) return Status::IoError(EIO, "cuMemGetAddressRange: CUresult " + std::to_string(r));
-  cudaIpcMemHandle_t h{};
+  return AddressRange{static_cast<uintptr_t>(base), static_cast<int64_t>(size)};
+}
+
+}  // namespace
+
+Result<IpcExport> ExportIpc(const void* device_ptr) {
+  DNVME_RETURN_IF_ERROR(CheckCudaInitAllowed());
+  cudaPointerAttributes a{};
   DNVME_RETURN_IF_ERROR(
-      CudaCheck(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)), "cudaIpcGetMemHandle"));
+      CudaCheck(cudaPointerGetAttributes(&a, device_ptr), "cudaPointerGetAttributes"));
+  if (a.type != cudaMemoryTypeDevice) {
+    return Status::InvalidArgument("CUDA IPC needs memory from cudaMalloc (device memory)");
+  }
+  DNVME_ASSIGN_OR_RETURN(AddressRange range, AllocationOf(device_ptr));
+  cudaIpcMemHandle_t h{};
+  DNVME_RETURN_IF_ERROR(CudaCheck(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(range.base)),
+                                  "cudaIpcGetMemHandle"));
   static_assert(sizeof(h) == kIpcHandleBytes);
   IpcExport out;
   static const char* kHex = "0123456789abcdef";
@@ -265,8 +280,8 @@ Result<IpcExport> ExportIpc(const void* device_ptr) {
     out.handle_hex.push_back(kHex[bytes[i] >> 4]);
     out.handle_hex.push_back(kHex[bytes[i] & 15]);
   }
-  out.offset = static_cast<int64_t>(reinterpret_cast<unsigned long long>(device_ptr) - base);
-  out.allocation_size = static_cast<int64_t>(alloc_size);
+  out.offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(device_ptr) - range.base);
+  out.allocation_size = range.size;
   out.device = a.device;
   return out;
 }
@@ -285,22 +300,9 @@ Result<std::unique_ptr<IpcMapping>> IpcMapping::Open(const std::string& handle_h
   DNVME_RETURN_IF_ERROR(CudaCheck(
       cudaIpcOpenMemHandle(&m->data_, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
   m->device_ = device;
-  using AddressRangeFn = int (*)(unsigned long long*, size_t*, unsigned long long);
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) ==
-          cudaSuccess &&
-      fn != nullptr && q == cudaDriverEntryPointSuccess) {
-    unsigned long long base = 0;
-    size_t sz = 0;
-    if (reinterpret_cast<AddressRangeFn>(fn)(&base, &sz,
-                                             reinterpret_cast<unsigned long long>(m->data_)) == 0) {
-      m->allocation_size_ = static_cast<int64_t>(sz);
-    }
-  }
-  if (m->allocation_size_ <= 0) {
-    return Status::IoError(EIO, "cannot learn the size of the CUDA IPC allocation");
-  }
+  auto range = AllocationOf(m->data_);
+  if (!range.ok()) return range.status().WithContext("the size of the CUDA IPC allocation");
+  m->allocation_size_ = range->size;
   return m;
 }
 
@@ -330,8 +332,7 @@ Status MemsetDevice(void*, int, size_t) { return NoCuda(); }
 Result<double> MeasureCopyRate(size_t, bool, int, int) { return NoCuda(); }
 Result<IpcExport> ExportIpc(const void*) { return NoCuda(); }
 Result<std::unique_ptr<IpcMapping>> IpcMapping::Open(const std::string& hex, int) {
-  DNVME_RETURN_IF_ERROR(DecodeIpcHandleHex(hex).status().ok() ? NoCuda()
-                                                              : DecodeIpcHandleHex(hex).status());
+  DNVME_RETURN_IF_ERROR(DecodeIpcHandleHex(hex).status());  // a bad handle is still EINVAL
   return NoCuda();
 }
 IpcMapping::~IpcMapping() = default;

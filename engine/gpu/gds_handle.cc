@@ -128,13 +128,36 @@ class GdsHandle::Impl {
   int64_t chunk = 0;
   std::vector<void*> staging;  // bounce slots, allocated on first use
 
-  // Registered device ranges: base -> size (pin_device_buffer). Guarded by pins_mu; the shared
-  // state outlives the handle when a DeviceBuffer from new_pinned_device_buffer does.
+  // Registered device ranges: base -> size (pin_device_buffer). Guarded by mu; the shared state
+  // outlives the handle when a DeviceBuffer from new_pinned_device_buffer does (the handle's
+  // destructor unpins everything, so such a buffer then finds nothing to unpin).
   struct Pins {
     std::mutex mu;
     std::map<uintptr_t, size_t> ranges;
     const gpu::CuFileDriver* cufile = nullptr;
-    bool alive = true;
+
+    // Forgets the range starting at `p` and deregisters it from cuFile.
+    Status Unpin(void* p) {
+      std::lock_guard lock(mu);
+      auto it = ranges.find(reinterpret_cast<uintptr_t>(p));
+      if (it == ranges.end()) {
+        return Status::InvalidArgument("unpin_device_buffer: this buffer is not pinned");
+      }
+      ranges.erase(it);
+      if (cufile == nullptr) return Status::Ok();
+      return gpu::CuFileStatus(cufile->buf_deregister(p), "cuFileBufDeregister");
+    }
+    // Unpins every range (the handle's end); failures are logged.
+    void UnpinAll() {
+      std::vector<void*> bases;
+      {
+        std::lock_guard lock(mu);
+        for (const auto& [base, size] : ranges) bases.push_back(reinterpret_cast<void*>(base));
+      }
+      for (void* b : bases) {
+        if (Status st = Unpin(b); !st.ok()) Logger().warn("{}", st.ToString());
+      }
+    }
   };
   std::shared_ptr<Pins> pins = std::make_shared<Pins>();
 
@@ -160,18 +183,7 @@ class GdsHandle::Impl {
     }
     qcv.notify_all();
     if (dispatcher.joinable()) dispatcher.join();
-    {
-      std::lock_guard lock(pins->mu);
-      if (cufile != nullptr) {
-        for (auto& [base, size] : pins->ranges) {
-          Status st = gpu::CuFileStatus(cufile->buf_deregister(reinterpret_cast<void*>(base)),
-                                        "cuFileBufDeregister");
-          if (!st.ok()) Logger().warn("{}", st.ToString());
-        }
-      }
-      pins->ranges.clear();
-      pins->alive = false;
-    }
+    pins->UnpinAll();
     for (void* p : staging) copier->FreeStaging(p);
   }
 
@@ -521,8 +533,7 @@ class GdsHandle::Impl {
     const char* cmp = job.buffer;
     if (job.device) {
       mem.resize(static_cast<size_t>(n));
-      DNVME_RETURN_IF_ERROR(
-          copier->CopySync(mem.data(), job.buffer, static_cast<size_t>(n), false));
+      DNVME_RETURN_IF_ERROR(copier->CopySync(mem.data(), job.buffer, static_cast<size_t>(n)));
       cmp = mem.data();
     }
     for (int64_t i = 0; i < n; ++i) {
@@ -716,59 +727,20 @@ Status GdsHandle::pin_device_buffer(void* buffer, int64_t n) {
   return Status::Ok();
 }
 
-Status GdsHandle::unpin_device_buffer(void* buffer) {
-  auto& pins = *impl_->pins;
-  std::lock_guard lock(pins.mu);
-  auto it = pins.ranges.find(reinterpret_cast<uintptr_t>(buffer));
-  if (it == pins.ranges.end()) {
-    return Status::InvalidArgument("unpin_device_buffer: this buffer is not pinned");
-  }
-  pins.ranges.erase(it);
-  if (impl_->cufile != nullptr) {
-    DNVME_RETURN_IF_ERROR(
-        gpu::CuFileStatus(impl_->cufile->buf_deregister(buffer), "cuFileBufDeregister"));
-  }
-  return Status::Ok();
-}
+Status GdsHandle::unpin_device_buffer(void* buffer) { return impl_->pins->Unpin(buffer); }
 
 Result<gpu::DeviceBuffer> GdsHandle::new_pinned_device_buffer(int64_t n) {
   if (n <= 0) return Status::InvalidArgument("new_pinned_device_buffer needs a positive size");
-  DNVME_ASSIGN_OR_RETURN(void* p, impl_->copier->AllocDevice(static_cast<size_t>(n)));
-  // The deleter must not depend on this handle (the buffer may outlive it): the copy engine
-  // factory's engines free what they allocate; a fresh engine is cheap for the host engine and
-  // the CUDA deleter is plain cudaFree.
-  std::shared_ptr<gpu::CopyEngine> freer;
-  if (impl_->options.copy_engine) {
-    auto e = impl_->options.copy_engine->Create(impl_->options.device, 2);
-    if (!e.ok()) {
-      impl_->copier->FreeDevice(p);
-      return e.status();
-    }
-    freer = std::move(e).value();
-  } else {
-    auto e = gpu::MakeCudaCopyEngine(impl_->options.device, 1);
-    if (!e.ok()) {
-      impl_->copier->FreeDevice(p);
-      return e.status();
-    }
-    freer = std::move(e).value();
-  }
-  gpu::DeviceBuffer b = gpu::DeviceBuffer::Adopt(p, static_cast<size_t>(n), impl_->options.device,
-                                                 [freer](void* q) { freer->FreeDevice(q); });
-  Status pinned = pin_device_buffer(p, n);
+  DNVME_ASSIGN_OR_RETURN(gpu::DeviceBuffer b, impl_->copier->AllocDevice(static_cast<size_t>(n)));
+  Status pinned = pin_device_buffer(b.data(), n);
   if (!pinned.ok()) return pinned;  // b frees the memory
   std::weak_ptr<Impl::Pins> weak = impl_->pins;
   b.set_on_free([weak](void* q) {
+    // Already unpinned (by unpin_device_buffer or the handle's end) is fine here.
     auto pins = weak.lock();
     if (!pins) return;
-    std::lock_guard lock(pins->mu);
-    auto it = pins->ranges.find(reinterpret_cast<uintptr_t>(q));
-    if (it == pins->ranges.end()) return;
-    pins->ranges.erase(it);
-    if (pins->alive && pins->cufile != nullptr) {
-      Status st = gpu::CuFileStatus(pins->cufile->buf_deregister(q), "cuFileBufDeregister");
-      if (!st.ok()) Logger().warn("{}", st.ToString());
-    }
+    Status st = pins->Unpin(q);
+    if (!st.ok() && st.code() != Status::Code::kInvalidArgument) Logger().warn("{}", st.ToString());
   });
   return b;
 }
