@@ -35,6 +35,8 @@ done
 BENCH_NAME=ctl_vs_fio
 # shellcheck source=bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/pipe-max.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/pipe-max.sh"
 [[ -x $DNVMEFS && -x $DNVME ]] || die "build first: scripts/build.sh ($DNVMEFS, $DNVME)"
 command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
 [[ -c /dev/fuse ]] || die "/dev/fuse is missing"
@@ -55,10 +57,12 @@ cleanup() {
     kill "$DNV_PID" 2>/dev/null || true
     wait "$DNV_PID" 2>/dev/null || true
   fi
+  pipe_max_restore
   rm -f "$BACKING/cvf_raw.dat" "$BACKING/cvf_ctl.dat"
   findmnt -rn -M "$MNT" >/dev/null 2>&1 || rm -rf "$WORK"
 }
 trap cleanup EXIT
+pipe_max_raise
 
 "$DNVMEFS" "$BACKING" "$MNT" -f ${OPTS:+-o "$OPTS"} >"$WORK/dnvmefs.log" 2>&1 &
 DNV_PID=$!

@@ -52,6 +52,8 @@ done
 BENCH_NAME=mount_vs_fio
 # shellcheck source=bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/pipe-max.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/pipe-max.sh"
 [[ -x $DNVMEFS ]] || die "$DNVMEFS is missing; build it first: scripts/build.sh"
 command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
 command -v fusermount3 >/dev/null || die "fusermount3 is missing; run scripts/install-deps.sh"
@@ -87,6 +89,7 @@ stop_fs() {  # mountpoint pid
   fi
 }
 cleanup() {
+  pipe_max_restore
   stop_fs "$MNT_D" "$DNV_PID"
   stop_fs "$MNT_P" "$PLL_PID"
   rm -f "${FILES[@]}"
@@ -98,6 +101,7 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+pipe_max_raise  # for the whole run: every variant mounts anew
 
 
 wait_mounted() {  # mountpoint pid log name

@@ -24,6 +24,7 @@ namespace dnvme::fs {
 namespace {
 
 constexpr int64_t kAlign = 4096;
+constexpr size_t kSpliceHintMinBytes = 64 << 10;
 
 int ErrnoOf(const Status& st) {
   return st.ok() ? 0 : (st.error_number() ? st.error_number() : EIO);
@@ -31,10 +32,24 @@ int ErrnoOf(const Status& st) {
 
 }  // namespace
 
+void Fs::FinishFlush(Inode* ip, const Status& st) {
+  {
+    std::lock_guard g(ip->m);
+    if (!st.ok()) {
+      counters_.errors.fetch_add(1, std::memory_order_relaxed);
+      Logger().error("write-behind flush failed: {}", st.ToString());
+      if (ip->wb_error.ok()) ip->wb_error = st;
+    }
+    if (--ip->wb_inflight == 0 && !ip->wb_chunk && !ip->wb_pipe) ip->wb_end = 0;
+  }
+  ip->cv.notify_all();
+}
+
 void Fs::FlushExtentLocked(Inode& in, std::unique_lock<std::mutex>& lock) {
   (void)lock;  // documents that in.m is held
-  if (!in.wb_chunk) return;
+  if (!in.wb_chunk && !in.wb_pipe) return;
   auto chunk = std::move(in.wb_chunk);
+  PipePool::Lease pipe = std::move(in.wb_pipe);
   const int64_t start = in.wb_start;
   const int64_t len = in.wb_len;
   FileRef file = std::move(in.wb_file);
@@ -45,20 +60,25 @@ void Fs::FlushExtentLocked(Inode& in, std::unique_lock<std::mutex>& lock) {
   ++in.wb_inflight;
   counters_.write_behind_flushes.fetch_add(1, std::memory_order_relaxed);
   Inode* ip = &in;
-  Status st = Engine()->submit_pwrite(
-      chunk->data(), len, file, start, [this, ip, chunk](const OpResult& r) mutable {
-        {
-          std::lock_guard g(ip->m);
-          if (!r.status.ok()) {
-            counters_.errors.fetch_add(1, std::memory_order_relaxed);
-            Logger().error("write-behind flush failed: {}", r.status.ToString());
-            if (ip->wb_error.ok()) ip->wb_error = r.status;
-          }
-          chunk.reset();  // back to the pool before waiters wake
-          if (--ip->wb_inflight == 0 && !ip->wb_chunk) ip->wb_end = 0;
-        }
-        ip->cv.notify_all();
-      });
+  if (pipe) {
+    SpliceWriter::Job job;
+    job.pipe = std::move(pipe);
+    job.fd = file.direct_fd();
+    job.offset = start;
+    job.len = len;
+    // The job keeps the file (and so job.fd) open until it is done.
+    job.fallback = [this, file](const char* data, int64_t n, int64_t off) {
+      return Engine()->sync_pwrite(data, n, file, off);
+    };
+    job.done = [this, ip](const Status& st) { FinishFlush(ip, st); };
+    splicer_->Submit(std::move(job));
+    return;
+  }
+  Status st = Engine()->submit_pwrite(chunk->data(), len, file, start,
+                                      [this, ip, chunk](const OpResult& r) mutable {
+                                        chunk.reset();  // back to the pool before waiters wake
+                                        FinishFlush(ip, r.status);
+                                      });
   if (!st.ok()) {
     --in.wb_inflight;
     if (in.wb_error.ok()) in.wb_error = st;
@@ -105,6 +125,27 @@ void Fs::InvalidateReadAhead(Inode& in) {
   InvalidateReadAheadLocked(in);
 }
 
+bool WriteSource::in_pipe() const {
+  const fuse_buf& b = src_->buf[src_->idx];
+  return src_->idx < src_->count && (b.flags & FUSE_BUF_IS_FD) && !(b.flags & FUSE_BUF_FD_SEEK);
+}
+
+int64_t WriteSource::SpliceTo(int pipe_w, size_t n) {
+  fuse_buf& b = src_->buf[src_->idx];
+  n = std::min(n, b.size - src_->off);
+  size_t moved = 0;
+  while (moved < n) {
+    ssize_t r = splice(b.fd, nullptr, pipe_w, nullptr, n - moved, SPLICE_F_NONBLOCK);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EAGAIN) break;  // the destination is full
+    if (r < 0) return -errno;
+    if (r == 0) return -EIO;  // the request pipe holds less than the request said
+    moved += static_cast<size_t>(r);
+  }
+  src_->off += moved;  // keeps fuse_buf_copy's view of what is left in step
+  return static_cast<int64_t>(moved);
+}
+
 bool WriteSource::CopyTo(char* dst, size_t n) {
   fuse_bufvec d = FUSE_BUFVEC_INIT(n);
   d.buf[0].mem = dst;
@@ -120,9 +161,19 @@ bool WriteSource::CopyTo(char* dst, size_t n) {
   return true;
 }
 
+void Fs::NoteWriteKind(bool page_cache) {
+  int s = splice_score_.load(std::memory_order_relaxed);
+  const int next =
+      page_cache ? std::min(s + 1, kSpliceScoreLimit) : std::max(s - 1, -kSpliceScoreLimit);
+  // A lost race only delays the switch by a request: no retry loop needed.
+  if (next != s) splice_score_.compare_exchange_weak(s, next, std::memory_order_relaxed);
+}
+
 int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* scratch) {
   Inode& in = *fh.inode;
   counters_.write_ops.fetch_add(1, std::memory_order_relaxed);
+  // Small writes cost about the same either way; only large ones steer the receive mode.
+  if (wb_pipes_ && size >= kSpliceHintMinBytes) NoteWriteKind(fh.page_cache_writes);
   std::unique_lock lock(in.m);
   InvalidateReadAheadLocked(in);
   // An earlier flush failed: this writer hears of it now.
@@ -133,39 +184,66 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
   // 3.14 cannot ask for FOPEN_PARALLEL_DIRECT_WRITES), so replying only after the disk would run
   // them at queue depth one.
   if (wb_pool_) {
-    const int64_t cap = opts_.write_chunk;
+    bool splice_ok = true;  // cleared if a pipe refuses the request's pages
     while (done < size) {
       const int64_t pos = off + static_cast<int64_t>(done);
-      if (in.wb_chunk && pos != in.wb_start + in.wb_len) FlushExtentLocked(in, lock);
-      if (!in.wb_chunk) {
-        if (pos % kAlign != 0) break;  // chunks start aligned so flushes stay O_DIRECT
+      // Page references can go straight to an O_DIRECT write only when they are whole pages at
+      // page-aligned file offsets of a file the engine opened with O_DIRECT.
+      const bool spliceable = splice_ok && wb_pipes_ && fh.page_cache_writes && src.in_pipe() &&
+                              pos % kAlign == 0 && (size - done) % kAlign == 0 &&
+                              fh.file.direct_fd() >= 0;
+      const bool have = in.wb_chunk || in.wb_pipe;
+      if (have && pos != in.wb_start + in.wb_len) {
+        FlushExtentLocked(in, lock);
+      } else if (in.wb_pipe && !spliceable) {
+        FlushExtentLocked(in, lock);  // a pipe extent takes only more spliceable data
+      }
+      if (!in.wb_chunk && !in.wb_pipe) {
+        if (pos % kAlign != 0) break;  // extents start aligned so flushes stay O_DIRECT
         // A new extent that does not continue the last one may overlap a flush in flight; two
         // overlapping O_DIRECT writes complete in any order, so let those land first.
         if (in.wb_inflight > 0 && pos != in.wb_next) {
           in.cv.wait(lock, [&] { return in.wb_inflight == 0; });
-          if (in.wb_chunk) continue;  // another writer started an extent meanwhile
+          continue;  // another writer may have started an extent meanwhile: look again
         }
-        PinnedPool::Lease lease = wb_pool_->TryAcquire();
-        if (!lease) {
-          // Every chunk is busy. Waiting is safe only for our own flushes (they will finish);
-          // otherwise write this request through the engine directly.
-          if (in.wb_inflight == 0) break;
-          in.cv.wait(lock);
-          continue;
+        if (spliceable) in.wb_pipe = wb_pipes_->TryAcquire();
+        if (!in.wb_pipe) {
+          PinnedPool::Lease lease = wb_pool_->TryAcquire();
+          if (!lease) {
+            // Every chunk is busy. Waiting is safe only for our own flushes (they will finish);
+            // otherwise write this request through the engine directly.
+            if (in.wb_inflight == 0) break;
+            in.cv.wait(lock);
+            continue;
+          }
+          in.wb_chunk = std::make_shared<PinnedPool::Lease>(std::move(lease));
         }
-        in.wb_chunk = std::make_shared<PinnedPool::Lease>(std::move(lease));
         in.wb_start = pos;
         in.wb_len = 0;
         in.wb_file = fh.file;
       }
-      const size_t n = static_cast<size_t>(
+      const int64_t cap = in.wb_pipe ? wb_pipes_->capacity() : opts_.write_chunk;
+      const size_t want = static_cast<size_t>(
           std::min<int64_t>(static_cast<int64_t>(size - done), cap - in.wb_len));
-      if (!src.CopyTo(in.wb_chunk->data() + in.wb_len, n)) return errno;
+      size_t n = want;
+      if (in.wb_pipe) {
+        const int64_t moved = src.SpliceTo(in.wb_pipe->write_fd(), want);
+        if (moved < 0) return static_cast<int>(-moved);
+        n = static_cast<size_t>(moved);
+        if (n == 0 && in.wb_len == 0) {
+          in.wb_pipe.Reset();  // an empty pipe took nothing: copy this request instead
+          splice_ok = false;
+          continue;
+        }
+      } else if (!src.CopyTo(in.wb_chunk->data() + in.wb_len, n)) {
+        return errno;
+      }
       in.wb_len += static_cast<int64_t>(n);
       done += n;
       in.wb_end = std::max(in.wb_end, in.wb_start + in.wb_len);
       in.wb_next = in.wb_start + in.wb_len;
-      if (in.wb_len == cap) FlushExtentLocked(in, lock);
+      // Full (or a pipe that took less than it should hold): flush, go on in a new extent.
+      if (in.wb_len == cap || n < want) FlushExtentLocked(in, lock);
     }
     if (done > 0) clock_gettime(CLOCK_REALTIME, &in.wb_mtime);
     counters_.bytes_written_behind.fetch_add(done, std::memory_order_relaxed);

@@ -34,6 +34,8 @@
 #include "engine/posix/file.h"
 #include "fs/control.h"
 #include "fs/options.h"
+#include "fs/pipe.h"
+#include "fs/splice_writer.h"
 
 namespace dnvme::fs {
 
@@ -76,10 +78,13 @@ struct Inode {
   std::condition_variable cv;
   // Write-behind (guarded by m): data accepted from writers, not yet on disk.
   std::shared_ptr<PinnedPool::Lease> wb_chunk;  // chunk being filled, null when none
-  FileRef wb_file;                              // engine file the extent is flushed through
-  int64_t wb_start = 0, wb_len = 0;             // extent inside wb_chunk
-  int wb_inflight = 0;                          // flushes submitted, not completed
-  int64_t wb_next = -1;         // end of the last extent: a write there continues the stream
+  // Or, for page-cache-backed writers, a pipe being filled with references to the FUSE page-cache
+  // pages of the data (never both at once): flushed by the splice writer without a copy.
+  PipePool::Lease wb_pipe;
+  FileRef wb_file;                   // engine file the extent is flushed through
+  int64_t wb_start = 0, wb_len = 0;  // extent inside wb_chunk
+  int wb_inflight = 0;               // flushes submitted, not completed
+  int64_t wb_next = -1;              // end of the last extent: a write there continues the stream
   int64_t wb_end = 0;           // end of the highest byte accepted and not yet known to be on disk
   struct timespec wb_mtime {};  // time of the last write accepted into write-behind
   Status wb_error;              // first flush error since it was last reported to a writer
@@ -105,6 +110,11 @@ class WriteSource {
   explicit WriteSource(fuse_bufvec* src) : src_(src) {}
   // Moves the next `n` bytes into `dst`; false (errno set) on failure.
   bool CopyTo(char* dst, size_t n);
+  // True when the bytes are still in the request pipe (the session loop spliced the request).
+  bool in_pipe() const;
+  // Moves up to `n` of the next bytes, as page references, into the pipe `pipe_w` without
+  // blocking. Returns the bytes moved (fewer when that pipe is full) or -errno.
+  int64_t SpliceTo(int pipe_w, size_t n);
 
  private:
   fuse_bufvec* src_;
@@ -123,6 +133,9 @@ struct FileHandle : OpenHandle {
   FileRef file;  // the engine's view (O_DIRECT + buffered fds); regular files only
   bool client_direct = false;
   bool writable = false;
+  // The kernel sends this handle's writes from its page cache (not direct_io, not O_DIRECT), so
+  // a spliced request carries page-aligned page references the splice writer can use as is.
+  bool page_cache_writes = false;
   Inode* inode = nullptr;
 };
 
@@ -131,6 +144,10 @@ class Fs {
   explicit Fs(MountOptions opts);
   ~Fs();
 
+  // Creates what needs privileges the daemon drops after mounting: the pipes that hold spliced
+  // write-behind extents (sized above pipe-max-size). Call before DropCaps, and only when the
+  // session loop splices requests (`splicing`).
+  Status ReservePrivileged(bool splicing);
   // Opens the backing directory and creates the engine; called in the daemon after it forked.
   Status Start();
   // Start() then undo it: run in the parent before mounting, so a configuration the engine
@@ -157,6 +174,13 @@ class Fs {
   // it at once; no remount). Returns the resulting configuration.
   Result<HandleConfig> SetEngineConfig(const std::string& json_patch);
   void set_session(fuse_session* se) { se_ = se; }
+  // For the session loop (SessionLoop::SpliceHint): true while recent large WRITEs came from the
+  // kernel's page cache, whose pages splice moves without a copy.
+  // True when page-cache WRITEs can reach the disk without a copy (pipes were reserved).
+  bool SplicesWrites() const { return wb_pipes_ != nullptr; }
+  bool PreferSplice() const {
+    return wb_pipes_ && splice_score_.load(std::memory_order_relaxed) > 0;
+  }
 
   // ---- Control plane (fs/virtual.cc) ----
   Inode& VirtualInode(VirtualNode kind);
@@ -226,6 +250,8 @@ class Fs {
 
  private:
   void FlushExtentLocked(Inode& inode, std::unique_lock<std::mutex>& lock);
+  // A flush of `ip` completed (engine or splice writer thread): record its error, wake waiters.
+  void FinishFlush(Inode* ip, const Status& st);
   // With Inode::m held: flush the pending extent, wait for every flush, return the sticky error
   // (clearing it when `take_error`).
   int DrainLocked(Inode& inode, std::unique_lock<std::mutex>& lock, bool take_error);
@@ -246,6 +272,11 @@ class Fs {
   std::vector<std::shared_ptr<AioHandle>> retired_;
   HandleStats retired_stats_;  // of destroyed engines, for the stats
   fuse_session* se_ = nullptr;
+  // +1 per large page-cache WRITE, -1 per large WRITE of the caller's own pages, kept within
+  // [-kSpliceScoreLimit, kSpliceScoreLimit]: a few requests of the other kind flip the mode.
+  static constexpr int kSpliceScoreLimit = 8;
+  std::atomic<int> splice_score_{1};
+  void NoteWriteKind(bool page_cache);
   struct timespec started_ {};
 
   CtlCounters ctl_counters_;
@@ -259,6 +290,8 @@ class Fs {
   void ReapRetiredLocked();
   void InitVirtualNodes();
   std::unique_ptr<PinnedPool> wb_pool_;
+  std::unique_ptr<PipePool> wb_pipes_;     // spliced write-behind extents (ReservePrivileged)
+  std::unique_ptr<SpliceWriter> splicer_;  // flushes them; exists iff wb_pipes_ does
   std::unique_ptr<PinnedPool> ra_pool_;
   std::unique_ptr<PinnedPool> reply_pool_;  // 1 MiB buffers for async replies
   int64_t ra_chunk_ = 0;

@@ -110,10 +110,9 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
-  // Write payloads arrive in a pipe and are read once, straight into the pinned chunk.
-  if (fs.opts().splice_read && (conn->capable & FUSE_CAP_SPLICE_READ)) {
-    conn->want |= FUSE_CAP_SPLICE_READ;
-  }
+  // FUSE_CAP_SPLICE_READ stays off: it only steers libfuse's own receive, which our session
+  // loop replaces (fs/session_loop.h); with clone_fd's libfuse loop it would fall back to read(2)
+  // anyway once CAP_SYS_RESOURCE is gone.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   // Locks stay in the kernel (flock and POSIX locks are local to this mount: correct for every
   // process on this machine). Writeback caching stays off: write-behind happens in the daemon,
@@ -336,13 +335,19 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
   return 0;
 }
 
-void FillOpenFlags(fuse_file_info* fi) {
+void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   fi->keep_cache = 0;  // the page cache of this file may be stale after a truncate elsewhere
-  // A write-only open (a checkpoint writer) gains nothing from the kernel page cache: it would
-  // only add a copy per byte and evict useful pages. Its writes go straight to the daemon's
-  // write-behind. Readers keep the page cache for re-reads.
-  fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY ? 1 : 0;
+  // A write-only open (a checkpoint writer) reads nothing back. When requests are spliced, its
+  // writes through the page cache cost the daemon no copy at all (fs/splice_writer.h): keep
+  // the page cache. Otherwise every byte would be copied into the page cache, out of it into
+  // the daemon, and into a chunk: direct_io saves the first of those. Measured with dd bs=1M
+  // (docs/performance.md): same GiB/s either way when spliced, a quarter of the daemon CPU.
+  fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY && !fs.SplicesWrites() ? 1 : 0;
   fi->noflush = 0;
+  // Otherwise the kernel copies a write's data into its page cache first and, when the session
+  // loop splices, hands us references to those pages (fs/pipe.h). With direct_io or O_DIRECT it
+  // sends the caller's own pages, which splice can only copy.
+  fh->page_cache_writes = !fi->direct_io && !fh->client_direct;
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -366,7 +371,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
-  FillOpenFlags(fi);
+  FillOpenFlags(fs, fi, fh);
   if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(fh);  // the opener was interrupted
 }
 
@@ -395,7 +400,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     return;
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
-  FillOpenFlags(fi);
+  FillOpenFlags(fs, fi, fh);
   if (fuse_reply_create(req, &e, fi) == -ENOENT) fs.Dispose(fh);
 }
 
@@ -799,6 +804,22 @@ void Fs::Dispose(OpenHandle* h) {
   delete h;
 }
 
+Status Fs::ReservePrivileged(bool splicing) {
+  if (!splicing || opts_.write_behind <= 0) return Status::Ok();
+  // write_behind bytes of pipes, each holding one write_chunk extent; without CAP_SYS_RESOURCE,
+  // pipe-max-size pipes (1 MiB by default), more of them.
+  auto pool = PipePool::Create(opts_.write_behind, opts_.write_chunk, kMinSplicePipeBytes);
+  if (!pool.ok()) {
+    Logger().info("write-behind copies every write (no pipes for spliced extents: {})",
+                  pool.status().ToString());
+    return Status::Ok();
+  }
+  wb_pipes_ = std::move(pool).value();
+  Logger().info("spliced write-behind: {} pipes of {} bytes", wb_pipes_->count(),
+                wb_pipes_->capacity());
+  return Status::Ok();
+}
+
 Status Fs::Start() {
   int fd = open(opts_.backing.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "open BACKING_DIR '" + opts_.backing + "'");
@@ -824,6 +845,11 @@ Status Fs::Start() {
     auto pool = PinnedPool::Create(static_cast<size_t>(opts_.write_chunk), n);
     if (!pool.ok()) return pool.status().WithContext("write-behind buffers (write_behind=)");
     wb_pool_ = std::move(pool).value();
+  }
+  // One writer thread per extent in flight; the pipes beyond that queue up behind them.
+  if (wb_pipes_) {
+    splicer_ = std::make_unique<SpliceWriter>(
+        static_cast<int>(std::min<size_t>(wb_pipes_->count(), kSpliceWriterThreads)));
   }
   if (opts_.read_ahead > 0) {
     ra_chunk_ = std::min<int64_t>(opts_.read_ahead, 4 << 20);
@@ -858,6 +884,7 @@ Status Fs::Preflight() {
 
 void Fs::Stop() {
   DrainAll();
+  splicer_.reset();  // idle after DrainAll; joins its threads
   std::shared_ptr<AioHandle> last;
   {
     std::lock_guard lock(engine_mu_);

@@ -23,6 +23,7 @@
 #include "fs/caps.h"
 #include "fs/fs.h"
 #include "fs/options.h"
+#include "fs/session_loop.h"
 
 #ifndef DNVME_VERSION
 #define DNVME_VERSION "unknown"
@@ -201,21 +202,41 @@ int main(int argc, char** argv) {
     // Forked for good: CUDA (and cuFile) may start from now on, on the first GPU registration
     // through the control file.
     if (daemonized) dnvme::gpu::AllowCudaInit();
+    // Our loop (unless clone_fd asks for libfuse's) and its pipes come before the capability
+    // drop: pipes big enough for a 1 MiB request need CAP_SYS_RESOURCE (fs/session_loop.h).
+    std::unique_ptr<dnvme::fs::SessionLoop> loop;
+    dnvme::Status loop_st;
+    if (daemonized && !opts.clone_fd) {
+      dnvme::fs::Fs* f = fs.get();
+      auto l =
+          dnvme::fs::SessionLoop::Create(se, opts.single_thread ? 1 : dnvme::fs::kMaxFuseThreads,
+                                         opts.splice_read, [f] { return f->PreferSplice(); });
+      if (l.ok()) {
+        loop = std::move(l).value();
+        loop_st = fs->ReservePrivileged(loop->splicing());
+      } else {
+        loop_st = l.status();
+      }
+    }
     if (!daemonized) {
       Logger().error("daemonize failed");
+    } else if (!loop_st.ok()) {
+      Logger().error("session loop set-up failed: {}", loop_st.ToString());
     } else if (auto caps = DropCaps(); !caps.ok()) {
       Logger().error("dropping capabilities failed: {}", caps.ToString());
     } else if (dnvme::Status st = fs->Start(); !st.ok()) {
       Logger().error("start-up failed: {}", st.ToString());
     } else {
-      Logger().info("mounted {} at {} (engine {})", opts.backing, opts.mountpoint,
-                    opts.engine.ToJson());
+      Logger().info("mounted {} at {} (engine {}; {})", opts.backing, opts.mountpoint,
+                    opts.engine.ToJson(),
+                    loop ? (loop->splicing() ? "requests spliced" : "requests read")
+                         : "libfuse loop with clone_fd");
       int loop_rc;
-      if (opts.single_thread) {
-        loop_rc = fuse_session_loop(se);
+      if (loop) {
+        loop_rc = loop->Run();
       } else {
         fuse_loop_config* cfg = fuse_loop_cfg_create();
-        fuse_loop_cfg_set_clone_fd(cfg, opts.clone_fd ? 1 : 0);
+        fuse_loop_cfg_set_clone_fd(cfg, 1);
         fuse_loop_cfg_set_idle_threads(cfg, 16);
         fuse_loop_cfg_set_max_threads(cfg, dnvme::fs::kMaxFuseThreads);
         loop_rc = fuse_session_loop_mt(se, cfg);

@@ -77,7 +77,7 @@ const char* UsageText() {
          "  write_behind=SIZE            pinned memory for write-behind (0 disables; 64M)\n"
          "  write_chunk=SIZE             bytes per write-behind flush (8M)\n"
          "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
-         "  splice_read=0|1              receive write payloads through a pipe (0)\n"
+         "  splice_read=0|1              splice requests; page-cache writes go to disk uncopied (1)\n"
          "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
          "  clone_fd=0|1                 one /dev/fuse fd per loop thread (0)\n"
          "  ctl_max_handles=N            control-file handles per uid (8)\n"

@@ -26,6 +26,10 @@ inline constexpr int64_t kMaxFuseRequestBytes = int64_t{1} << 20;
 // async_reply: one 1 MiB buffer per read an O_DIRECT client can have in flight at the kernel's
 // limit.
 inline constexpr int kAsyncReplyBuffers = 64;
+// Splice writer threads (fs/splice_writer.h): each keeps one spliced extent in flight.
+inline constexpr size_t kSpliceWriterThreads = 16;
+// Smallest pipe worth holding an extent in (a small write_chunk gets pipes of its own size).
+inline constexpr int64_t kMinSplicePipeBytes = 64 << 10;
 
 struct MountOptions {
   std::string backing;     // absolute path
@@ -46,10 +50,10 @@ struct MountOptions {
   // (docs/performance.md), because the 1 MiB reply copies then run on the engine worker's
   // thread, one after another, instead of on many FUSE threads in parallel.
   bool async_reply = false;
-  // Receive requests with splice (FUSE_CAP_SPLICE_READ): a write's payload is then copied once,
-  // from the pipe into the pinned chunk. Off by default: no gain measured here (fio psync 1 GiB
-  // writes, 5 alternated rounds: median 1.28 GiB/s with, 1.31 without; same daemon CPU).
-  bool splice_read = false;
+  // Receive requests with splice (fs/session_loop.h) and write page-cache-backed writers' data
+  // to disk from the kernel's own pages (fs/splice_writer.h): no copy in the daemon. Needs the
+  // daemon's own loop (not clone_fd) and pipes sized before the capability drop.
+  bool splice_read = true;
   // Multi-threaded loop: each worker thread opens its own /dev/fuse fd (clone_fd), so the kernel
   // hands requests to threads without one shared queue. Off by default: on the 2-core reference
   // VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio without it

@@ -40,6 +40,7 @@ RAW_FILE=$BACKING/quickstart_raw.dat
 mounted=0
 keep_mount=0
 cleanup() {
+  pipe_max_restore
   rm -f "$RAW_FILE"
   rm -rf "$WORK"
   if [[ $mounted -eq 1 && $keep_mount -eq 0 ]]; then
@@ -47,6 +48,8 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+# shellcheck source=scripts/pipe-max.sh
+source "$ROOT/scripts/pipe-max.sh"
 
 # A mount left by an earlier run (or a dead one after a crash) is ours: take it down first.
 if findmnt -rn -M "$MNT" >/dev/null 2>&1; then
@@ -69,6 +72,7 @@ echo "quickstart: ${mount_cmd[*]}"
 # A daemon of an earlier run may still be writing its last lines: keep those apart.
 [[ -e $LOG ]] && mv -f "$LOG" "$LOG.old"
 rc=0
+pipe_max_raise
 "${mount_cmd[@]}" >"$WORK/mount.out" 2>&1 || rc=$?
 if [[ $rc -ne 0 ]]; then
   echo "quickstart: mount failed: dnvmefs exited $rc$([[ $rc -eq 2 ]] && echo ' (bad options)')" >&2
@@ -85,6 +89,10 @@ if [[ $fstype != fuse.dnvmefs ]]; then
   exit 1
 fi
 mounted=1
+# Any answer through the mount comes from the daemon's loop, created after its pipes: those keep
+# their size, the sysctl can go back.
+cat "$MNT/.dnvme/stats" >/dev/null || true
+pipe_max_restore
 echo "quickstart: mounted $BACKING on $MNT ($(findmnt -rn -o SOURCE,FSTYPE,OPTIONS -M "$MNT"))"
 
 RESULTS=$WORK/results.tsv

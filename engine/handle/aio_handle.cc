@@ -350,6 +350,7 @@ const std::string& FileRef::label() const {
 }
 bool FileRef::direct() const { return file_ && file_->direct_fd >= 0; }
 int FileRef::buffered_fd() const { return file_ ? file_->buffered_fd : -1; }
+int FileRef::direct_fd() const { return file_ ? file_->direct_fd : -1; }
 
 Result<FileRef> AioHandle::open_file(const std::string& path, FileAccess access) {
   DNVME_ASSIGN_OR_RETURN(auto file, impl_->Open(HandleImpl::Target{&path, -1, nullptr}, access,

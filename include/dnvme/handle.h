@@ -104,6 +104,9 @@ class FileRef {
   bool direct() const;
   // The buffered descriptor (for fsync, fstat, ftruncate by the owner); -1 when invalid.
   int buffered_fd() const;
+  // The O_DIRECT descriptor (for an owner that moves data to the file itself, e.g. with
+  // splice); -1 when invalid or when direct I/O is not in use.
+  int direct_fd() const;
 
  private:
   friend class HandleImpl;

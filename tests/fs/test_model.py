@@ -545,5 +545,12 @@ class ModelSmallBuffersTest(ModelTest):
     BUDGET_FACTOR = 0.6
 
 
+class ModelReadReceiveTest(ModelTest):
+    """Requests read(2) into the daemon instead of spliced (the mode of a daemon that cannot
+    size 2 MiB pipes): every write payload is copied, nothing goes through the splice writer."""
+    MOUNT_OPTIONS = ("splice_read=0",)
+    BUDGET_FACTOR = 0.5
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
