@@ -61,17 +61,20 @@ void Fs::FlushExtentLocked(Inode& in, std::unique_lock<std::mutex>& lock) {
   counters_.write_behind_flushes.fetch_add(1, std::memory_order_relaxed);
   Inode* ip = &in;
   if (pipe) {
-    SpliceWriter::Job job;
-    job.pipe = std::move(pipe);
-    job.fd = file.direct_fd();
-    job.offset = start;
-    job.len = len;
-    // The job keeps the file (and so job.fd) open until it is done.
-    job.fallback = [this, file](const char* data, int64_t n, int64_t off) {
-      return Engine()->sync_pwrite(data, n, file, off);
-    };
-    job.done = [this, ip](const Status& st) { FinishFlush(ip, st); };
-    splicer_->Submit(std::move(job));
+    // std::function wants a copyable task: the lease rides in a shared_ptr.
+    auto held = std::make_shared<PipePool::Lease>(std::move(pipe));
+    splicers_->Submit([this, ip, held, file, start, len] {
+      SpliceWriteResult r = SpliceToFile(**held, file.direct_fd(), start, len,
+                                         [this, &file](const char* data, int64_t n, int64_t at) {
+                                           return Engine()->sync_pwrite(data, n, file, at);
+                                         });
+      counters_.bytes_written_spliced.fetch_add(static_cast<uint64_t>(r.spliced),
+                                                std::memory_order_relaxed);
+      counters_.bytes_splice_fallback.fetch_add(static_cast<uint64_t>(r.fell_back),
+                                                std::memory_order_relaxed);
+      held->Reset();  // emptied (or discarded) and back in the pool before waiters wake
+      FinishFlush(ip, r.status);
+    });
     return;
   }
   Status st = Engine()->submit_pwrite(chunk->data(), len, file, start,
@@ -295,6 +298,12 @@ void Fs::StartReadAheadLocked(Inode& in, FileHandle& fh, int64_t from, int64_t f
     in.ra_chunks.push_back(chunk);
     next += chunk->length;
   }
+}
+
+void Fs::QuiesceReadAhead(Inode& in) {
+  std::unique_lock lock(in.m);
+  in.cv.wait(lock, [&] { return in.ra_inflight == 0; });
+  InvalidateReadAheadLocked(in);
 }
 
 bool Fs::ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t off) {

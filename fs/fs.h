@@ -35,7 +35,7 @@
 #include "fs/control.h"
 #include "fs/options.h"
 #include "fs/pipe.h"
-#include "fs/splice_writer.h"
+#include "fs/splice_io.h"
 
 namespace dnvme::fs {
 
@@ -49,6 +49,10 @@ struct MountCounters {
   std::atomic<uint64_t> write_behind_flushes{0};
   std::atomic<uint64_t> read_ahead_fetches{0};
   std::atomic<uint64_t> errors{0};
+  // Spliced write-behind (fs/splice_io.h): bytes that went to the disk from the kernel's pages,
+  // and spliced extents the kernel refused and the engine wrote instead.
+  std::atomic<uint64_t> bytes_written_spliced{0};
+  std::atomic<uint64_t> bytes_splice_fallback{0};
   std::string ToJson() const;
 };
 
@@ -242,6 +246,8 @@ class Fs {
   // Reads up to `size` bytes at `off`; `scratch` (at least `size` bytes, pinned and aligned) takes
   // what is read on demand. Returns bytes read (the iovecs in `reply` add up to it) or -errno.
   ssize_t Read(FileHandle& fh, char* scratch, size_t size, off_t off, ReadReply* reply);
+  // Waits for the inode's read-ahead in flight (its callbacks use the inode): release.
+  void QuiesceReadAhead(Inode& inode);
   // Drops read-ahead data (after writes, truncate, fallocate).
   void InvalidateReadAhead(Inode& inode);
   // Folds write-behind data not yet on disk into `st`: the size the file will have, and the
@@ -290,8 +296,8 @@ class Fs {
   void ReapRetiredLocked();
   void InitVirtualNodes();
   std::unique_ptr<PinnedPool> wb_pool_;
-  std::unique_ptr<PipePool> wb_pipes_;     // spliced write-behind extents (ReservePrivileged)
-  std::unique_ptr<SpliceWriter> splicer_;  // flushes them; exists iff wb_pipes_ does
+  std::unique_ptr<PipePool> wb_pipes_;       // spliced write-behind extents (ReservePrivileged)
+  std::unique_ptr<SpliceWorkers> splicers_;  // runs spliced flushes; exists iff wb_pipes_ does
   std::unique_ptr<PinnedPool> ra_pool_;
   std::unique_ptr<PinnedPool> reply_pool_;  // 1 MiB buffers for async replies
   int64_t ra_chunk_ = 0;

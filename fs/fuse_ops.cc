@@ -338,7 +338,7 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
 void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   fi->keep_cache = 0;  // the page cache of this file may be stale after a truncate elsewhere
   // A write-only open (a checkpoint writer) reads nothing back. When requests are spliced, its
-  // writes through the page cache cost the daemon no copy at all (fs/splice_writer.h): keep
+  // writes through the page cache cost the daemon no copy at all (fs/splice_io.h): keep
   // the page cache. Otherwise every byte would be copied into the page cache, out of it into
   // the daemon, and into a chunk: direct_io saves the first of those. Measured with dd bs=1M
   // (docs/performance.md): same GiB/s either way when spliced, a quarter of the daemon CPU.
@@ -474,6 +474,8 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (S_ISREG(fh->inode->type)) {
     int err = FsOf(req).Drain(*fh->inode, /*take_error=*/false);
     if (err) Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, err);
+    // Read-ahead in flight uses the inode, which may be forgotten once no file is open.
+    FsOf(req).QuiesceReadAhead(*fh->inode);
   }
   FsOf(req).Dispose(fh);
   fuse_reply_err(req, 0);
@@ -771,6 +773,8 @@ std::string MountCounters::ToJson() const {
       {"write_behind_flushes", r(write_behind_flushes)},
       {"read_ahead_fetches", r(read_ahead_fetches)},
       {"errors", r(errors)},
+      {"bytes_written_spliced", r(bytes_written_spliced)},
+      {"bytes_splice_fallback", r(bytes_splice_fallback)},
   };
   return j.dump();
 }
@@ -805,18 +809,20 @@ void Fs::Dispose(OpenHandle* h) {
 }
 
 Status Fs::ReservePrivileged(bool splicing) {
-  if (!splicing || opts_.write_behind <= 0) return Status::Ok();
-  // write_behind bytes of pipes, each holding one write_chunk extent; without CAP_SYS_RESOURCE,
-  // pipe-max-size pipes (1 MiB by default), more of them.
-  auto pool = PipePool::Create(opts_.write_behind, opts_.write_chunk, kMinSplicePipeBytes);
-  if (!pool.ok()) {
-    Logger().info("write-behind copies every write (no pipes for spliced extents: {})",
-                  pool.status().ToString());
-    return Status::Ok();
+  if (!splicing) return Status::Ok();
+  if (opts_.write_behind > 0) {
+    // write_behind bytes of pipes, each holding one write_chunk extent; without
+    // CAP_SYS_RESOURCE, pipe-max-size pipes (1 MiB by default), more of them.
+    auto pool = PipePool::Create(opts_.write_behind, opts_.write_chunk, kMinSplicePipeBytes);
+    if (pool.ok()) {
+      wb_pipes_ = std::move(pool).value();
+      Logger().info("spliced write-behind: {} pipes of {} bytes", wb_pipes_->count(),
+                    wb_pipes_->capacity());
+    } else {
+      Logger().info("write-behind copies every write (no pipes for spliced extents: {})",
+                    pool.status().ToString());
+    }
   }
-  wb_pipes_ = std::move(pool).value();
-  Logger().info("spliced write-behind: {} pipes of {} bytes", wb_pipes_->count(),
-                wb_pipes_->capacity());
   return Status::Ok();
 }
 
@@ -847,10 +853,7 @@ Status Fs::Start() {
     wb_pool_ = std::move(pool).value();
   }
   // One writer thread per extent in flight; the pipes beyond that queue up behind them.
-  if (wb_pipes_) {
-    splicer_ = std::make_unique<SpliceWriter>(
-        static_cast<int>(std::min<size_t>(wb_pipes_->count(), kSpliceWriterThreads)));
-  }
+  if (wb_pipes_) splicers_ = std::make_unique<SpliceWorkers>(static_cast<int>(kSpliceThreads));
   if (opts_.read_ahead > 0) {
     ra_chunk_ = std::min<int64_t>(opts_.read_ahead, 4 << 20);
     // Room for kReadAheadWindows sequential readers' windows; more readers share what is free.
@@ -884,7 +887,7 @@ Status Fs::Preflight() {
 
 void Fs::Stop() {
   DrainAll();
-  splicer_.reset();  // idle after DrainAll; joins its threads
+  splicers_.reset();  // idle after DrainAll; joins its threads
   std::shared_ptr<AioHandle> last;
   {
     std::lock_guard lock(engine_mu_);

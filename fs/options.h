@@ -26,8 +26,9 @@ inline constexpr int64_t kMaxFuseRequestBytes = int64_t{1} << 20;
 // async_reply: one 1 MiB buffer per read an O_DIRECT client can have in flight at the kernel's
 // limit.
 inline constexpr int kAsyncReplyBuffers = 64;
-// Splice writer threads (fs/splice_writer.h): each keeps one spliced extent in flight.
-inline constexpr size_t kSpliceWriterThreads = 16;
+// Threads for spliced write-behind flushes (fs/splice_io.h): each keeps one extent in flight
+// (splice blocks until its transfer is done).
+inline constexpr size_t kSpliceThreads = 16;
 // Smallest pipe worth holding an extent in (a small write_chunk gets pipes of its own size).
 inline constexpr int64_t kMinSplicePipeBytes = 64 << 10;
 
@@ -51,11 +52,11 @@ struct MountOptions {
   // thread, one after another, instead of on many FUSE threads in parallel.
   bool async_reply = false;
   // Receive requests with splice (fs/session_loop.h) and write page-cache-backed writers' data
-  // to disk from the kernel's own pages (fs/splice_writer.h): no copy in the daemon. Needs the
+  // to disk from the kernel's own pages (fs/splice_io.h): no copy in the daemon. Needs the
   // daemon's own loop (not clone_fd) and pipes sized before the capability drop.
   bool splice_read = true;
-  // Multi-threaded loop: each worker thread opens its own /dev/fuse fd (clone_fd), so the kernel
-  // hands requests to threads without one shared queue. Off by default: on the 2-core reference
+  // libfuse's multi-threaded loop with one /dev/fuse fd per worker thread (clone_fd), instead of
+  // ours (fs/session_loop.h): no spliced requests then. Off by default: on the 2-core reference
   // VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio without it
   // and 0.61-0.70 with it; reads within noise (docs/performance.md). Worth re-measuring on
   // many-core machines.

@@ -428,12 +428,7 @@ std::string Fs::StatsJson() {
         {"config_changes", r(c.config_changes)},
         {"engine", json::parse(ctl_total.ToJson())}}},
   };
-  // Spliced write-behind (fs/splice_writer.h): bytes moved from the kernel's pages to the disk
-  // without a copy, and bytes the kernel would not write that way (copied, then written by the
-  // engine). Zero and absent pipes when the loop cannot splice.
-  const SpliceWriter::Counters sc = splicer_ ? splicer_->counters() : SpliceWriter::Counters{};
-  j["fuse"]["bytes_written_spliced"] = sc.bytes_spliced;
-  j["fuse"]["bytes_splice_fallback"] = sc.bytes_fallback;
+  // Pipes for spliced write-behind (fs/splice_io.h); 0 when requests are read, not spliced.
   j["mount"]["splice_pipes"] = wb_pipes_ ? wb_pipes_->count() : 0;
   return j.dump();
 }
