@@ -383,6 +383,7 @@ class ReportTest(unittest.TestCase):
         "fuse_device": ["present", "mode", "openable", "users_can_mount"],
         "fusermount3": ["path", "setuid_root"],
         "fuse_max_pages": ["max_pages_limit", "libfuse_max_pages", "max_request_bytes"],
+        "splice_pipes": ["pipe_max_size", "cap_sys_resource", "request_pipe_bytes"],
         "capabilities": ["uid", "cap_ipc_lock", "cap_sys_admin", "cap_setuid", "cap_dac_override"],
         "gpu": ["built_with_cuda", "cuda_runtime_version", "nvidia_driver", "device_count",
                 "devices", "reason"],
@@ -480,6 +481,17 @@ class ReportTest(unittest.TestCase):
                 self.assertEqual(m["max_pages_limit"], int(fh.read()))
         self.assertEqual(m["max_request_bytes"],
                          min(m["max_pages_limit"] or 256, 256) * os.sysconf("SC_PAGE_SIZE"))
+
+    def test_splice_pipes(self):
+        s = self.checks["splice_pipes"]
+        with open("/proc/sys/fs/pipe-max-size") as fh:
+            self.assertEqual(s["pipe_max_size"], int(fh.read()))
+        with open("/proc/self/status") as fh:
+            eff = [int(l.split()[1], 16) for l in fh if l.startswith("CapEff:")][0]
+        # The report runs as a child of this process with the same capabilities.
+        self.assertEqual(s["cap_sys_resource"], bool(eff & (1 << 24)))  # CAP_SYS_RESOURCE
+        self.assertEqual(s["request_pipe_bytes"], 2 << 20)
+        self.assertEqual(s["ok"], s["cap_sys_resource"] or s["pipe_max_size"] >= 2 << 20)
 
     def test_gpu(self):
         g = self.checks["gpu"]

@@ -360,6 +360,38 @@ Check CheckFuseMaxPages() {
   return c;
 }
 
+// Spliced requests (fs/session_loop.h): the daemon needs 2 MiB pipes, above the default
+// fs.pipe-max-size unless it holds CAP_SYS_RESOURCE when it starts.
+Check CheckSplicePipes() {
+  Check c;
+  c.name = "splice_pipes";
+  constexpr int64_t kRequestPipeBytes = int64_t{2} << 20;  // fs/pipe.h
+  const int64_t max = ReadInt("/proc/sys/fs/pipe-max-size", -1);
+  bool sys_resource = false;
+  if (cap_t caps = cap_get_proc(); caps != nullptr) {
+    cap_flag_value_t f = CAP_CLEAR;
+    sys_resource = cap_get_flag(caps, CAP_SYS_RESOURCE, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
+    cap_free(caps);
+  }
+  c.values["pipe_max_size"] = max >= 0 ? Json(max) : Json(nullptr);
+  c.values["cap_sys_resource"] = sys_resource;
+  c.values["request_pipe_bytes"] = kRequestPipeBytes;
+  c.ok = sys_resource || max >= kRequestPipeBytes;
+  c.summary = c.ok ? fmt::format(
+                         "a daemon started here gets {} request pipes ({}): page-cache writes go "
+                         "to disk without a copy in the daemon",
+                         FormatBytes(kRequestPipeBytes),
+                         sys_resource ? "CAP_SYS_RESOURCE" : "fs.pipe-max-size " + FormatBytes(max))
+                   : fmt::format(
+                         "fs.pipe-max-size {} and no CAP_SYS_RESOURCE: dnvmefs reads requests "
+                         "instead of splicing them (one more copy per written byte)",
+                         max >= 0 ? FormatBytes(max) : std::string("unknown"));
+  if (!c.ok) {
+    c.fix = "sysctl -w fs.pipe-max-size=2097152 before mounting (it may go back afterwards)";
+  }
+  return c;
+}
+
 Check CheckCapabilities(bool* ipc_lock) {
   Check c;
   c.name = "capabilities";
@@ -556,6 +588,7 @@ int RunReport(const std::string& dir, bool json) {
   checks.push_back(CheckFuseDevice());
   checks.push_back(CheckFusermount());
   checks.push_back(CheckFuseMaxPages());
+  checks.push_back(CheckSplicePipes());
   checks.push_back(std::move(caps));
   // Never fails for want of a GPU: the reasons are the report.
   bool have_device = false;
