@@ -82,6 +82,7 @@ const char* UsageText() {
          "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
          "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
          "(0)\n"
+         "  loop_threads=N               request-loop threads, 1..64 (32)\n"
          "  ctl_max_handles=N            control-file handles per uid (8)\n"
          "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
          "  log_level=LEVEL log_file=PATH nonempty\n"
@@ -170,6 +171,12 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBool(k, v));
     } else if (k == "clone_fd") {
       DNVME_ASSIGN_OR_RETURN(o.clone_fd, ParseBool(k, v));
+    } else if (k == "loop_threads") {
+      DNVME_ASSIGN_OR_RETURN(o.loop_threads, ParseInt(k, v.value_or("")));
+      if (o.loop_threads < 1 || o.loop_threads > kMaxFuseThreads) {
+        return Status::InvalidArgument("option 'loop_threads' must be 1.." +
+                                       std::to_string(kMaxFuseThreads));
+      }
     } else if (k == "ctl_max_handles") {
       DNVME_ASSIGN_OR_RETURN(o.ctl_max_handles, ParseInt(k, v.value_or("")));
       if (o.ctl_max_handles < 0 || o.ctl_max_handles > 4096) {

@@ -63,6 +63,12 @@ struct MountOptions {
   bool clone_fd = false;
   // Control-file limits per uid (docs/control-protocol.md): engine handles open, and bytes of
   // client shared memory registered, over all of that uid's ctl sessions.
+  // Threads of the request loop (fs/session_loop.h), each blocked in /dev/fuse when idle. A
+  // fixed pool (libfuse's loop grows to 64 on demand): enough for the kernel's background
+  // requests, which are answered without blocking, and for handlers that wait (fsync, a full
+  // write-behind, long control-file transfers). 4, 16 and 64 measured the same here
+  // (docs/performance.md); each thread that reads or writes synchronously pins a 1 MiB buffer.
+  int loop_threads = 32;
   int64_t ctl_max_handles = 8;
   int64_t ctl_max_bytes = int64_t{64} << 30;
   std::string log_level = "info";
@@ -78,7 +84,7 @@ struct MountOptions {
            (async_reply ? kAsyncReplyBuffers * kMaxFuseRequestBytes : 0);
   }
   int64_t PinnedPeak() const {
-    return PinnedAtStart() + kMaxFuseThreads * kMaxFuseRequestBytes +
+    return PinnedAtStart() + (clone_fd ? kMaxFuseThreads : loop_threads) * kMaxFuseRequestBytes +
            engine.bounce_bytes_per_worker * engine.intra_op_parallelism;
   }
 };

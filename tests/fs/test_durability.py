@@ -507,7 +507,8 @@ class BadInvocationTest(Base):
                  "queue_depth=abc", "queue_depth=100000", "intra_op_parallelism=0",
                  "direct=sometimes", "log_level=loud", "write_behind=-1", "read_ahead=1X",
                  "config=" + os.path.join(self.scratch.path, "missing.json"), "config=" + badcfg,
-                 "no_such_option", "no_such_key=3"]
+                 "no_such_option", "no_such_key=3", "loop_threads=0", "loop_threads=65",
+                 "loop_threads=x", "splice_read=maybe"]
         for opt in cases:
             for fg in (["-f"], []):
                 with self.subTest(option=opt, mode=fg):
