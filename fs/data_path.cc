@@ -129,8 +129,9 @@ void Fs::InvalidateReadAhead(Inode& in) {
 }
 
 bool WriteSource::in_pipe() const {
+  if (src_->idx >= src_->count) return false;
   const fuse_buf& b = src_->buf[src_->idx];
-  return src_->idx < src_->count && (b.flags & FUSE_BUF_IS_FD) && !(b.flags & FUSE_BUF_FD_SEEK);
+  return (b.flags & FUSE_BUF_IS_FD) && !(b.flags & FUSE_BUF_FD_SEEK);
 }
 
 int64_t WriteSource::SpliceTo(int pipe_w, size_t n) {
