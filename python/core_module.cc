@@ -128,18 +128,11 @@ py::list WaitResults(Handle& h) {
   return out;
 }
 
-class PyAioHandle {
+// What aio_handle and gds_handle share: DeepSpeed's getters, pread/pwrite, wait, fsync and the
+// stats, forwarded to the engine handle (AioHandle or GdsHandle, the same API).
+template <class Handle>
+class PyHandle {
  public:
-  PyAioHandle(int64_t block_size, int queue_depth, bool single_submit, bool overlap_events,
-              int intra_op_parallelism) {
-    const dnvme::HandleConfig config =
-        MakeConfig(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism);
-    auto handle = dnvme::AioHandle::Create(config);
-    if (!handle.ok()) ThrowStatus(handle.status(), "", -1);
-    handle_ = std::move(handle).value();
-  }
-
-  dnvme::AioHandle* get() { return handle_.get(); }
   int64_t block_size() const { return handle_->get_block_size(); }
   int queue_depth() const { return handle_->get_queue_depth(); }
   bool single_submit() const { return handle_->get_single_submit(); }
@@ -165,8 +158,22 @@ class PyAioHandle {
 
   std::string stats_json() const { return handle_->stats().ToJson(); }
 
- private:
-  std::unique_ptr<dnvme::AioHandle> handle_;
+ protected:
+  std::unique_ptr<Handle> handle_;
+};
+
+class PyAioHandle : public PyHandle<dnvme::AioHandle> {
+ public:
+  PyAioHandle(int64_t block_size, int queue_depth, bool single_submit, bool overlap_events,
+              int intra_op_parallelism) {
+    const dnvme::HandleConfig config =
+        MakeConfig(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism);
+    auto handle = dnvme::AioHandle::Create(config);
+    if (!handle.ok()) ThrowStatus(handle.status(), "", -1);
+    handle_ = std::move(handle).value();
+  }
+
+  dnvme::AioHandle* get() { return handle_.get(); }
 };
 
 // Device memory from GdsHandle::new_pinned_device_buffer. Freed (and unpinned) when this object
@@ -199,7 +206,7 @@ class PyDeviceBuffer {
   dnvme::gpu::DeviceBuffer buffer_;
 };
 
-class PyGdsHandle {
+class PyGdsHandle : public PyHandle<dnvme::GdsHandle> {
  public:
   PyGdsHandle(int64_t block_size, int queue_depth, bool single_submit, bool overlap_events,
               int intra_op_parallelism, const std::string& cufile, int device, bool cufile_compat) {
@@ -221,30 +228,8 @@ class PyGdsHandle {
     handle_ = std::move(handle).value();
   }
 
-  int64_t block_size() const { return handle_->get_block_size(); }
-  int queue_depth() const { return handle_->get_queue_depth(); }
-  bool single_submit() const { return handle_->get_single_submit(); }
-  bool overlap_events() const { return handle_->get_overlap_events(); }
-  int intra_op_parallelism() const { return handle_->get_intra_op_parallelism(); }
   std::string mode() const { return dnvme::GdsModeName(handle_->mode()); }
   std::string mode_reason() const { return handle_->mode_reason(); }
-
-  int pread(uintptr_t address, int64_t num_bytes, const std::string& path, bool validate,
-            bool async_op, int64_t file_offset) {
-    return Transfer(*handle_, true, address, num_bytes, path, validate, async_op, file_offset);
-  }
-  int pwrite(uintptr_t address, int64_t num_bytes, const std::string& path, bool validate,
-             bool async_op, int64_t file_offset) {
-    return Transfer(*handle_, false, address, num_bytes, path, validate, async_op, file_offset);
-  }
-  int wait() { return WaitAndRaise(*handle_); }
-  py::list wait_results() { return WaitResults(*handle_); }
-  int pending() const { return handle_->pending(); }
-
-  void fsync(const std::string& path) {
-    dnvme::Status st = handle_->fsync(path);
-    if (!st.ok()) ThrowStatus(st, path, -1);
-  }
 
   // pin/unpin refuse a range that is not device memory, pinned twice or not pinned with
   // ValueError (the caller's mistake); cuFile failures are OSError.
@@ -288,16 +273,12 @@ class PyGdsHandle {
     if (!st.ok()) ThrowStatus(st, "", -1);
   }
 
-  std::string stats_json() const { return handle_->stats().ToJson(); }
-
  private:
   static void Raise(const dnvme::Status& st) {
     if (st.ok()) return;
     if (st.code() == dnvme::Status::Code::kInvalidArgument) throw py::value_error(st.message());
     ThrowStatus(st, "", -1);
   }
-
-  std::unique_ptr<dnvme::GdsHandle> handle_;
 };
 
 // Page-aligned host memory. Pinned: dnvme::PinnedBuffer (mlock'ed; the refusal names

@@ -107,6 +107,20 @@ class CtlCase(mh.MountedTestCase):
         self.assertEqual(answer["error"]["errno"], getattr(errno, code), answer)
         self.assertTrue(answer["error"]["message"], answer)
 
+    def write_direct(self, path, data):
+        """One O_DIRECT write(2) of `data` from page-aligned memory, then fsync."""
+        buf = mmap.mmap(-1, len(data))
+        try:
+            buf[:] = data
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+            try:
+                self.assertEqual(os.write(fd, buf), len(data))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            buf.close()
+
     def stats(self):
         return self.ctl.ok("stats")["stats"]
 
@@ -499,13 +513,6 @@ class SpliceTest(CtlCase):
                           "2 MiB pipes (no CAP_SYS_RESOURCE and fs.pipe-max-size < 2 MiB; "
                           "scripts/run-tests.sh raises it when it can)")
 
-    def fsync(self, path):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def test_page_cache_writer_is_spliced_and_lands_intact(self):
         size = 24 * MiB
         data = pattern(size, 21)
@@ -544,19 +551,12 @@ class SpliceTest(CtlCase):
     def test_o_direct_writer_is_not_spliced(self):
         # The kernel sends an O_DIRECT writer's own pages; the daemon copies those (a splice
         # would make the kernel copy them into the pipe first).
-        buf = mmap.mmap(-1, 4 * MiB)
-        buf[:] = pattern(4 * MiB, 41)
+        data = pattern(4 * MiB, 41)
         s0 = self.stats()["fuse"]
-        fd = os.open(self.m("direct.bin"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
-        try:
-            self.assertEqual(os.write(fd, buf), 4 * MiB)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self.write_direct(self.m("direct.bin"), data)
         s1 = self.stats()["fuse"]
         self.assertEqual(s1["bytes_written_spliced"], s0["bytes_written_spliced"])
-        self.assertBytesEqual(self.read(self.b("direct.bin")), bytes(buf), "BACKING_DIR")
-        buf.close()
+        self.assertBytesEqual(self.read(self.b("direct.bin")), data, "BACKING_DIR")
 
 
 class LiveConfigTest(CtlCase):
@@ -565,15 +565,7 @@ class LiveConfigTest(CtlCase):
             # O_DIRECT from an aligned buffer: the data goes through the engine whether or not
             # the daemon splices page-cache writes past it.
             e0 = self.stats()["engine"]
-            buf = mmap.mmap(-1, 8 * MiB)
-            buf[:] = pattern(8 * MiB, 8)
-            fd = os.open(self.m("cfg.bin"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
-            try:
-                self.assertEqual(os.write(fd, buf), 8 * MiB)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-                buf.close()
+            self.write_direct(self.m("cfg.bin"), pattern(8 * MiB, 8))
             e1 = self.stats()["engine"]
             return e1["requests"] - e0["requests"]
 

@@ -35,6 +35,7 @@
 #include "dnvme/pinned.h"
 #include "engine/gpu/cufile.h"
 #include "fs/options.h"
+#include "fs/pipe.h"
 #include "tools/dnvme/cli_util.h"
 #include "tools/dnvme/commands.h"
 #include "tools/dnvme/gpu_cli.h"
@@ -365,7 +366,6 @@ Check CheckFuseMaxPages() {
 Check CheckSplicePipes() {
   Check c;
   c.name = "splice_pipes";
-  constexpr int64_t kRequestPipeBytes = int64_t{2} << 20;  // fs/pipe.h
   const int64_t max = ReadInt("/proc/sys/fs/pipe-max-size", -1);
   bool sys_resource = false;
   if (cap_t caps = cap_get_proc(); caps != nullptr) {
@@ -375,12 +375,12 @@ Check CheckSplicePipes() {
   }
   c.values["pipe_max_size"] = max >= 0 ? Json(max) : Json(nullptr);
   c.values["cap_sys_resource"] = sys_resource;
-  c.values["request_pipe_bytes"] = kRequestPipeBytes;
-  c.ok = sys_resource || max >= kRequestPipeBytes;
+  c.values["request_pipe_bytes"] = fs::kRequestPipeBytes;
+  c.ok = sys_resource || max >= fs::kRequestPipeBytes;
   c.summary = c.ok ? fmt::format(
                          "a daemon started here gets {} request pipes ({}): page-cache writes go "
                          "to disk without a copy in the daemon",
-                         FormatBytes(kRequestPipeBytes),
+                         FormatBytes(fs::kRequestPipeBytes),
                          sys_resource ? "CAP_SYS_RESOURCE" : "fs.pipe-max-size " + FormatBytes(max))
                    : fmt::format(
                          "fs.pipe-max-size {} and no CAP_SYS_RESOURCE: dnvmefs reads requests "
