@@ -121,6 +121,7 @@ for ((run = 1; run <= RUNS; run++)); do
     # fd would keep its blocks allocated until the next create made the kernel forget it, and
     # with ext4's online discard (`discard`) freeing 1 GiB would then compete with that write.
     if [[ $v == ctl ]]; then rm -f "$MNT/cvf_ctl.dat"; else rm -f "$BACKING/cvf_raw.dat"; fi
+    settle_after_delete
   done
 done
 

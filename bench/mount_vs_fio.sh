@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Usage: bench/mount_vs_fio.sh [--backing DIR] [--size 1G] [--runs 3] [-o dnvmefs-options]
-#                              [--no-passthrough] [--json-out FILE]
+#                              [--no-passthrough] [--settle SECONDS] [--json-out FILE]
 #
 # A dnvmefs mount against fio straight on its backing directory and against libfuse's own
 # passthrough_ll example, all on the same disk in one run. Every round runs four variants, each a
@@ -14,7 +14,9 @@
 #             /usr/share/doc/libfuse3-dev/examples/passthrough_ll.c into a temp dir, default
 #             options): the dnv_buf job
 # Every write job ends with an fsync (end_fsync=1), so buffered writes are timed to the disk;
-# every job uses fallocate=none so no variant gets preallocated blocks another does not.
+# every job uses fallocate=none so no variant gets preallocated blocks another does not. Each
+# variant's file is removed after its read, then the disk is left SETTLE seconds (--settle, 3)
+# before the next write, so no write pays for the previous variant's freed blocks (bench/lib.sh).
 # dnvmefs runs in the foreground (-f) from this script, so its CPU time can be read from
 # /proc/PID/stat (utime + stime, all threads) around each job; the same for passthrough_ll. fio's
 # own CPU is (usr_cpu + sys_cpu)% x job_runtime from its JSON.
@@ -44,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     -o) OPTS=${2:?-o needs options}; shift 2 ;;
     --no-passthrough) PASSTHROUGH=0; shift ;;
     --json-out) JSON_OUT=${2:?--json-out needs a file}; shift 2 ;;
+    --settle) SETTLE=${2:?--settle needs seconds}; shift 2 ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "mount_vs_fio: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -198,7 +201,7 @@ VARIANTS=(raw dnv_buf dnv_dir)
 [[ $PASSTHROUGH -eq 1 ]] && VARIANTS+=(pll_buf)
 
 echo "mount_vs_fio: $(date -u +%Y-%m-%dT%H:%M:%SZ) backing=$BACKING size=$BYTES runs=$RUNS" \
-  "loadavg=$(cut -d' ' -f1-3 /proc/loadavg) kernel=$(uname -r)"
+  "settle=${SETTLE}s loadavg=$(cut -d' ' -f1-3 /proc/loadavg) kernel=$(uname -r)"
 echo "  dnvmefs:        ${DNV_CMD[*]}"
 echo "                  $(findmnt -rn -o FSTYPE,OPTIONS -M "$MNT_D")"
 [[ $PASSTHROUGH -eq 1 ]] && echo "  passthrough_ll: ${PLL_CMD[*]}"
@@ -217,6 +220,7 @@ for ((run = 1; run <= RUNS; run++)); do
     drop_caches
     run_job "$run" "$v" read
     rm -f "${VFILE[$v]}"
+    settle_after_delete
   done
 done
 

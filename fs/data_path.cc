@@ -32,33 +32,87 @@ int ErrnoOf(const Status& st) {
 
 }  // namespace
 
-void Fs::FinishFlush(Inode* ip, const Status& st) {
+void Fs::FinishFlushLocked(Inode& in, const Status& st, bool adopted) {
+  if (adopted) --in.wb_adopted_inflight;
+  if (!st.ok()) {
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+    Logger().error("write-behind flush failed: {}", st.ToString());
+    if (in.wb_error.ok()) in.wb_error = st;
+  }
+  if (--in.wb_inflight == 0 && !in.wb_chunk && !in.wb_pipe && in.wb_bufs.empty()) in.wb_end = 0;
+}
+
+void Fs::FinishFlush(Inode* ip, const Status& st, bool adopted) {
   {
     std::lock_guard g(ip->m);
-    if (!st.ok()) {
-      counters_.errors.fetch_add(1, std::memory_order_relaxed);
-      Logger().error("write-behind flush failed: {}", st.ToString());
-      if (ip->wb_error.ok()) ip->wb_error = st;
-    }
-    if (--ip->wb_inflight == 0 && !ip->wb_chunk && !ip->wb_pipe) ip->wb_end = 0;
+    FinishFlushLocked(*ip, st, adopted);
   }
   ip->cv.notify_all();
 }
 
+void Fs::FlushAdoptedLocked(Inode& in, std::vector<RequestBuffer> bufs, const FileRef& file,
+                            int64_t start) {
+  // The payloads are not contiguous in memory: one engine write each (the engine still cuts
+  // them into block_size requests). Each completion returns its own buffer to the loop's pool;
+  // the last one completes the extent with the first error.
+  struct Parts {
+    std::vector<RequestBuffer> bufs;  // element i is touched only by write i's completion
+    std::mutex mu;
+    Status first;     // guarded by mu
+    size_t left = 0;  // guarded by mu
+  };
+  auto parts = std::make_shared<Parts>();
+  parts->bufs = std::move(bufs);
+  parts->left = parts->bufs.size();
+  // True when this was the last part (the caller then completes the extent).
+  auto part_done = [](Parts& p, size_t i, const Status& st) {
+    p.bufs[i].Reset();
+    std::lock_guard g(p.mu);
+    if (!st.ok() && p.first.ok()) p.first = st;
+    return --p.left == 0;
+  };
+  Inode* ip = &in;
+  ++in.wb_adopted_inflight;
+  int64_t at = start;
+  for (size_t i = 0; i < parts->bufs.size(); ++i) {
+    const char* data = parts->bufs[i].payload();
+    const auto n = static_cast<int64_t>(parts->bufs[i].payload_size());
+    Status st = Engine()->submit_pwrite(data, n, file, at,
+                                        [this, ip, parts, i, part_done](const OpResult& r) {
+                                          if (part_done(*parts, i, r.status))
+                                            FinishFlush(ip, parts->first, /*adopted=*/true);
+                                        });
+    // Not queued: its completion will not come, so count it here, where in.m is held.
+    if (!st.ok() && part_done(*parts, i, st)) {
+      FinishFlushLocked(in, parts->first, /*adopted=*/true);
+      in.cv.notify_all();
+    }
+    at += n;
+  }
+  counters_.bytes_written_adopted.fetch_add(static_cast<uint64_t>(at - start),
+                                            std::memory_order_relaxed);
+}
+
 void Fs::FlushExtentLocked(Inode& in, std::unique_lock<std::mutex>& lock) {
   (void)lock;  // documents that in.m is held
-  if (!in.wb_chunk && !in.wb_pipe) return;
+  if (!in.wb_chunk && !in.wb_pipe && in.wb_bufs.empty()) return;
   auto chunk = std::move(in.wb_chunk);
   PipePool::Lease pipe = std::move(in.wb_pipe);
+  std::vector<RequestBuffer> bufs = std::move(in.wb_bufs);
   const int64_t start = in.wb_start;
   const int64_t len = in.wb_len;
   FileRef file = std::move(in.wb_file);
   in.wb_chunk.reset();
+  in.wb_bufs.clear();
   in.wb_file = FileRef();
   in.wb_len = 0;
   if (len == 0) return;
   ++in.wb_inflight;
   counters_.write_behind_flushes.fetch_add(1, std::memory_order_relaxed);
+  if (!bufs.empty()) {
+    FlushAdoptedLocked(in, std::move(bufs), file, start);
+    return;
+  }
   Inode* ip = &in;
   if (pipe) {
     // std::function wants a copyable task: the lease rides in a shared_ptr.
@@ -150,6 +204,24 @@ int64_t WriteSource::SpliceTo(int pipe_w, size_t n) {
   return static_cast<int64_t>(moved);
 }
 
+bool WriteSource::adoptable() const {
+  if (src_->idx + 1 != src_->count) return false;  // exactly one piece left
+  const fuse_buf& b = src_->buf[src_->idx];
+  if ((b.flags & FUSE_BUF_IS_FD) || b.mem == nullptr) return false;
+  const char* rest = static_cast<const char*>(b.mem) + src_->off;
+  return reinterpret_cast<uintptr_t>(rest) % kAlign == 0 &&
+         InRequestBuffer(rest, b.size - src_->off);
+}
+
+RequestBuffer WriteSource::Adopt(size_t n) {
+  if (!adoptable()) return {};
+  fuse_buf& b = src_->buf[src_->idx];
+  if (b.size - src_->off != n) return {};
+  RequestBuffer r = AdoptRequestBuffer(static_cast<const char*>(b.mem) + src_->off, n);
+  if (r) src_->off += n;  // consumed, as a copy would have
+  return r;
+}
+
 bool WriteSource::CopyTo(char* dst, size_t n) {
   fuse_bufvec d = FUSE_BUFVEC_INIT(n);
   d.buf[0].mem = dst;
@@ -189,6 +261,10 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
   // them at queue depth one.
   if (wb_pool_) {
     bool splice_ok = true;  // cleared if a pipe refuses the request's pages
+    // The whole payload, page-aligned in the buffer the session loop received it in, for a
+    // page-aligned file range: that buffer can be written as it is (fs/request_buffer.h).
+    bool adopt_ok = src.adoptable() && size % kAlign == 0 && off % kAlign == 0 &&
+                    static_cast<int64_t>(size) <= opts_.write_chunk;
     while (done < size) {
       const int64_t pos = off + static_cast<int64_t>(done);
       // Page references can go straight to an O_DIRECT write only when they are whole pages at
@@ -196,13 +272,18 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
       const bool spliceable = splice_ok && wb_pipes_ && fh.page_cache_writes && src.in_pipe() &&
                               pos % kAlign == 0 && (size - done) % kAlign == 0 &&
                               fh.file.direct_fd() >= 0;
-      const bool have = in.wb_chunk || in.wb_pipe;
+      // A chunk being filled is filled on; the next extent adopts.
+      const bool adoptable = adopt_ok && done == 0 && !in.wb_chunk;
+      const bool have = in.wb_chunk || in.wb_pipe || !in.wb_bufs.empty();
       if (have && pos != in.wb_start + in.wb_len) {
         FlushExtentLocked(in, lock);
       } else if (in.wb_pipe && !spliceable) {
         FlushExtentLocked(in, lock);  // a pipe extent takes only more spliceable data
+      } else if (!in.wb_bufs.empty() &&
+                 (!adoptable || in.wb_len + static_cast<int64_t>(size) > opts_.write_chunk)) {
+        FlushExtentLocked(in, lock);  // adopted extents take whole payloads, up to write_chunk
       }
-      if (!in.wb_chunk && !in.wb_pipe) {
+      if (!in.wb_chunk && !in.wb_pipe && in.wb_bufs.empty()) {
         if (pos % kAlign != 0) break;  // extents start aligned so flushes stay O_DIRECT
         // A new extent that does not continue the last one may overlap a flush in flight; two
         // overlapping O_DIRECT writes complete in any order, so let those land first.
@@ -211,7 +292,7 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
           continue;  // another writer may have started an extent meanwhile: look again
         }
         if (spliceable) in.wb_pipe = wb_pipes_->TryAcquire();
-        if (!in.wb_pipe) {
+        if (!in.wb_pipe && !adoptable) {
           PinnedPool::Lease lease = wb_pool_->TryAcquire();
           if (!lease) {
             // Every chunk is busy. Waiting is safe only for our own flushes (they will finish);
@@ -222,9 +303,31 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
           }
           in.wb_chunk = std::make_shared<PinnedPool::Lease>(std::move(lease));
         }
-        in.wb_start = pos;
+        in.wb_start = pos;  // with neither chunk nor pipe: an extent of adopted buffers
         in.wb_len = 0;
         in.wb_file = fh.file;
+      }
+      if (!in.wb_chunk && !in.wb_pipe) {  // adoptable
+        RequestBuffer b = src.Adopt(size);
+        if (!b) {
+          // Every spare request buffer holds data in flight. Ours come back as our flushes
+          // complete: wait for one rather than copy (which would only move the backlog into
+          // the chunks). With none of ours in flight, copy into a chunk instead.
+          if (!in.wb_bufs.empty()) FlushExtentLocked(in, lock);
+          if (in.wb_adopted_inflight > 0) {
+            in.cv.wait(lock);
+          } else {
+            adopt_ok = false;
+          }
+          continue;
+        }
+        in.wb_bufs.push_back(std::move(b));
+        in.wb_len += static_cast<int64_t>(size);
+        done = size;
+        in.wb_end = std::max(in.wb_end, in.wb_start + in.wb_len);
+        in.wb_next = in.wb_start + in.wb_len;
+        if (in.wb_len >= opts_.write_chunk) FlushExtentLocked(in, lock);
+        break;
       }
       const int64_t cap = in.wb_pipe ? wb_pipes_->capacity() : opts_.write_chunk;
       const size_t want = static_cast<size_t>(

@@ -35,6 +35,7 @@
 #include "fs/control.h"
 #include "fs/options.h"
 #include "fs/pipe.h"
+#include "fs/request_buffer.h"
 #include "fs/splice_io.h"
 
 namespace dnvme::fs {
@@ -53,6 +54,9 @@ struct MountCounters {
   // and spliced extents the kernel refused and the engine wrote instead.
   std::atomic<uint64_t> bytes_written_spliced{0};
   std::atomic<uint64_t> bytes_splice_fallback{0};
+  // Part of bytes_written_behind written by the engine straight from the request buffer it was
+  // received in (fs/request_buffer.h), without a copy into a chunk.
+  std::atomic<uint64_t> bytes_written_adopted{0};
   std::string ToJson() const;
 };
 
@@ -85,9 +89,13 @@ struct Inode {
   // Or, for page-cache-backed writers, a pipe being filled with references to the FUSE page-cache
   // pages of the data (never both at once): flushed by the splice writer without a copy.
   PipePool::Lease wb_pipe;
+  // Or the request buffers themselves, one per WRITE, each holding a page-aligned payload
+  // (fs/request_buffer.h): read(2) receives whose payload needs no copy to be written O_DIRECT.
+  std::vector<RequestBuffer> wb_bufs;
   FileRef wb_file;                   // engine file the extent is flushed through
-  int64_t wb_start = 0, wb_len = 0;  // extent inside wb_chunk
+  int64_t wb_start = 0, wb_len = 0;  // the extent (file range) being gathered
   int wb_inflight = 0;               // flushes submitted, not completed
+  int wb_adopted_inflight = 0;       // of which extents of adopted request buffers
   int64_t wb_next = -1;              // end of the last extent: a write there continues the stream
   int64_t wb_end = 0;           // end of the highest byte accepted and not yet known to be on disk
   struct timespec wb_mtime {};  // time of the last write accepted into write-behind
@@ -119,6 +127,13 @@ class WriteSource {
   // Moves up to `n` of the next bytes, as page references, into the pipe `pipe_w` without
   // blocking. Returns the bytes moved (fewer when that pipe is full) or -errno.
   int64_t SpliceTo(int pipe_w, size_t n);
+  // True when the rest of the request is one page-aligned piece of the buffer the session loop
+  // received it in: Adopt can take it.
+  bool adoptable() const;
+  // Takes the buffer holding the rest of the request (exactly `n` bytes) from the session loop
+  // instead of copying out of it; empty when it is not adoptable or the loop's pool has no
+  // buffer to replace it with.
+  RequestBuffer Adopt(size_t n);
 
  private:
   fuse_bufvec* src_;
@@ -257,7 +272,14 @@ class Fs {
  private:
   void FlushExtentLocked(Inode& inode, std::unique_lock<std::mutex>& lock);
   // A flush of `ip` completed (engine or splice writer thread): record its error, wake waiters.
-  void FinishFlush(Inode* ip, const Status& st);
+  // `adopted`: it was an extent of adopted request buffers.
+  void FinishFlush(Inode* ip, const Status& st, bool adopted = false);
+  // The same with Inode::m held, without the wake-up.
+  void FinishFlushLocked(Inode& inode, const Status& st, bool adopted);
+  // Submits an extent of adopted request buffers, one engine write each; the extent completes
+  // (FinishFlush) when the last does.
+  void FlushAdoptedLocked(Inode& inode, std::vector<RequestBuffer> bufs, const FileRef& file,
+                          int64_t start);
   // With Inode::m held: flush the pending extent, wait for every flush, return the sticky error
   // (clearing it when `take_error`).
   int DrainLocked(Inode& inode, std::unique_lock<std::mutex>& lock, bool take_error);

@@ -775,6 +775,7 @@ std::string MountCounters::ToJson() const {
       {"errors", r(errors)},
       {"bytes_written_spliced", r(bytes_written_spliced)},
       {"bytes_splice_fallback", r(bytes_splice_fallback)},
+      {"bytes_written_adopted", r(bytes_written_adopted)},
   };
   return j.dump();
 }

@@ -208,8 +208,9 @@ int main(int argc, char** argv) {
     dnvme::Status loop_st;
     if (daemonized && !opts.clone_fd) {
       dnvme::fs::Fs* f = fs.get();
-      auto l = dnvme::fs::SessionLoop::Create(se, opts.single_thread ? 1 : opts.loop_threads,
-                                              opts.splice_read, [f] { return f->PreferSplice(); });
+      auto l = dnvme::fs::SessionLoop::Create(
+          se, opts.single_thread ? 1 : opts.loop_threads, opts.splice_read,
+          [f] { return f->PreferSplice(); }, opts.AdoptableRequestBuffers());
       if (l.ok()) {
         loop = std::move(l).value();
         loop_st = fs->ReservePrivileged(loop->splicing());

@@ -83,6 +83,12 @@ struct MountOptions {
     return write_behind + (read_ahead > 0 ? kReadAheadWindows * read_ahead : 0) +
            (async_reply ? kAsyncReplyBuffers * kMaxFuseRequestBytes : 0);
   }
+  // Request buffers (1 MiB each, not pinned) write-behind may hold instead of copying their
+  // WRITE payloads into chunks (fs/request_buffer.h): as many as the write-behind budget has
+  // bytes, on top of one per loop thread.
+  size_t AdoptableRequestBuffers() const {
+    return static_cast<size_t>(write_behind / kMaxFuseRequestBytes);
+  }
   int64_t PinnedPeak() const {
     return PinnedAtStart() + (clone_fd ? kMaxFuseThreads : loop_threads) * kMaxFuseRequestBytes +
            engine.bounce_bytes_per_worker * engine.intra_op_parallelism;

@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -21,7 +20,6 @@ namespace {
 // The kernel refuses a read buffer smaller than one request of max_write bytes plus its headers;
 // libfuse sizes its own the same way (max pages + one page for headers).
 constexpr size_t kRequestBufferBytes = static_cast<size_t>(kMaxFuseRequestBytes) + 4096;
-static_assert(kRequestBufferBytes % 4096 == 0, "aligned_alloc wants a multiple of the alignment");
 // Below this a request goes into memory whole: libfuse wants every request but a large WRITE in
 // memory, and copying a few KiB costs less than the extra syscalls of leaving it in the pipe.
 constexpr size_t kInlineBytes = sizeof(fuse_in_header) + sizeof(fuse_write_in) + 4096;
@@ -31,10 +29,13 @@ void WakeHandler(int) {}
 }  // namespace
 
 Result<std::unique_ptr<SessionLoop>> SessionLoop::Create(fuse_session* se, int threads, bool splice,
-                                                         SpliceHint hint) {
+                                                         SpliceHint hint, size_t adoptable) {
   if (threads < 1) return Status::InvalidArgument("session loop needs at least one thread");
   std::unique_ptr<SessionLoop> loop(new SessionLoop(se, threads));
   loop->hint_ = std::move(hint);
+  // Each buffer takes a request read at kRequestReadOffset.
+  loop->buffers_ = RequestBufferPool::Create(kRequestReadOffset + kRequestBufferBytes,
+                                             static_cast<size_t>(threads) + adoptable);
   if (splice) {
     // 512 slots take any 1 MiB request. Smaller pipes would need a smaller max_write, which
     // splits 1 MiB client writes in two and costs O_DIRECT clients far more than splicing
@@ -99,13 +100,15 @@ void SessionLoop::Worker(size_t index) {
   pthread_sigmask(SIG_UNBLOCK, &wake, nullptr);
 
   Pipe* const own_pipe = pipes_.empty() ? nullptr : pipes_[index].get();
-  std::unique_ptr<char, decltype(&std::free)> mem(
-      static_cast<char*>(std::aligned_alloc(4096, kRequestBufferBytes)), &std::free);
+  // A handler may adopt the buffer (AdoptRequestBuffer); the slot then holds its replacement.
+  RequestSlot slot(buffers_->TryAcquire());
+  RequestSlot::Install(&slot);
   const int dev = fuse_session_fd(se_);
-  while (mem && !fuse_session_exited(se_)) {
+  while (slot.buffer() && !fuse_session_exited(se_)) {
+    char* const mem = slot.buffer().data() + kRequestReadOffset;
     Pipe* const pipe = own_pipe && (!hint_ || hint_()) ? own_pipe : nullptr;
     ssize_t n = pipe ? splice(dev, nullptr, pipe->write_fd(), nullptr, kRequestBufferBytes, 0)
-                     : read(dev, mem.get(), kRequestBufferBytes);
+                     : read(dev, mem, kRequestBufferBytes);
     if (n < 0) {
       const int err = errno;
       // EINTR: a signal (maybe our wake-up); ENOENT: the request was interrupted before we
@@ -130,12 +133,12 @@ void SessionLoop::Worker(size_t index) {
       buf.flags = FUSE_BUF_IS_FD;
       buf.fd = pipe->read_fd();
     } else {
-      if (pipe && !ReadAll(pipe->read_fd(), mem.get(), static_cast<size_t>(n))) {
+      if (pipe && !ReadAll(pipe->read_fd(), mem, static_cast<size_t>(n))) {
         error_.store(-EIO);
         fuse_session_exit(se_);
         break;
       }
-      buf.mem = mem.get();
+      buf.mem = mem;
     }
     fuse_session_process_buf(se_, &buf);
     // A handler that answered without consuming its payload (an error reply) leaves bytes that
@@ -150,7 +153,8 @@ void SessionLoop::Worker(size_t index) {
       }
     }
   }
-  if (!mem) {
+  RequestSlot::Install(nullptr);
+  if (!slot.buffer()) {
     Logger().error("loop thread {}: no memory for its request buffer", index);
     error_.store(-ENOMEM);
     fuse_session_exit(se_);

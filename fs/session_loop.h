@@ -8,7 +8,9 @@
 // hands libfuse the pipe as a FUSE_BUF_IS_FD buffer (fuse_session_process_buf), so write_buf
 // sees the payload still in the pipe: page references the data path can move to the disk
 // without copying. Where the pipes cannot be sized (an unprivileged daemon) it reads requests
-// with read(2), as libfuse would.
+// with read(2), as libfuse would. Requests that are read land in pool buffers at an offset that
+// page-aligns a WRITE's payload, and write-behind may keep that buffer instead of copying the
+// payload out of it (fs/request_buffer.h).
 //
 // Thread contract: Create and Run on the main thread. Run blocks until the session ends (a
 // SIGTERM/SIGINT/SIGHUP handled by libfuse's handlers, an unmount, or a fatal /dev/fuse error)
@@ -29,6 +31,7 @@
 
 #include "dnvme/status.h"
 #include "fs/pipe.h"
+#include "fs/request_buffer.h"
 
 namespace dnvme::fs {
 
@@ -46,8 +49,10 @@ class SessionLoop {
 
   // `threads` loop threads; `splice` asks for spliced receives (falls back to read(2), with a
   // log line, when the pipes cannot be sized), steered by `hint` (null: always splice).
+  // `adoptable` request buffers beyond one per thread may be held by write-behind at a time.
   static Result<std::unique_ptr<SessionLoop>> Create(fuse_session* se, int threads, bool splice,
-                                                     SpliceHint hint = nullptr);
+                                                     SpliceHint hint = nullptr,
+                                                     size_t adoptable = 0);
   ~SessionLoop();
 
   // Returns 0 when the session ended normally (signal, unmount), else -errno of the failure.
@@ -58,13 +63,14 @@ class SessionLoop {
  private:
   SessionLoop(fuse_session* se, int threads) : se_(se), threads_(threads) {}
   void Worker(size_t index);
-  // Reads the whole request from `pipe` into `mem` (small requests: libfuse wants them in
-  // memory). False on error (logged).
+  // Reads the whole request from `fd` (a request pipe) into `mem` (small requests: libfuse wants
+  // them in memory). False on error (logged).
   bool ReadAll(int fd, char* mem, size_t n);
 
   fuse_session* se_;
   const int threads_;
-  std::vector<std::unique_ptr<Pipe>> pipes_;  // one per thread; empty in read(2) mode
+  std::vector<std::unique_ptr<Pipe>> pipes_;    // one per thread; empty in read(2) mode
+  std::shared_ptr<RequestBufferPool> buffers_;  // read(2) receive buffers (fs/request_buffer.h)
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
