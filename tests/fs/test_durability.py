@@ -267,10 +267,15 @@ class EnospcTest(Base):
         self.backing = os.path.join(small, "backing")
         os.mkdir(self.backing)
 
-    def _fill(self, path, chunk, do_fsync, total=32 * MiB):
-        """Writes until an error; returns (where, errno, bytes written)."""
+    def _fill(self, path, chunk, do_fsync, total=32 * MiB, direct=False):
+        """Writes until an error; returns (where, errno, bytes written). `direct`: O_DIRECT
+        from page-aligned memory."""
         data = stream(7, chunk)
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+        if direct:
+            aligned = mmap.mmap(-1, chunk)
+            aligned[:] = data
+            data = aligned
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | (os.O_DIRECT if direct else 0), 0o644)
         where, err, done, stage = None, None, 0, "write"
         try:
             for _ in range(total // chunk):
@@ -285,6 +290,8 @@ class EnospcTest(Base):
         except OSError as exc:
             if err is None:
                 where, err = "close", exc.errno
+        if direct:
+            data.close()
         return where, err, done
 
     def _check_alive_and_serving(self, m):
@@ -293,12 +300,13 @@ class EnospcTest(Base):
         self.assertEqual(read(os.path.join(self.mnt, "keep")), b"K" * 100_000,
                          "mount no longer serves reads after ENOSPC")
 
-    def _run(self, do_fsync, chunk, total=32 * MiB, options=()):
+    def _run(self, do_fsync, chunk, total=32 * MiB, options=(), direct=False):
         m = self.mount(options=options)
         with open(os.path.join(self.mnt, "keep"), "wb") as f:
             f.write(b"K" * 100_000)
             os.fsync(f.fileno())
-        where, err, done = self._fill(os.path.join(self.mnt, "big"), chunk, do_fsync, total)
+        where, err, done = self._fill(os.path.join(self.mnt, "big"), chunk, do_fsync, total,
+                                      direct)
         sys.stderr.write("\n[enospc] error at %s: %s after %d bytes\n" %
                          (where, mh.errno_name(err) if err else None, done))
         self.assertIsNotNone(err, "%d bytes written to an 8 MiB filesystem and write/fsync/close"
@@ -320,6 +328,15 @@ class EnospcTest(Base):
     def test_enospc_reaches_writer_by_close(self):
         # Small unaligned writes, no fsync: the error must surface at write() or close().
         self._run(do_fsync=False, chunk=100_003)
+
+    def test_enospc_reaches_o_direct_writer(self):
+        # Requests read, not spliced: the O_DIRECT payloads are flushed from the buffers they
+        # were received in (fs/request_buffer.h), and those flushes' errors must reach the
+        # writer like a chunk's.
+        self._run(do_fsync=True, chunk=MiB, options=("splice_read=0",), direct=True)
+        with open(os.path.join(self.mnt, ".dnvme", "stats")) as f:
+            adopted = json.load(f)["fuse"]["bytes_written_adopted"]
+        self.assertGreater(adopted, 0, "the O_DIRECT writes were not written from their buffers")
 
     def test_enospc_small_overflow_reaches_close(self):
         # Just over the free space, all of it fitting in write-behind: no later write() can
