@@ -272,17 +272,19 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
       const bool spliceable = splice_ok && wb_pipes_ && fh.page_cache_writes && src.in_pipe() &&
                               pos % kAlign == 0 && (size - done) % kAlign == 0 &&
                               fh.file.direct_fd() >= 0;
-      // A chunk being filled is filled on; the next extent adopts.
-      const bool adoptable = adopt_ok && done == 0 && !in.wb_chunk;
       const bool have = in.wb_chunk || in.wb_pipe || !in.wb_bufs.empty();
       if (have && pos != in.wb_start + in.wb_len) {
         FlushExtentLocked(in, lock);
       } else if (in.wb_pipe && !spliceable) {
         FlushExtentLocked(in, lock);  // a pipe extent takes only more spliceable data
       } else if (!in.wb_bufs.empty() &&
-                 (!adoptable || in.wb_len + static_cast<int64_t>(size) > opts_.write_chunk)) {
+                 (!adopt_ok || done != 0 ||
+                  in.wb_len + static_cast<int64_t>(size) > opts_.write_chunk)) {
         FlushExtentLocked(in, lock);  // adopted extents take whole payloads, up to write_chunk
       }
+      // A chunk being filled (contiguous, so not flushed above) is filled on; the next extent
+      // adopts.
+      const bool adoptable = adopt_ok && done == 0 && !in.wb_chunk;
       if (!in.wb_chunk && !in.wb_pipe && in.wb_bufs.empty()) {
         if (pos % kAlign != 0) break;  // extents start aligned so flushes stay O_DIRECT
         // A new extent that does not continue the last one may overlap a flush in flight; two
