@@ -222,6 +222,15 @@ RequestBuffer WriteSource::Adopt(size_t n) {
   return r;
 }
 
+const char* WriteSource::InMemory(size_t n) {
+  if (src_->idx + 1 != src_->count) return nullptr;
+  const fuse_buf& b = src_->buf[src_->idx];
+  if ((b.flags & FUSE_BUF_IS_FD) || b.mem == nullptr || b.size - src_->off != n) return nullptr;
+  const char* p = static_cast<const char*>(b.mem) + src_->off;
+  src_->off += n;
+  return p;
+}
+
 bool WriteSource::CopyTo(char* dst, size_t n) {
   fuse_bufvec d = FUSE_BUFVEC_INIT(n);
   d.buf[0].mem = dst;
@@ -362,9 +371,15 @@ int Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* sc
   if (int err = DrainLocked(in, lock, /*take_error=*/true)) return err;
   lock.unlock();
   const int64_t rest = static_cast<int64_t>(size - done);
-  // Into the thread's aligned scratch buffer: the engine then writes it without a bounce copy.
-  if (!src.CopyTo(scratch, static_cast<size_t>(rest))) return errno;
-  Status st = Engine()->sync_pwrite(scratch, rest, fh.file, off + static_cast<int64_t>(done));
+  // Straight from the request when it is in memory (the session loop receives a WRITE's payload
+  // page-aligned, so the engine writes it without a bounce copy); otherwise into the thread's
+  // aligned scratch buffer first.
+  const char* data = src.InMemory(static_cast<size_t>(rest));
+  if (data == nullptr) {
+    if (!src.CopyTo(scratch, static_cast<size_t>(rest))) return errno;
+    data = scratch;
+  }
+  Status st = Engine()->sync_pwrite(data, rest, fh.file, off + static_cast<int64_t>(done));
   if (!st.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
     return ErrnoOf(st);

@@ -130,6 +130,9 @@ class WriteSource {
   // True when the rest of the request is one page-aligned piece of the buffer the session loop
   // received it in: Adopt can take it.
   bool adoptable() const;
+  // The rest of the request (exactly `n` bytes) when it is one piece of memory, marked consumed;
+  // null otherwise. Valid until the handler returns.
+  const char* InMemory(size_t n);
   // Takes the buffer holding the rest of the request (exactly `n` bytes) from the session loop
   // instead of copying out of it; empty when it is not adoptable or the loop's pool has no
   // buffer to replace it with.

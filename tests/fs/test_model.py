@@ -547,10 +547,18 @@ class ModelSmallBuffersTest(ModelTest):
 
 class ModelReadReceiveTest(ModelTest):
     """Requests read(2) into the daemon instead of spliced (the mode of a daemon that cannot
-    size 2 MiB pipes): every write payload is copied, nothing goes through the splice writer.
-    Two loop threads only: no handler may wait for another request to be served."""
+    size 2 MiB pipes): aligned write payloads are written from the buffers they were received in
+    (fs/request_buffer.h), nothing goes through the splice writer. Two loop threads only: no
+    handler may wait for another request to be served."""
     MOUNT_OPTIONS = ("splice_read=0", "loop_threads=2")
     BUDGET_FACTOR = 0.5
+
+
+class ModelSynchronousTest(ModelTest):
+    """No write-behind and no read-ahead: every write is written before its reply, straight from
+    the request in memory at any alignment (the engine bounces what O_DIRECT cannot take)."""
+    MOUNT_OPTIONS = ("write_behind=0", "read_ahead=0", "splice_read=0")
+    BUDGET_FACTOR = 0.4
 
 
 if __name__ == "__main__":
