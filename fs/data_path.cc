@@ -204,31 +204,37 @@ int64_t WriteSource::SpliceTo(int pipe_w, size_t n) {
   return static_cast<int64_t>(moved);
 }
 
-bool WriteSource::adoptable() const {
-  if (src_->idx + 1 != src_->count) return false;  // exactly one piece left
+const char* WriteSource::RestInMemory(size_t* n) const {
+  if (src_->idx + 1 != src_->count) return nullptr;  // exactly one piece left
   const fuse_buf& b = src_->buf[src_->idx];
-  if ((b.flags & FUSE_BUF_IS_FD) || b.mem == nullptr) return false;
-  const char* rest = static_cast<const char*>(b.mem) + src_->off;
-  return reinterpret_cast<uintptr_t>(rest) % kAlign == 0 &&
-         InRequestBuffer(rest, b.size - src_->off);
+  if ((b.flags & FUSE_BUF_IS_FD) || b.mem == nullptr) return nullptr;
+  *n = b.size - src_->off;
+  return static_cast<const char*>(b.mem) + src_->off;
+}
+
+bool WriteSource::adoptable() const {
+  size_t n = 0;
+  const char* rest = RestInMemory(&n);
+  return rest != nullptr && reinterpret_cast<uintptr_t>(rest) % kAlign == 0 &&
+         InRequestBuffer(rest, n);
 }
 
 RequestBuffer WriteSource::Adopt(size_t n) {
   if (!adoptable()) return {};
-  fuse_buf& b = src_->buf[src_->idx];
-  if (b.size - src_->off != n) return {};
-  RequestBuffer r = AdoptRequestBuffer(static_cast<const char*>(b.mem) + src_->off, n);
+  size_t left = 0;
+  const char* rest = RestInMemory(&left);
+  if (left != n) return {};
+  RequestBuffer r = AdoptRequestBuffer(rest, n);
   if (r) src_->off += n;  // consumed, as a copy would have
   return r;
 }
 
 const char* WriteSource::InMemory(size_t n) {
-  if (src_->idx + 1 != src_->count) return nullptr;
-  const fuse_buf& b = src_->buf[src_->idx];
-  if ((b.flags & FUSE_BUF_IS_FD) || b.mem == nullptr || b.size - src_->off != n) return nullptr;
-  const char* p = static_cast<const char*>(b.mem) + src_->off;
+  size_t left = 0;
+  const char* rest = RestInMemory(&left);
+  if (rest == nullptr || left != n) return nullptr;
   src_->off += n;
-  return p;
+  return rest;
 }
 
 bool WriteSource::CopyTo(char* dst, size_t n) {

@@ -139,6 +139,8 @@ class WriteSource {
   RequestBuffer Adopt(size_t n);
 
  private:
+  // The rest of the request when it is one piece of memory, its size in `n`; null otherwise.
+  const char* RestInMemory(size_t* n) const;
   fuse_bufvec* src_;
 };
 
