@@ -620,6 +620,29 @@ class AdoptTest(CtlCase):
         self.assertBytesEqual(self.read(self.b("pending-adopted.bin")), bytes(want), "BACKING_DIR")
         self.assertBytesEqual(self.read(self.m("pending-adopted.bin")), bytes(want), "the mount")
 
+    def test_small_o_direct_writes_are_gathered_not_adopted(self):
+        # Each adopted payload would be its own disk write in a 1 MiB buffer: 4 KiB writes are
+        # gathered into chunks instead (kAdoptMinBytes in fs/data_path.cc).
+        n, size = 512, 4 * KiB
+        data = pattern(n * size, 55)
+        buf = mmap.mmap(-1, size)
+        s0 = self.stats()["fuse"]
+        fd = os.open(self.m("small-direct.bin"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+        try:
+            for i in range(n):
+                buf[:] = data[i * size:(i + 1) * size]
+                self.assertEqual(os.write(fd, buf), size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            buf.close()
+        s1 = self.stats()["fuse"]
+        self.assertEqual(s1["bytes_written_adopted"], s0["bytes_written_adopted"])
+        self.assertEqual(s1["bytes_written_behind"] - s0["bytes_written_behind"], n * size)
+        self.assertLessEqual(s1["write_behind_flushes"] - s0["write_behind_flushes"], 4,
+                             "2 MiB of sequential 4 KiB writes go out in a few chunk flushes")
+        self.assertBytesEqual(self.read(self.b("small-direct.bin")), data, "BACKING_DIR")
+
     def test_unaligned_o_direct_offsets_are_copied(self):
         # A page-aligned buffer written at a file offset that is not page-aligned: an O_DIRECT
         # write from the request buffer would start mid-page, so the payload is copied (the
