@@ -314,8 +314,22 @@ class EnospcTest(Base):
         self.assertEqual(err, errno.ENOSPC, "error at %s was %s, want ENOSPC" %
                          (where, mh.errno_name(err)))
         self._check_alive_and_serving(m)
-        # Space comes back once the file is gone; the mount works again.
+        # Space comes back once the file is gone; the mount works again. FUSE frees it
+        # asynchronously: the kernel sends RELEASE (of the closed writer) and FORGET (of the
+        # unlinked inode) after close/unlink returned, and only then does the daemon close the
+        # backing fds. So wait for the backing filesystem to have room again, within a bound.
         os.unlink(os.path.join(self.mnt, "big"))
+        unlinked = time.monotonic()
+        deadline = unlinked + 20
+        while True:
+            st = os.statvfs(self.backing)
+            if st.f_bavail * st.f_frsize >= 4 * MiB:
+                sys.stderr.write("[enospc] space back %.3f s after unlink\n" %
+                                 (time.monotonic() - unlinked))
+                break
+            self.assertLess(time.monotonic(), deadline,
+                            "the removed file's space never came back:\n" + m.log_tail())
+            time.sleep(0.05)
         with open(os.path.join(self.mnt, "after"), "wb") as f:
             f.write(b"A" * (2 * MiB + 3))
             os.fsync(f.fileno())
