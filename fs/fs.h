@@ -198,10 +198,10 @@ class Fs {
   // it at once; no remount). Returns the resulting configuration.
   Result<HandleConfig> SetEngineConfig(const std::string& json_patch);
   void set_session(fuse_session* se) { se_ = se; }
-  // For the session loop (SessionLoop::SpliceHint): true while recent large WRITEs came from the
-  // kernel's page cache, whose pages splice moves without a copy.
   // True when page-cache WRITEs can reach the disk without a copy (pipes were reserved).
   bool SplicesWrites() const { return wb_pipes_ != nullptr; }
+  // For the session loop (SessionLoop::SpliceHint): true while recent large WRITEs came from the
+  // kernel's page cache, whose pages splice moves without a copy.
   bool PreferSplice() const {
     return wb_pipes_ && splice_score_.load(std::memory_order_relaxed) > 0;
   }

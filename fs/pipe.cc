@@ -35,6 +35,20 @@ int64_t Pipe::Pending() const {
   return n;
 }
 
+Status Pipe::ReadExactly(char* dst, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(read_.get(), dst + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::FromErrno(errno, "reading from a pipe");
+    if (r == 0) {
+      return Status::Internal("pipe ran dry with " + std::to_string(n - got) + " bytes still owed");
+    }
+    got += static_cast<size_t>(r);
+  }
+  return Status::Ok();
+}
+
 Result<int64_t> Pipe::Discard() {
   int64_t dropped = 0;
   char sink[16384];

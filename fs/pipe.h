@@ -37,6 +37,9 @@ class Pipe {
   int64_t capacity() const { return capacity_; }
   // Bytes waiting in the pipe (FIONREAD); -errno on failure.
   int64_t Pending() const;
+  // Reads exactly `n` bytes out of the pipe into `dst` (EINTR retried). An error when the pipe
+  // holds fewer or the read fails.
+  Status ReadExactly(char* dst, size_t n);
   // Reads and throws away whatever is in the pipe (after a failed or abandoned transfer), so the
   // next user starts empty. Returns the bytes dropped or the error.
   Result<int64_t> Discard();

@@ -70,21 +70,6 @@ SessionLoop::~SessionLoop() {
   }
 }
 
-bool SessionLoop::ReadAll(int fd, char* mem, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, mem + got, n - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      Logger().error("reading a request back from its pipe: {}",
-                     r < 0 ? std::strerror(errno) : "pipe empty");
-      return false;
-    }
-    got += static_cast<size_t>(r);
-  }
-  return true;
-}
-
 void SessionLoop::Worker(size_t index) {
   // Process-directed SIGTERM/SIGINT/SIGHUP go to the main thread (or an engine thread); this
   // one only takes the targeted wake-up.
@@ -133,10 +118,15 @@ void SessionLoop::Worker(size_t index) {
       buf.flags = FUSE_BUF_IS_FD;
       buf.fd = pipe->read_fd();
     } else {
-      if (pipe && !ReadAll(pipe->read_fd(), mem, static_cast<size_t>(n))) {
-        error_.store(-EIO);
-        fuse_session_exit(se_);
-        break;
+      if (pipe) {
+        // Small requests go to libfuse in memory whole.
+        Status st = pipe->ReadExactly(mem, static_cast<size_t>(n));
+        if (!st.ok()) {
+          Logger().error("reading a request back from its pipe: {}", st.ToString());
+          error_.store(-EIO);
+          fuse_session_exit(se_);
+          break;
+        }
       }
       buf.mem = mem;
     }

@@ -63,9 +63,6 @@ class SessionLoop {
  private:
   SessionLoop(fuse_session* se, int threads) : se_(se), threads_(threads) {}
   void Worker(size_t index);
-  // Reads the whole request from `fd` (a request pipe) into `mem` (small requests: libfuse wants
-  // them in memory). False on error (logged).
-  bool ReadAll(int fd, char* mem, size_t n);
 
   fuse_session* se_;
   const int threads_;

@@ -42,17 +42,10 @@ SpliceWriteResult SpliceToFile(Pipe& pipe, int fd, int64_t offset, int64_t len,
       res.status = Status::ResourceExhausted(ENOMEM, "fallback buffer for a spliced extent");
       return res;
     }
-    int64_t got = 0;
-    while (got < left) {
-      ssize_t r = read(pipe.read_fd(), buf.get() + got, static_cast<size_t>(left - got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        res.status = r < 0
-                         ? Status::FromErrno(errno, "reading write-behind data back from its pipe")
-                         : Status::Internal("write-behind pipe ran dry");
-        return res;
-      }
-      got += r;
+    res.status = pipe.ReadExactly(buf.get(), static_cast<size_t>(left));
+    if (!res.status.ok()) {
+      res.status = res.status.WithContext("write-behind data read back from its pipe");
+      return res;
     }
     res.status = fallback(buf.get(), left, off);
     if (res.status.ok()) res.fell_back = left;
