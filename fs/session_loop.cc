@@ -132,8 +132,8 @@ void SessionLoop::Worker(size_t index) {
     }
     fuse_session_process_buf(se_, &buf);
     // A handler that answered without consuming its payload (an error reply) leaves bytes that
-    // would otherwise be taken for the next request.
-    if (pipe && pipe->Pending() != 0) {
+    // would otherwise be taken for the next request. A request read out whole left nothing.
+    if ((buf.flags & FUSE_BUF_IS_FD) && pipe->Pending() != 0) {
       auto dropped = pipe->Discard();
       if (!dropped.ok()) {
         Logger().error("request pipe: {}", dropped.status().ToString());

@@ -361,6 +361,11 @@ Check CheckFuseMaxPages() {
   return c;
 }
 
+bool EffectiveIn(cap_t caps, cap_value_t v) {
+  cap_flag_value_t f = CAP_CLEAR;
+  return cap_get_flag(caps, v, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
+}
+
 // Spliced requests (fs/session_loop.h): the daemon needs 2 MiB pipes, above the default
 // fs.pipe-max-size unless it holds CAP_SYS_RESOURCE when it starts.
 Check CheckSplicePipes() {
@@ -369,8 +374,7 @@ Check CheckSplicePipes() {
   const int64_t max = ReadInt("/proc/sys/fs/pipe-max-size", -1);
   bool sys_resource = false;
   if (cap_t caps = cap_get_proc(); caps != nullptr) {
-    cap_flag_value_t f = CAP_CLEAR;
-    sys_resource = cap_get_flag(caps, CAP_SYS_RESOURCE, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
+    sys_resource = EffectiveIn(caps, CAP_SYS_RESOURCE);
     cap_free(caps);
   }
   c.values["pipe_max_size"] = max >= 0 ? Json(max) : Json(nullptr);
@@ -402,10 +406,7 @@ Check CheckCapabilities(bool* ipc_lock) {
     return c;
   }
   std::unique_ptr<std::remove_pointer_t<cap_t>, int (*)(void*)> owner(caps, cap_free);
-  auto has = [caps](cap_value_t v) {
-    cap_flag_value_t f = CAP_CLEAR;
-    return cap_get_flag(caps, v, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
-  };
+  auto has = [caps](cap_value_t v) { return EffectiveIn(caps, v); };
   *ipc_lock = has(CAP_IPC_LOCK);
   const bool sys_admin = has(CAP_SYS_ADMIN);
   c.values["uid"] = static_cast<int64_t>(::geteuid());
