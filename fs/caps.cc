@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
+
+#include "engine/common/log.h"
 
 // Why there is no prctl(PR_SET_NO_NEW_PRIVS) here:
 // When dnvmefs runs as an ordinary user, libfuse mounts and unmounts through the setuid-root
@@ -104,7 +107,8 @@ std::string CapReport::ToString() const {
   return out;
 }
 
-Result<CapReport> DropCapabilities(const std::vector<cap_value_t>& keep) {
+Result<CapReport> DropCapabilities(const std::vector<cap_value_t>& keep,
+                                   const std::vector<cap_value_t>& dormant) {
   // cap_max_bits() is what the running kernel supports (cap_last_cap + 1), which may be more or
   // fewer than the CAP_LAST_CAP libcap was built with.
   const cap_value_t count = cap_max_bits();
@@ -113,6 +117,11 @@ Result<CapReport> DropCapabilities(const std::vector<cap_value_t>& keep) {
       return Status::InvalidArgument("DropCapabilities: " + std::to_string(cap) +
                                      " is not a capability this kernel supports (0.." +
                                      std::to_string(count - 1) + ")");
+    }
+  }
+  for (cap_value_t cap : dormant) {
+    if (!Contains(keep, cap)) {
+      return Status::InvalidArgument("DropCapabilities: dormant " + Name(cap) + " is not kept");
     }
   }
   if (int threads = ThreadCount(); threads > 1) {
@@ -163,13 +172,18 @@ Result<CapReport> DropCapabilities(const std::vector<cap_value_t>& keep) {
     }
   }
   if (!not_held.empty()) report.notes.push_back("not held, so not kept: " + Join(not_held));
-  if (!held.empty()) {
-    if (cap_set_flag(next.get(), CAP_EFFECTIVE, static_cast<int>(held.size()), held.data(),
-                     CAP_SET) != 0 ||
-        cap_set_flag(next.get(), CAP_PERMITTED, static_cast<int>(held.size()), held.data(),
-                     CAP_SET) != 0) {
-      return Status::FromErrno(errno, "cap_set_flag");
-    }
+  std::vector<cap_value_t> effective;
+  for (cap_value_t cap : held) {
+    if (!Contains(dormant, cap)) effective.push_back(cap);
+  }
+  if (!held.empty() && cap_set_flag(next.get(), CAP_PERMITTED, static_cast<int>(held.size()),
+                                    held.data(), CAP_SET) != 0) {
+    return Status::FromErrno(errno, "cap_set_flag");
+  }
+  if (!effective.empty() &&
+      cap_set_flag(next.get(), CAP_EFFECTIVE, static_cast<int>(effective.size()), effective.data(),
+                   CAP_SET) != 0) {
+    return Status::FromErrno(errno, "cap_set_flag");
   }
   if (cap_set_proc(next.get()) != 0) return Status::FromErrno(errno, "cap_set_proc");
 
@@ -211,14 +225,50 @@ std::vector<cap_value_t> DaemonKeepSet() {
       // their owner through fchown (CAP_CHOWN).
       CAP_SETUID,
       CAP_SETGID,
+      // Device nodes (mknod of a block or character device) for callers that may make them.
+      // The kernel checks CAP_MKNOD of the *caller* in vfs_mknod before a device MKNOD reaches
+      // FUSE, so every such request comes from a process that could make the node on ext4
+      // itself; without the capability the daemon answered EPERM where ext4 succeeds. Dormant
+      // (DaemonDormantSet): raised on one loop thread only around that mknodat. The mount stays
+      // nodev, so the nodes cannot be opened as devices through it.
+      CAP_MKNOD,
   };
   // Deliberately dropped:
   // - CAP_SYS_ADMIN: only the mount needs it, and that has happened before the drop. Unmount is
   //   done from outside or by auto_unmount (see the top of this file).
   // - CAP_SYS_RESOURCE: without it writes on behalf of users stop at the filesystem's
   //   root-reserved blocks (ext4's 5%) like the users' own writes would.
-  // - CAP_MKNOD, CAP_LINUX_IMMUTABLE, CAP_SETPCAP and the rest: no request needs them (FUSE mounts
-  //   are nodev; fifos and sockets need no CAP_MKNOD).
+  // - CAP_LINUX_IMMUTABLE, CAP_SETPCAP and the rest: no request needs them.
+}
+
+std::vector<cap_value_t> DaemonDormantSet() { return {CAP_MKNOD}; }
+
+Result<ScopedCapability> ScopedCapability::Raise(cap_value_t cap) {
+  CapPtr caps(cap_get_proc());
+  if (!caps) return Status::FromErrno(errno, "cap_get_proc");
+  cap_flag_value_t permitted = CAP_CLEAR, effective = CAP_CLEAR;
+  if (cap_get_flag(caps.get(), cap, CAP_PERMITTED, &permitted) != 0 ||
+      cap_get_flag(caps.get(), cap, CAP_EFFECTIVE, &effective) != 0) {
+    return Status::FromErrno(errno, "cap_get_flag " + Name(cap));
+  }
+  if (effective == CAP_SET) return ScopedCapability(cap, /*lower=*/false);
+  if (permitted != CAP_SET) return Status::FromErrno(EPERM, Name(cap) + " is not permitted");
+  if (cap_set_flag(caps.get(), CAP_EFFECTIVE, 1, &cap, CAP_SET) != 0 ||
+      cap_set_proc(caps.get()) != 0) {
+    return Status::FromErrno(errno, "raise " + Name(cap));
+  }
+  return ScopedCapability(cap, /*lower=*/true);
+}
+
+ScopedCapability::~ScopedCapability() {
+  if (!lower_) return;
+  // Lowering a capability one holds cannot fail for lack of privilege; a failure (ENOMEM in
+  // libcap) would leave it raised on this thread, so it is logged where the daemon can see it.
+  CapPtr caps(cap_get_proc());
+  if (!caps || cap_set_flag(caps.get(), CAP_EFFECTIVE, 1, &cap_, CAP_CLEAR) != 0 ||
+      cap_set_proc(caps.get()) != 0) {
+    Logger().error("could not lower {} again: {}", Name(cap_), std::strerror(errno));
+  }
 }
 
 }  // namespace dnvme::fs

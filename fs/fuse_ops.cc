@@ -5,6 +5,7 @@
 // through Reply*/fuse_reply_err only here. Every request gets exactly one reply.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -16,9 +17,12 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/common/log.h"
+#include "fs/caps.h"
 #include "fs/fs.h"
 #include "fs/virtual.h"
 
@@ -33,19 +37,87 @@ std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
 FileHandle& Fh(fuse_file_info* fi) { return *reinterpret_cast<FileHandle*>(fi->fh); }
 
-// Gives a newly created object to the caller (the daemon runs as root for many users).
-void ChownToCaller(fuse_req_t req, int dirfd, const char* name) {
-  if (geteuid() != 0) return;
+// FUSE_CAP_DONT_MASK (asked for in init) makes the kernel send create/mkdir/mknod modes without
+// the caller's umask and the umask beside them (fuse_ctx::umask). The backing create then runs
+// under the caller's umask, so ext4 applies it exactly as for the caller -- or, where the parent
+// has a default ACL, ignores it and applies the ACL, as it does for a local process. The umask is
+// set on this thread alone: each FUSE thread gets its own fs_struct (unshare(CLONE_FS)) the first
+// time it creates something. Restored when the scope ends.
+class CallerUmask {
+ public:
+  explicit CallerUmask(fuse_req_t req) {
+    thread_local const int unshared = unshare(CLONE_FS) == 0 ? 0 : errno;
+    err_ = unshared;
+    if (err_ == 0) saved_ = umask(fuse_req_ctx(req)->umask);
+  }
+  ~CallerUmask() {
+    if (err_ == 0) umask(saved_);
+  }
+  CallerUmask(const CallerUmask&) = delete;
+  CallerUmask& operator=(const CallerUmask&) = delete;
+  // 0, or why this thread could not get a umask of its own: the create must then fail rather
+  // than run under the daemon's umask, which is not the caller's.
+  int error() const { return err_; }
+
+ private:
+  int err_ = 0;
+  mode_t saved_ = 0;
+};
+
+// Gives the object just created (and looked up into `e`) to the caller: the daemon runs as root
+// for many users and creates everything as root. Acts on the inode's own fd, not the name, which
+// another request may already have renamed. Under a set-group-ID directory the group stays the
+// directory's, as the backing fs chose it. chown(2) clears set-user-ID (and set-group-ID with
+// group execute) even for root, but on ext4 the creator's own file keeps the mode it was created
+// with, so that mode is put back. Refreshes e->attr. Returns an errno.
+int GiveToCaller(fuse_req_t req, Fs& fs, Inode& parent, fuse_entry_param* e) {
+  if (geteuid() != 0) return 0;  // an unprivileged daemon: everything belongs to its user anyway
   const fuse_ctx* ctx = fuse_req_ctx(req);
-  struct stat parent {};
-  gid_t gid = ctx->gid;
-  if (fstatat(dirfd, "", &parent, AT_EMPTY_PATH) == 0 && (parent.st_mode & S_ISGID)) {
-    gid = static_cast<gid_t>(-1);  // setgid directory: keep the group the kernel chose
+  struct stat dir {};
+  if (fstatat(parent.fd, "", &dir, AT_EMPTY_PATH) != 0) return errno;
+  const uid_t uid = ctx->uid == e->attr.st_uid ? static_cast<uid_t>(-1) : ctx->uid;
+  const gid_t gid = (dir.st_mode & S_ISGID) || ctx->gid == e->attr.st_gid
+                        ? static_cast<gid_t>(-1)  // setgid directory: the group it chose stays
+                        : ctx->gid;
+  if (uid == static_cast<uid_t>(-1) && gid == static_cast<gid_t>(-1)) return 0;
+  Inode& in = fs.GetInode(e->ino);
+  if (fchownat(in.fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
+  const mode_t created = e->attr.st_mode;
+  if (fstatat(in.fd, "", &e->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
+  if (e->attr.st_mode != created && !S_ISLNK(created)) {
+    if (chmod(ProcPath(in.fd).c_str(), created & 07777) != 0) return errno;
+    e->attr.st_mode = created;
   }
-  if (fchownat(dirfd, name, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
-    Logger().warn("chown of new '{}' to {}:{} failed: {}", name, ctx->uid, ctx->gid,
-                  std::strerror(errno));
+  return 0;
+}
+
+// Replies to a create-like request (mknod, mkdir, symlink) whose object `name` was just made in
+// `parent`: looks it up, hands it to the caller and answers with its entry. When the hand-over
+// fails the object is removed again (`rmflags` for unlinkat): ext4 would not have made it.
+void ReplyCreated(fuse_req_t req, fuse_ino_t parent, const char* name, int rmflags) {
+  Fs& fs = FsOf(req);
+  fuse_entry_param e{};
+  int err = fs.DoLookup(parent, name, &e);
+  if (err) {  // gone or replaced already: nothing of ours to clean up
+    fuse_reply_err(req, err);
+    return;
   }
+  const dev_t dev = e.attr.st_dev;
+  const ino_t ino = e.attr.st_ino;
+  err = GiveToCaller(req, fs, fs.GetInode(parent), &e);
+  if (err) {
+    fs.Forget(e.ino, 1);
+    // Remove it only while the name still means the object we made.
+    struct stat now {};
+    Inode& dir = fs.GetInode(parent);
+    if (fstatat(dir.fd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == dev &&
+        now.st_ino == ino && unlinkat(dir.fd, name, rmflags) != 0) {
+      Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
+    }
+    fuse_reply_err(req, err);
+    return;
+  }
+  fuse_reply_entry(req, &e);
 }
 
 void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -63,6 +135,51 @@ int StatInode(Fs& fs, Inode& in, struct stat* st) {
   // Data accepted by write-behind counts, though the backing file has not seen it yet.
   if (S_ISREG(st->st_mode)) fs.ApplyPending(in, st);
   return 0;
+}
+
+// True when `gid` is the caller's group or one of its supplementary groups. A caller whose groups
+// cannot be read counts as outside the group: the bit it decides then goes, which is the safe side.
+bool CallerInGroup(fuse_req_t req, gid_t gid) {
+  if (fuse_req_ctx(req)->gid == gid) return true;
+  std::vector<gid_t> groups(64);
+  int n = fuse_req_getgroups(req, static_cast<int>(groups.size()), groups.data());
+  if (n > static_cast<int>(groups.size())) {
+    groups.resize(static_cast<size_t>(n));
+    n = fuse_req_getgroups(req, n, groups.data());
+  }
+  if (n < 0) return false;
+  groups.resize(std::min(groups.size(), static_cast<size_t>(n)));
+  return std::find(groups.begin(), groups.end(), gid) != groups.end();
+}
+
+// What a write or truncate by a process without CAP_FSETID clears on ext4
+// (setattr_should_drop_suidgid): set-user-ID always; set-group-ID when group execute is set, or
+// when the writer is not in the file's group. Applies it to the inode. Returns an errno.
+//
+// The FUSE kernel does part of this itself -- set-user-ID, and set-group-ID with group execute,
+// as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
+// leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
+int KillPrivs(fuse_req_t req, Inode& in) {
+  struct stat st {};
+  if (fstatat(in.fd, "", &st, AT_EMPTY_PATH) != 0) return errno;
+  if ((st.st_mode & (S_ISUID | S_ISGID)) == 0) return 0;
+  mode_t kill = st.st_mode & S_ISUID;
+  if ((st.st_mode & S_ISGID) && ((st.st_mode & S_IXGRP) || !CallerInGroup(req, st.st_gid))) {
+    kill |= S_ISGID;
+  }
+  if (kill == 0) return 0;
+  return chmod(ProcPath(in.fd).c_str(), st.st_mode & 07777 & ~kill) == 0 ? 0 : errno;
+}
+
+// Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
+// direct_io open) says so exactly with FUSE_WRITE_KILL_SUIDGID. A page-cache write never carries
+// it (the kernel sets it only with FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot ask for),
+// and neither does any write under libfuse's own loop (clone_fd=1, which does not pass the flags
+// on): there the caller counts as privileged exactly when it is root.
+bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh) {
+  const std::optional<uint32_t> flags = CurrentWriteFlags();
+  if (flags && !fh.page_cache_writes) return (*flags & FUSE_WRITE_KILL_SUIDGID) != 0;
+  return fuse_req_ctx(req)->uid != 0;
 }
 
 // The kernel reads ahead at most the FUSE bdi's read_ahead_kb (128 KiB by default, whatever
@@ -108,12 +225,20 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   if (conn->capable & FUSE_CAP_ASYNC_DIO) conn->want |= FUSE_CAP_ASYNC_DIO;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  // open(O_TRUNC) as a separate SETATTR: only then does the kernel clear set-user-ID/set-group-ID
+  // for an opener without CAP_FSETID, as ext4 does (with atomic O_TRUNC it leaves that to a
+  // daemon that is told who may keep them only under FUSE_HANDLE_KILLPRIV_V2). One extra round
+  // trip per truncating open.
+  conn->want &= ~static_cast<unsigned>(FUSE_CAP_ATOMIC_O_TRUNC);
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
   // FUSE_CAP_SPLICE_READ stays off: it only steers libfuse's own receive, which our session
   // loop replaces (fs/session_loop.h); with clone_fd's libfuse loop it would fall back to read(2)
   // anyway once CAP_SYS_RESOURCE is gone.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+  // The caller's umask comes with each create and is applied by the backing fs (CallerUmask),
+  // which also lets a parent's default ACL take its place as on ext4.
+  if (conn->capable & FUSE_CAP_DONT_MASK) conn->want |= FUSE_CAP_DONT_MASK;
   // Locks stay in the kernel (flock and POSIX locks are local to this mount: correct for every
   // process on this machine). Writeback caching stays off: write-behind happens in the daemon,
   // into pinned buffers, where errors can be tracked per inode.
@@ -170,8 +295,11 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
     if (fchownat(in.fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) err = errno;
   }
   if (!err && (valid & FUSE_SET_ATTR_SIZE)) {
+    // A truncate by a user clears set-user-ID/set-group-ID as a write does. The kernel sent the
+    // mode it cleared already (applied above) but not the rest of ext4's rule (KillPrivs).
+    if (fuse_req_ctx(req)->uid != 0) err = KillPrivs(req, in);
     // Pending write-behind data must not land after (and undo) the truncation.
-    err = fs.Drain(in, /*take_error=*/false);
+    if (!err) err = fs.Drain(in, /*take_error=*/false);
     fs.InvalidateReadAhead(in);
     if (!err) {
       int rc =
@@ -227,23 +355,35 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
 void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
-  if (mknodat(dir.fd, name, mode, rdev) != 0) {
-    fuse_reply_err(req, errno);
+  // A device node reaches us only from a caller that holds CAP_MKNOD (the kernel checks it in
+  // vfs_mknod first), so the daemon may use its own, raised for this call alone (fs/caps.cc).
+  std::optional<Result<ScopedCapability>> mknod_cap;
+  if (S_ISBLK(mode) || S_ISCHR(mode)) {
+    mknod_cap.emplace(ScopedCapability::Raise(CAP_MKNOD));
+    if (!mknod_cap->ok()) {
+      Logger().info("device mknod of '{}' refused: {}", name, mknod_cap->status().ToString());
+      fuse_reply_err(req, EPERM);
+      return;
+    }
+  }
+  CallerUmask mask(req);
+  if (mask.error() || mknodat(dir.fd, name, mode, rdev) != 0) {
+    fuse_reply_err(req, mask.error() ? mask.error() : errno);
     return;
   }
-  ChownToCaller(req, dir.fd, name);
-  ReplyEntry(req, parent, name);
+  mknod_cap.reset();
+  ReplyCreated(req, parent, name, 0);
 }
 
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
-  if (mkdirat(dir.fd, name, mode) != 0) {
-    fuse_reply_err(req, errno);
+  CallerUmask mask(req);
+  if (mask.error() || mkdirat(dir.fd, name, mode) != 0) {
+    fuse_reply_err(req, mask.error() ? mask.error() : errno);
     return;
   }
-  ChownToCaller(req, dir.fd, name);
-  ReplyEntry(req, parent, name);
+  ReplyCreated(req, parent, name, AT_REMOVEDIR);
 }
 
 void OpSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
@@ -253,8 +393,7 @@ void OpSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* 
     fuse_reply_err(req, errno);
     return;
   }
-  ChownToCaller(req, dir.fd, name);
-  ReplyEntry(req, parent, name);
+  ReplyCreated(req, parent, name, 0);
 }
 
 void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
@@ -354,14 +493,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (VirtualOpen(req, ino, fi)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
-  if ((fi->flags & O_TRUNC) && (fi->flags & O_ACCMODE) != O_RDONLY) {
-    int err = fs.Drain(in, /*take_error=*/false);
-    if (err) {
-      fuse_reply_err(req, err);
-      return;
-    }
-    fs.InvalidateReadAhead(in);
-  }
+  // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
   UniqueFd fd;
   int err = OpenBacking(in, fi->flags, &fd);
   FileHandle* fh = nullptr;
@@ -380,22 +512,41 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Fs& fs = FsOf(req);
   Inode& dir = fs.GetInode(parent);
-  const int strip = O_DIRECT | O_APPEND | O_NOCTTY;
-  int fd = openat(dir.fd, name, (fi->flags & ~strip) | O_CREAT | O_CLOEXEC, mode);
-  if (fd < 0) {
-    fuse_reply_err(req, errno);
-    return;
+  const int flags = (fi->flags & ~(O_DIRECT | O_APPEND | O_NOCTTY | O_CREAT | O_EXCL)) | O_CLOEXEC;
+  // O_EXCL always, so that we know whether this request made the file: only then does it go to
+  // the caller (and away again if the reply fails). The kernel sends CREATE for a name it found
+  // missing; one that appeared since (another client, BACKING_DIR) is opened as open(2) would.
+  int fd;
+  bool created = true;
+  {
+    CallerUmask mask(req);
+    if (mask.error()) {
+      fuse_reply_err(req, mask.error());
+      return;
+    }
+    fd = openat(dir.fd, name, flags | O_CREAT | O_EXCL, mode);
+    if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
+      created = false;
+      fd = openat(dir.fd, name, flags);
+    }
+    if (fd < 0) {
+      fuse_reply_err(req, errno);
+      return;
+    }
   }
   UniqueFd owned(fd);
-  ChownToCaller(req, dir.fd, name);
   fuse_entry_param e{};
   int err = fs.DoLookup(parent, name, &e);
   FileHandle* fh = nullptr;
   if (!err) {
-    err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned), &fh);
+    if (created) err = GiveToCaller(req, fs, dir, &e);
+    if (!err) err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned), &fh);
     if (err) fs.Forget(e.ino, 1);
   }
   if (err) {
+    if (created && unlinkat(dir.fd, name, 0) != 0) {
+      Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
+    }
     fuse_reply_err(req, err);
     return;
   }
@@ -445,6 +596,12 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 
 void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
   if (VirtualWrite(req, ino, bufv, fi)) return;
+  if (WriterUnprivileged(req, Fh(fi))) {
+    if (int err = KillPrivs(req, *Fh(fi).inode); err != 0) {
+      fuse_reply_err(req, err);
+      return;
+    }
+  }
   const size_t size = fuse_buf_size(bufv);
   char* scratch = ThreadScratch(size);
   if (scratch == nullptr) {

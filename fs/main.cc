@@ -124,7 +124,8 @@ class StderrCapture {
 // Runs while the process is single-threaded (capabilities are per thread): after daemonizing,
 // before the engine's workers and the FUSE loop start.
 dnvme::Status DropCaps() {
-  auto report = dnvme::fs::DropCapabilities(dnvme::fs::DaemonKeepSet());
+  auto report =
+      dnvme::fs::DropCapabilities(dnvme::fs::DaemonKeepSet(), dnvme::fs::DaemonDormantSet());
   if (!report.ok()) return report.status();
   dnvme::Logger().info("capabilities: {}", report.value().ToString());
   return dnvme::Status::Ok();

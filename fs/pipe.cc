@@ -49,6 +49,16 @@ Status Pipe::ReadExactly(char* dst, size_t n) {
   return Status::Ok();
 }
 
+Result<size_t> Pipe::Peek(Pipe& via, char* dst, size_t n) {
+  ssize_t t;
+  do {
+    t = tee(read_.get(), via.write_fd(), n, SPLICE_F_NONBLOCK);
+  } while (t < 0 && errno == EINTR);
+  if (t < 0) return Status::FromErrno(errno, "tee from a pipe");
+  DNVME_RETURN_IF_ERROR(via.ReadExactly(dst, static_cast<size_t>(t)));
+  return static_cast<size_t>(t);
+}
+
 Result<int64_t> Pipe::Discard() {
   int64_t dropped = 0;
   char sink[16384];

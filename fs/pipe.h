@@ -40,6 +40,10 @@ class Pipe {
   // Reads exactly `n` bytes out of the pipe into `dst` (EINTR retried). An error when the pipe
   // holds fewer or the read fails.
   Status ReadExactly(char* dst, size_t n);
+  // Copies up to `n` of the bytes at the head of the pipe into `dst` without taking them out:
+  // tee(2) duplicates their page references into the empty pipe `via`, which is then read.
+  // Returns the bytes copied (fewer than `n` only when the pipe holds fewer).
+  Result<size_t> Peek(Pipe& via, char* dst, size_t n);
   // Reads and throws away whatever is in the pipe (after a failed or abandoned transfer), so the
   // next user starts empty. Returns the bytes dropped or the error.
   Result<int64_t> Discard();

@@ -73,6 +73,11 @@ void RequestBufferPool::Return(char* p) {
 
 void RequestSlot::Install(RequestSlot* slot) { tls_slot = slot; }
 
+std::optional<uint32_t> CurrentWriteFlags() {
+  RequestSlot* const slot = tls_slot;
+  return slot != nullptr ? slot->write_flags_ : std::nullopt;
+}
+
 bool InRequestBuffer(const char* payload, size_t size) {
   RequestSlot* const slot = tls_slot;
   if (slot == nullptr || !slot->buf_) return false;

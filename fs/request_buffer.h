@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace dnvme::fs {
@@ -96,14 +97,24 @@ class RequestSlot {
  public:
   explicit RequestSlot(RequestBuffer buf) : buf_(std::move(buf)) {}
   RequestBuffer& buffer() { return buf_; }
-  // Makes `slot` this thread's slot (null: none) for AdoptRequestBuffer.
+  // Makes `slot` this thread's slot (null: none) for AdoptRequestBuffer and CurrentWriteFlags.
   static void Install(RequestSlot* slot);
+  // Set by the loop before it dispatches each request: the WRITE's fuse_write_in::write_flags,
+  // or nullopt for any other request.
+  void set_write_flags(std::optional<uint32_t> flags) { write_flags_ = flags; }
 
  private:
   friend RequestBuffer AdoptRequestBuffer(const char* payload, size_t size);
   friend bool InRequestBuffer(const char* payload, size_t size);
+  friend std::optional<uint32_t> CurrentWriteFlags();
   RequestBuffer buf_;
+  std::optional<uint32_t> write_flags_;
 };
+
+// From a WRITE handler: the request's write_flags (FUSE_WRITE_KILL_SUIDGID, FUSE_WRITE_CACHE, ...),
+// which libfuse 3.14 reads but does not pass to write_buf. nullopt when this thread is not a
+// session-loop thread (libfuse's own loop, clone_fd=1): the caller must then decide without them.
+std::optional<uint32_t> CurrentWriteFlags();
 
 // True when [payload, payload + size) lies in the buffer this thread received its current
 // request into (a session-loop thread inside a handler).

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "engine/common/log.h"
@@ -26,6 +27,18 @@ constexpr size_t kInlineBytes = sizeof(fuse_in_header) + sizeof(fuse_write_in) +
 
 void WakeHandler(int) {}
 
+// A WRITE's fuse_write_in::write_flags, for CurrentWriteFlags (libfuse reads them but does not
+// hand them on); nullopt for any other request. `head` holds the first `n` bytes of the request.
+std::optional<uint32_t> WriteFlagsOf(const char* head, size_t n) {
+  if (n < kWriteHeaderBytes) return std::nullopt;
+  fuse_in_header in;
+  std::memcpy(&in, head, sizeof(in));
+  if (in.opcode != FUSE_WRITE) return std::nullopt;
+  fuse_write_in write;
+  std::memcpy(&write, head + sizeof(in), sizeof(write));
+  return write.write_flags;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SessionLoop>> SessionLoop::Create(fuse_session* se, int threads, bool splice,
@@ -42,6 +55,8 @@ Result<std::unique_ptr<SessionLoop>> SessionLoop::Create(fuse_session* se, int t
     // saves (measured: docs/performance.md), so without them requests are read(2).
     for (int i = 0; i < threads; ++i) {
       auto p = Pipe::Create(kRequestPipeBytes);
+      auto peek = Pipe::Create(static_cast<int64_t>(kWriteHeaderBytes));
+      if (p.ok() && !peek.ok()) p = peek.status();
       if (!p.ok()) {
         Logger().warn(
             "receiving FUSE requests with read(2), not splice: {}. Page-cache writes are then "
@@ -49,9 +64,11 @@ Result<std::unique_ptr<SessionLoop>> SessionLoop::Create(fuse_session* se, int t
             "{} (docs/tuning.md)",
             p.status().ToString(), kRequestPipeBytes);
         loop->pipes_.clear();
+        loop->peeks_.clear();
         break;
       }
       loop->pipes_.push_back(std::move(p).value());
+      loop->peeks_.push_back(std::move(peek).value());
     }
   }
   struct sigaction sa {};
@@ -117,6 +134,16 @@ void SessionLoop::Worker(size_t index) {
     if (pipe && static_cast<size_t>(n) >= kInlineBytes) {
       buf.flags = FUSE_BUF_IS_FD;
       buf.fd = pipe->read_fd();
+      char head[kWriteHeaderBytes];
+      auto got = pipe->Peek(*peeks_[index], head, sizeof(head));
+      if (got.ok()) {
+        slot.set_write_flags(WriteFlagsOf(head, got.value()));
+      } else {
+        // The handler then decides without the flags (CurrentWriteFlags): logged, not fatal.
+        Logger().error("reading a spliced request's headers: {}", got.status().ToString());
+        slot.set_write_flags(std::nullopt);
+        (void)peeks_[index]->Discard();
+      }
     } else {
       if (pipe) {
         // Small requests go to libfuse in memory whole.
@@ -129,6 +156,7 @@ void SessionLoop::Worker(size_t index) {
         }
       }
       buf.mem = mem;
+      slot.set_write_flags(WriteFlagsOf(mem, static_cast<size_t>(n)));
     }
     fuse_session_process_buf(se_, &buf);
     // A handler that answered without consuming its payload (an error reply) leaves bytes that

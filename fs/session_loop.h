@@ -66,7 +66,10 @@ class SessionLoop {
 
   fuse_session* se_;
   const int threads_;
-  std::vector<std::unique_ptr<Pipe>> pipes_;    // one per thread; empty in read(2) mode
+  std::vector<std::unique_ptr<Pipe>> pipes_;  // one per thread; empty in read(2) mode
+  // One small pipe per thread beside each of pipes_: a large spliced request's headers are
+  // read through it (Pipe::Peek) while libfuse still finds them in the request pipe.
+  std::vector<std::unique_ptr<Pipe>> peeks_;
   std::shared_ptr<RequestBufferPool> buffers_;  // read(2) receive buffers (fs/request_buffer.h)
   std::vector<std::thread> workers_;
   std::mutex mu_;

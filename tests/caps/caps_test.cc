@@ -21,10 +21,11 @@
 namespace dnvme::fs {
 namespace {
 
-// The Cap* lines of /proc/self/status as bit masks ("CapEff" -> 0x...).
-std::map<std::string, uint64_t> ReadCapMasks() {
+// The Cap* lines of /proc/self/status (the thread-group leader's) or another status file as bit
+// masks ("CapEff" -> 0x...).
+std::map<std::string, uint64_t> ReadCapMasks(const char* path = "/proc/self/status") {
   std::map<std::string, uint64_t> masks;
-  FILE* f = std::fopen("/proc/self/status", "r");
+  FILE* f = std::fopen(path, "r");
   if (f == nullptr) return masks;
   char key[64];
   unsigned long long value = 0;
@@ -135,6 +136,80 @@ TEST(CapsTest, DaemonKeepSetLeavesExactlyThoseBits) {
                            (parent.at("CapPrm") | parent.at("CapBnd")) & ~keep)));
   EXPECT_NE(v.report.find("cap_ipc_lock"), std::string::npos) << v.report;
   EXPECT_NE(v.report.find("cap_sys_admin"), std::string::npos) << v.report;  // in "dropped"
+}
+
+// The daemon's own call: CAP_MKNOD stays permitted (and in the bounding set) but not effective,
+// and a ScopedCapability raises it on this thread only while it lives (fs/caps.h).
+TEST(CapsTest, DormantCapabilityIsRaisedOnlyInScope) {
+  SKIP_UNLESS_PRIVILEGED();
+  const auto parent = ReadCapMasks();
+  const uint64_t keep = Mask(DaemonKeepSet()) & parent.at("CapPrm");
+  const uint64_t dormant = Mask(DaemonDormantSet());
+  ASSERT_NE(keep & dormant, 0u) << "the daemon keeps no dormant capability this test can see";
+  std::map<std::string, uint64_t> raised, thread_view;
+  ChildView v = RunInChild([&]() -> Result<CapReport> {
+    Result<CapReport> r = DropCapabilities(DaemonKeepSet(), DaemonDormantSet());
+    if (!r.ok()) return r;
+    // The other thread exists before the raise (a new thread copies its creator's sets), and
+    // reads its own sets while the main thread holds the capability raised.
+    std::mutex m;
+    std::condition_variable cv;
+    bool go = false;
+    std::thread other([&] {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return go; });
+      thread_view = ReadCapMasks("/proc/thread-self/status");
+    });
+    {
+      Result<ScopedCapability> up = ScopedCapability::Raise(CAP_MKNOD);
+      if (!up.ok()) {
+        {
+          std::lock_guard lock(m);
+          go = true;
+        }
+        cv.notify_all();
+        other.join();
+        return up.status();
+      }
+      raised = ReadCapMasks();  // of this (the main) thread
+      {
+        std::lock_guard lock(m);
+        go = true;
+      }
+      cv.notify_all();
+      other.join();
+    }
+    if (raised["CapEff"] != (keep & ~dormant) + (uint64_t{1} << CAP_MKNOD) ||
+        thread_view["CapEff"] != (keep & ~dormant)) {
+      return Status::Internal("raised: main " + std::to_string(raised["CapEff"]) +
+                              ", other thread " + std::to_string(thread_view["CapEff"]));
+    }
+    return r;  // masks are read after the scope ended
+  });
+  ASSERT_TRUE(v.ok) << v.status;
+  EXPECT_EQ(v.masks["CapPrm"], keep);
+  EXPECT_EQ(v.masks["CapEff"], keep & ~dormant) << v.report;
+  EXPECT_EQ(v.masks["CapBnd"], Mask(DaemonKeepSet()) & parent.at("CapBnd"));
+}
+
+TEST(CapsTest, RaisingWhatIsNotPermittedIsEperm) {
+  SKIP_UNLESS_PRIVILEGED();
+  ChildView v = RunInChild([]() -> Result<CapReport> {
+    Result<CapReport> r = DropCapabilities({CAP_IPC_LOCK});
+    if (!r.ok()) return r;
+    Result<ScopedCapability> up = ScopedCapability::Raise(CAP_MKNOD);
+    if (up.ok()) return Status::Internal("raised a capability that was dropped");
+    if (up.status().error_number() != EPERM) return up.status();
+    return r;
+  });
+  ASSERT_TRUE(v.ok) << v.status;
+  EXPECT_EQ(v.masks["CapEff"], Mask({CAP_IPC_LOCK}));
+}
+
+TEST(CapsTest, DormantMustBeKept) {
+  Result<CapReport> r = DropCapabilities({CAP_CHOWN}, {CAP_MKNOD});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();
 }
 
 TEST(CapsTest, EmptyKeepSetDropsEverything) {
