@@ -239,6 +239,10 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   // The caller's umask comes with each create and is applied by the backing fs (CallerUmask),
   // which also lets a parent's default ACL take its place as on ext4.
   if (conn->capable & FUSE_CAP_DONT_MASK) conn->want |= FUSE_CAP_DONT_MASK;
+  // POSIX ACLs enforced as on ext4: the kernel reads them (system.posix_acl_* through getxattr),
+  // caches them and checks them with default_permissions. The backing ext4 does the rest: it keeps
+  // mode and ACL in step on chmod and setxattr, and inherits default ACLs on create.
+  if (conn->capable & FUSE_CAP_POSIX_ACL) conn->want |= FUSE_CAP_POSIX_ACL;
   // Locks stay in the kernel (flock and POSIX locks are local to this mount: correct for every
   // process on this machine). Writeback caching stays off: write-behind happens in the daemon,
   // into pinned buffers, where errors can be tracked per inode.
