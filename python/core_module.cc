@@ -32,6 +32,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,13 +77,21 @@ dnvme::HandleConfig MakeConfig(int64_t block_size, int queue_depth, bool single_
 
 // DeepSpeed's return values: a synchronous operation returns 1 (the operations it completed), an
 // asynchronous one 0 (wait() counts it). Called with the GIL released.
-template <class Handle>
-int Transfer(Handle& h, bool read, uintptr_t address, int64_t num_bytes, const std::string& path,
+// `File` is the path or the caller's open fd (DeepSpeed's async_pwrite(buffer, fd, offset)); an
+// fd is reopened by the engine, so the caller may close it once the call returns.
+template <class Handle, class File>
+int Transfer(Handle& h, bool read, uintptr_t address, int64_t num_bytes, const File& file,
              bool validate, bool async_op, int64_t file_offset) {
   dnvme::Status st =
-      read ? h.pread(ToPointer(address), num_bytes, path, validate, async_op, file_offset)
-           : h.pwrite(ToPointer(address), num_bytes, path, validate, async_op, file_offset);
-  if (!st.ok()) ThrowStatus(st, path, file_offset);
+      read ? h.pread(ToPointer(address), num_bytes, file, validate, async_op, file_offset)
+           : h.pwrite(ToPointer(address), num_bytes, file, validate, async_op, file_offset);
+  if (!st.ok()) {
+    if constexpr (std::is_same_v<File, int>) {
+      ThrowStatus(st, "", file_offset);
+    } else {
+      ThrowStatus(st, file, file_offset);
+    }
+  }
   return async_op ? 0 : 1;
 }
 
@@ -146,6 +155,14 @@ class PyHandle {
   int pwrite(uintptr_t address, int64_t num_bytes, const std::string& path, bool validate,
              bool async_op, int64_t file_offset) {
     return Transfer(*handle_, false, address, num_bytes, path, validate, async_op, file_offset);
+  }
+  int pread_fd(uintptr_t address, int64_t num_bytes, int fd, bool validate, bool async_op,
+               int64_t file_offset) {
+    return Transfer(*handle_, true, address, num_bytes, fd, validate, async_op, file_offset);
+  }
+  int pwrite_fd(uintptr_t address, int64_t num_bytes, int fd, bool validate, bool async_op,
+                int64_t file_offset) {
+    return Transfer(*handle_, false, address, num_bytes, fd, validate, async_op, file_offset);
   }
   int wait() { return WaitAndRaise(*handle_); }
   py::list wait_results() { return WaitResults(*handle_); }
@@ -356,12 +373,15 @@ class BufferPool {
 
 class PyFastWriter {
  public:
+  // external_address: 0, or the caller's memory for the num_buffers buffers (the Python half keeps
+  // the object owning it alive as long as this writer).
   PyFastWriter(PyAioHandle& handle, const std::string& path, size_t buffer_bytes, int num_buffers,
                bool truncate, bool fsync_on_close, int64_t stripe_bytes, int stripe_count,
-               int stripe_index, BufferPool* pool)
+               int stripe_index, BufferPool* pool, uintptr_t external_address)
       : path_(path) {
     dnvme::FastWriterOptions o;
     o.pool = pool != nullptr ? pool->get() : nullptr;
+    o.external = static_cast<char*>(ToPointer(external_address));
     o.buffer_bytes = buffer_bytes;
     o.num_buffers = num_buffers;
     o.truncate = truncate;
@@ -432,6 +452,8 @@ void BindHandleMethods(py::class_<H>& c) {
       .def("get_intra_op_parallelism", &H::intra_op_parallelism)
       .def("pread", &H::pread, py::call_guard<py::gil_scoped_release>())
       .def("pwrite", &H::pwrite, py::call_guard<py::gil_scoped_release>())
+      .def("pread_fd", &H::pread_fd, py::call_guard<py::gil_scoped_release>())
+      .def("pwrite_fd", &H::pwrite_fd, py::call_guard<py::gil_scoped_release>())
       .def("wait", &H::wait, py::call_guard<py::gil_scoped_release>())
       .def("wait_results", &H::wait_results)
       .def("pending", &H::pending)
@@ -504,11 +526,11 @@ PYBIND11_MODULE(_C, m) {
   // keep_alive: the writer keeps its handle and its pool alive.
   py::class_<PyFastWriter>(m, "FastWriter")
       .def(py::init<PyAioHandle&, const std::string&, size_t, int, bool, bool, int64_t, int, int,
-                    BufferPool*>(),
+                    BufferPool*, uintptr_t>(),
            py::arg("handle"), py::arg("path"), py::arg("buffer_bytes"), py::arg("num_buffers"),
            py::arg("truncate"), py::arg("fsync_on_close"), py::arg("stripe_bytes"),
            py::arg("stripe_count"), py::arg("stripe_index"), py::arg("pool").none(true),
-           py::keep_alive<1, 2>(), py::keep_alive<1, 11>())
+           py::arg("external_address") = 0, py::keep_alive<1, 2>(), py::keep_alive<1, 11>())
       .def("write", &PyFastWriter::write)
       .def("close", &PyFastWriter::close)
       .def("abort", &PyFastWriter::abort)

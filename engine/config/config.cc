@@ -120,10 +120,12 @@ Result<int64_t> ParseSize(std::string_view text) {
 }
 
 Status HandleConfig::Validate() const {
-  if (block_size <= 0 || block_size % 4096 != 0 || block_size > kMaxBlockSize) {
-    return Status::InvalidArgument(
-        "config key 'block_size' must be a positive multiple of 4096 up to 1G, got " +
-        std::to_string(block_size));
+  // Any positive size, as DeepSpeed accepts (its tests use 1 KiB): the block size only says how
+  // an operation is cut into requests. Each O_DIRECT request is rounded up to the file's
+  // direct-I/O alignment by the worker, so the caller never has to know that alignment.
+  if (block_size <= 0 || block_size > kMaxBlockSize) {
+    return Status::InvalidArgument("config key 'block_size' must be in 1..1G bytes, got " +
+                                   std::to_string(block_size));
   }
   if (queue_depth < 1 || queue_depth > kMaxQueueDepth) {
     return Status::InvalidArgument("config key 'queue_depth' must be in 1.." +

@@ -355,7 +355,9 @@ class GdsHandle::Impl {
       }
     }
     const int64_t n = job.result.length;
-    const int64_t block = config.block_size;
+    // cuFile's direct path moves 4 KiB-aligned requests; a smaller block_size (DeepSpeed's tests
+    // use 1K) is rounded up as the libaio workers round it to the file's alignment.
+    const int64_t block = (config.block_size + 4095) / 4096 * 4096;
     const int parts =
         static_cast<int>(std::min<int64_t>(config.intra_op_parallelism, (n + block - 1) / block));
     const int64_t per = (n / parts + 4095) / 4096 * 4096;
@@ -655,6 +657,19 @@ Status GdsHandle::pwrite(const void* buffer, int64_t n, const std::string& path,
                          bool async_op, int64_t off) {
   DNVME_ASSIGN_OR_RETURN(
       auto job, impl_->MakeJob(OpType::kWrite, const_cast<void*>(buffer), n, &path, -1, off));
+  return impl_->Submit(std::move(job), validate, async_op);
+}
+
+Status GdsHandle::pread(void* buffer, int64_t n, int fd, bool validate, bool async_op,
+                        int64_t off) {
+  DNVME_ASSIGN_OR_RETURN(auto job, impl_->MakeJob(OpType::kRead, buffer, n, nullptr, fd, off));
+  return impl_->Submit(std::move(job), validate, async_op);
+}
+
+Status GdsHandle::pwrite(const void* buffer, int64_t n, int fd, bool validate, bool async_op,
+                         int64_t off) {
+  DNVME_ASSIGN_OR_RETURN(
+      auto job, impl_->MakeJob(OpType::kWrite, const_cast<void*>(buffer), n, nullptr, fd, off));
   return impl_->Submit(std::move(job), validate, async_op);
 }
 

@@ -15,13 +15,20 @@ constexpr int64_t kAlign = 4096;
 }  // namespace
 
 Status FastWriterOptions::Validate() const {
-  if (buffer_bytes == 0 || buffer_bytes % kAlign != 0) {
+  if (external != nullptr) {
+    if (buffer_bytes == 0) return Status::InvalidArgument("buffer_bytes must be positive");
+    if (pool != nullptr) {
+      return Status::InvalidArgument("a FastWriter takes external buffers or a pool, not both");
+    }
+  } else if (buffer_bytes == 0 || buffer_bytes % kAlign != 0) {
     return Status::InvalidArgument("buffer_bytes must be a positive multiple of 4096, not " +
                                    std::to_string(buffer_bytes));
   }
-  if (num_buffers < 2 || num_buffers > 64) {
-    return Status::InvalidArgument("num_buffers must be in [2, 64], not " +
-                                   std::to_string(num_buffers));
+  // Own buffers: two at least, so copying overlaps writing. The caller's memory may be one.
+  const int min_buffers = external != nullptr ? 1 : 2;
+  if (num_buffers < min_buffers || num_buffers > 64) {
+    return Status::InvalidArgument("num_buffers must be in [" + std::to_string(min_buffers) +
+                                   ", 64], not " + std::to_string(num_buffers));
   }
   if (stripe_bytes < 0 || stripe_bytes % kAlign != 0) {
     return Status::InvalidArgument("stripe_bytes must be 0 or a positive multiple of 4096, not " +
@@ -55,7 +62,10 @@ Result<std::unique_ptr<FastWriter>> FastWriter::Open(AioHandle* handle, const st
     if (rc != 0) return Status::FromErrno(errno, "truncate '" + path + "'");
   }
   std::vector<Slot> slots(static_cast<size_t>(options.num_buffers));
-  if (options.pool != nullptr) {
+  if (options.external != nullptr) {
+    for (size_t i = 0; i < slots.size(); ++i)
+      slots[i].data = options.external + i * options.buffer_bytes;
+  } else if (options.pool != nullptr) {
     for (Slot& slot : slots) {
       slot.lease = options.pool->TryAcquire();
       if (!slot.lease) break;

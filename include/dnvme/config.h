@@ -27,7 +27,10 @@ Result<DirectPolicy> ParseDirectPolicy(std::string_view name);
 
 struct HandleConfig {
   // Defaults are DeepNVMe's aio_handle defaults.
-  int64_t block_size = 1 << 20;  // bytes per libaio request; a positive multiple of 4096
+  // Bytes per libaio request, 1..1G. A request is never smaller than the file's direct-I/O
+  // alignment: block sizes below it (DeepSpeed's tests use 1K) or not a multiple of it are
+  // rounded up to the next multiple, so every value DeepSpeed accepts works with the same data.
+  int64_t block_size = 1 << 20;
   int queue_depth = 128;         // requests in flight per worker, 1..4096
   bool single_submit = false;    // one io_submit per request instead of one per batch
   bool overlap_events = false;   // sliding window instead of lock-step batches

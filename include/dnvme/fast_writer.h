@@ -59,6 +59,13 @@ struct FastWriterOptions {
   // free (another writer holds them), the writer allocates its own. Null: always its own. The pool
   // must outlive the writer.
   PinnedPool* pool = nullptr;
+  // Or the caller's memory (DeepSpeed's FastFileWriterConfig.pinned_tensor): num_buffers
+  // consecutive buffers of buffer_bytes each, starting at `external`, which the caller keeps valid
+  // and does not touch until Close() returns. Then buffer_bytes may be any positive size (DeepSpeed
+  // halves a 4 KiB tensor for double buffering; the handle writes unaligned parts exactly) and
+  // num_buffers may be 1 (DeepSpeed's single buffer: filling waits for each write). Not with a
+  // pool.
+  char* external = nullptr;
 
   Status Validate() const;
 };

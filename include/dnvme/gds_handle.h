@@ -121,6 +121,11 @@ class GdsHandle {
                bool async_op, int64_t file_offset = 0);
   Status pwrite(const void* buffer, int64_t num_bytes, const std::string& path, bool validate,
                 bool async_op, int64_t file_offset = 0);
+  // The same on a caller's open fd (DeepSpeed's async_pwrite(buffer, fd, file_offset)).
+  Status pread(void* buffer, int64_t num_bytes, int fd, bool validate, bool async_op,
+               int64_t file_offset = 0);
+  Status pwrite(const void* buffer, int64_t num_bytes, int fd, bool validate, bool async_op,
+                int64_t file_offset = 0);
   int wait();
   const std::vector<OpResult>& completed() const;
   int pending() const;

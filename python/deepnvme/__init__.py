@@ -10,21 +10,30 @@
     d = g.new_pinned_device_tensor(1 << 28, torch.empty(0, dtype=torch.float16))
     g.sync_pwrite(d, "/nvme/d.bin"); g.async_pread(d, "/nvme/d.bin"); g.wait()
     with deepnvme.Mount("/mnt/dnvme") as m: m.stats()
+    p = deepnvme.pin_handle()                                # PinMemoryBuilder().load().pin_handle()
+    w = deepnvme.io.FastFileWriter(path, deepnvme.io.FastFileWriterConfig(h, t))  # deepspeed.io
 
-A drop-in for ``AsyncIOBuilder().load()``: ``deepnvme.aio_handle`` takes DeepSpeed's arguments
-and has its methods. torch and numpy are used when the caller passes their objects; importing
+A drop-in for DeepSpeed 0.19's ``AsyncIOBuilder().load()``, ``GDSBuilder().load()`` and
+``PinMemoryBuilder().load()`` (this module is all three: aio_handle, gds_handle, pin_handle,
+aio_read, aio_write, deepspeed_memcpy) and for ``deepspeed.io`` (``deepnvme.io``);
+``deepnvme.deepspeed.activate()`` makes an installed DeepSpeed load it. Differences from DeepSpeed
+are listed in docs/deepspeed-compat.md. torch and numpy are used when the caller passes their objects; importing
 deepnvme imports neither.
 """
 
 from ._C import memlock_limit_bytes, pinned_bytes_in_use
 from .checkpoint import FastFileWriter, buffer_pool, default_handle, load, read_file, save
-from .handles import (GdsUnavailableError, aio_handle, cast_to_byte_tensor,
-                      cuda_unavailable_reason, gds_handle, gds_unavailable_reason)
+from .handles import (GdsUnavailableError, aio_handle, aio_read, aio_write, cast_to_byte_tensor,
+                      cuda_unavailable_reason, deepspeed_memcpy, gds_handle,
+                      gds_unavailable_reason)
 from .mount import Mount, SharedBuffer
+from .pinned import pin_handle
+from . import io  # noqa: E402  (deepnvme.io: DeepSpeed's deepspeed.io writers)
 
 __version__ = "@PROJECT_VERSION@"
 
-__all__ = ["aio_handle", "gds_handle", "GdsUnavailableError", "gds_unavailable_reason",
-           "cuda_unavailable_reason", "cast_to_byte_tensor", "FastFileWriter", "save", "load",
-           "read_file", "default_handle", "buffer_pool", "Mount", "SharedBuffer",
-           "pinned_bytes_in_use", "memlock_limit_bytes"]
+__all__ = ["aio_handle", "gds_handle", "pin_handle", "aio_read", "aio_write", "deepspeed_memcpy",
+           "GdsUnavailableError", "gds_unavailable_reason", "cuda_unavailable_reason",
+           "cast_to_byte_tensor", "FastFileWriter", "save", "load", "read_file",
+           "default_handle", "buffer_pool", "io", "Mount", "SharedBuffer", "pinned_bytes_in_use",
+           "memlock_limit_bytes"]

@@ -29,6 +29,7 @@ import re
 import sys
 
 from . import _C
+from . import pinned as _pinned
 
 _DEFAULTS = dict(block_size=1048576, queue_depth=128, single_submit=False, overlap_events=False,
                  intra_op_parallelism=1)
@@ -256,6 +257,22 @@ def _path(filename):
     return path
 
 
+def _target(filename, fd, method):
+    """("path", str) or ("fd", int): DeepSpeed passes a file either by name or, as an int in the
+    same position (or as the keyword `fd`), by an open descriptor the caller owns."""
+    if fd is not None:
+        if filename is not None:
+            raise TypeError("%s() takes a filename or an fd, not both" % method)
+        filename = fd
+    if filename is None:
+        raise TypeError("%s() needs a filename (or fd)" % method)
+    if isinstance(filename, int) and not isinstance(filename, bool):
+        if filename < 0:
+            raise ValueError("%s(): fd must be >= 0, not %d" % (method, filename))
+        return "fd", filename
+    return "path", _path(filename)
+
+
 def _offset(file_offset):
     if isinstance(file_offset, bool) or not isinstance(file_offset, int):
         raise TypeError("file_offset must be an int, not %s" % type(file_offset).__name__)
@@ -297,7 +314,6 @@ class aio_handle:
         self._bounce = {}  # CUDA device -> _C.GdsHandle (cufile='never') for device memory
         self._order = []  # engine key of each async operation since the last wait()
         self._in_flight = []  # buffers of async operations, alive until wait()
-        self._locked = {}  # data_ptr -> HostBuffer of new_cpu_locked_tensor
 
     def _primary(self):
         return self._h
@@ -334,47 +350,61 @@ class aio_handle:
     def get_intra_op_parallelism(self):
         return self._primary().get_intra_op_parallelism()
 
+    def get_alignment(self):
+        """DeepSpeed's value, intra_op_parallelism * 512: the unit its FastFileWriter buffers are
+        sized in. deepnvme itself needs no alignment of sizes, offsets or memory."""
+        return self.get_intra_op_parallelism() * 512
+
     # --- general form -----------------------------------------------------------------------
-    def pread(self, buffer, filename, validate=False, async_op=False, file_offset=0, **kwargs):
-        """Reads len(buffer) bytes of `filename` at `file_offset` into `buffer`.
+    def pread(self, buffer, filename=None, validate=False, async_op=False, file_offset=0, *,
+              fd=None, **kwargs):
+        """Reads len(buffer) bytes of `filename` (or of the open descriptor `fd`, also accepted
+        as an int in filename's place) at `file_offset` into `buffer`.
 
         Returns 1 when synchronous, 0 when asynchronous (then wait() collects it). With validate
         the bytes are re-read through the page cache and compared.
         """
         async_op = _async_flag(async_op, kwargs, "pread")
-        return self._io(True, buffer, filename, validate, async_op, file_offset)
+        return self._io(True, buffer, _target(filename, fd, "pread"), validate, async_op,
+                        file_offset)
 
-    def pwrite(self, buffer, filename, validate=False, async_op=False, file_offset=0, **kwargs):
-        """Writes `buffer` to `filename` at `file_offset` (created if missing, never truncated)."""
+    def pwrite(self, buffer, filename=None, validate=False, async_op=False, file_offset=0, *,
+               fd=None, **kwargs):
+        """Writes `buffer` to `filename` (or `fd`) at `file_offset` (a file is created if
+        missing, never truncated)."""
         async_op = _async_flag(async_op, kwargs, "pwrite")
-        return self._io(False, buffer, filename, validate, async_op, file_offset)
+        return self._io(False, buffer, _target(filename, fd, "pwrite"), validate, async_op,
+                        file_offset)
 
-    def _io(self, read, buffer, filename, validate, async_op, file_offset):
+    def _io(self, read, buffer, target, validate, async_op, file_offset):
         mem = _buffer(buffer, writable=read)
-        path = _path(filename)
+        kind, file = target
         file_offset = _offset(file_offset)
         key, engine = self._engine(mem)
         if mem.sync is not None:
             mem.sync()
-        op = engine.pread if read else engine.pwrite
-        result = op(mem.address, mem.nbytes, path, bool(validate), async_op, file_offset)
+        if kind == "fd":
+            op = engine.pread_fd if read else engine.pwrite_fd
+        else:
+            op = engine.pread if read else engine.pwrite
+        result = op(mem.address, mem.nbytes, file, bool(validate), async_op, file_offset)
         if async_op:
             self._in_flight.append(buffer)
             self._order.append(key)
         return result
 
     # --- DeepSpeed's named forms ------------------------------------------------------------
-    def sync_pread(self, buffer, filename, file_offset=0):
-        return self.pread(buffer, filename, False, False, file_offset)
+    def sync_pread(self, buffer, filename=None, file_offset=0, *, fd=None):
+        return self.pread(buffer, filename, False, False, file_offset, fd=fd)
 
-    def sync_pwrite(self, buffer, filename, file_offset=0):
-        return self.pwrite(buffer, filename, False, False, file_offset)
+    def sync_pwrite(self, buffer, filename=None, file_offset=0, *, fd=None):
+        return self.pwrite(buffer, filename, False, False, file_offset, fd=fd)
 
-    def async_pread(self, buffer, filename, file_offset=0):
-        return self.pread(buffer, filename, False, True, file_offset)
+    def async_pread(self, buffer, filename=None, file_offset=0, *, fd=None):
+        return self.pread(buffer, filename, False, True, file_offset, fd=fd)
 
-    def async_pwrite(self, buffer, filename, file_offset=0):
-        return self.pwrite(buffer, filename, False, True, file_offset)
+    def async_pwrite(self, buffer, filename=None, file_offset=0, *, fd=None):
+        return self.pwrite(buffer, filename, False, True, file_offset, fd=fd)
 
     def read(self, buffer, filename, validate=False, file_offset=0):
         """Reads the whole file (from `file_offset`) into `buffer`, whose size must match."""
@@ -417,32 +447,32 @@ class aio_handle:
         """Asynchronous operations submitted and not yet collected by wait()."""
         return sum(engine.pending() for _, engine in self._engines())
 
-    # --- pinned tensors ---------------------------------------------------------------------
-    def new_cpu_locked_tensor(self, num_elem, example_tensor):
+    # --- pinned tensors (the process-wide registry of deepnvme.pinned) ------------------------
+    def new_cpu_locked_tensor(self, num_elem, example_tensor=None, *, example_tenosr=None):
         """A 1-D CPU tensor of `num_elem` elements of example_tensor's dtype in page-locked,
-        page-aligned memory (zero-filled)."""
-        torch = _torch()
-        if torch is None or not isinstance(example_tensor, torch.Tensor):
-            raise TypeError("example_tensor must be a torch tensor (it gives the dtype)")
-        if isinstance(num_elem, bool) or not isinstance(num_elem, int) or num_elem < 0:
-            raise ValueError("num_elem must be an int >= 0, not %r" % (num_elem,))
-        dtype = example_tensor.dtype
-        if num_elem == 0:
-            return torch.empty(0, dtype=dtype)
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        memory = _C.HostBuffer(num_elem * itemsize, True)
-        tensor = torch.frombuffer(memory, dtype=dtype, count=num_elem)
-        self._locked[tensor.data_ptr()] = memory
-        return tensor
+        page-aligned memory (zero-filled), known to every handle and pin_handle of the process.
+        (DeepSpeed's keyword is spelled `example_tenosr`; both spellings are accepted.)"""
+        if example_tensor is None:
+            example_tensor = example_tenosr
+        elif example_tenosr is not None:
+            raise TypeError("new_cpu_locked_tensor() got example_tensor twice")
+        return _pinned.new_locked_tensor(num_elem, example_tensor)
 
     def free_cpu_locked_tensor(self, tensor):
-        """Releases the handle's hold on a tensor from new_cpu_locked_tensor; True if it was one.
+        """Unregisters a tensor from new_cpu_locked_tensor (this or any other handle's); True if
+        it was one, False for any other tensor (a slice, an ordinary or CUDA tensor).
 
         The memory is unlocked and freed when the last view of it is gone (never under a tensor
         that is still in use)."""
         if not _is_tensor(tensor):
             raise TypeError("free_cpu_locked_tensor expects a torch tensor")
-        return self._locked.pop(tensor.data_ptr(), None) is not None
+        return _pinned.free_tensor(tensor)
+
+    def is_pinned(self, buffer):
+        """True when all of `buffer` lies in memory from new_cpu_locked_tensor (any handle's or
+        pin_handle's; slices included). As in DeepSpeed, a tensor torch pinned itself is not
+        counted here (pin_handle.is_pinned counts it)."""
+        return _pinned.is_registered(buffer)
 
     # --- extras -----------------------------------------------------------------------------
     def fsync(self, filename):
@@ -599,9 +629,12 @@ class gds_handle(aio_handle):
             raise ValueError("num_bytes must be a positive int, not %r" % (num_bytes,))
         return self._g.new_pinned_device_buffer(num_bytes)
 
-    def new_pinned_device_tensor(self, num_elem, example_tensor):
+    def new_pinned_device_tensor(self, num_elem, example_tensor=None, *, example_tenosr=None):
         """A 1-D CUDA tensor of `num_elem` elements of example_tensor's dtype on this handle's
-        device, zero-filled and pinned (new_pinned_device_buffer viewed by torch)."""
+        device, zero-filled and pinned (new_pinned_device_buffer viewed by torch). DeepSpeed's
+        keyword spelling `example_tenosr` is accepted too."""
+        if example_tensor is None:
+            example_tensor = example_tenosr
         torch = _torch()
         if torch is None or not isinstance(example_tensor, torch.Tensor):
             raise TypeError("example_tensor must be a torch tensor (it gives the dtype)")
@@ -659,5 +692,49 @@ def cast_to_byte_tensor(tensor):
     return view
 
 
+def _whole_file(what, buffer, filename, block_size, queue_depth, single_submit, overlap_events,
+                validate):
+    handle = aio_handle(block_size, queue_depth, single_submit, overlap_events, 1)
+    op = handle.read if what == "read" else handle.write
+    return op(buffer, filename, bool(validate))
+
+
+def aio_read(buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate):
+    """DeepSpeed's async_io.aio_read: reads all of `filename` into `buffer` (same size) with a
+    one-worker handle of these settings; returns 0. Failures raise (DeepSpeed returns -1 or
+    asserts)."""
+    return _whole_file("read", buffer, filename, block_size, queue_depth, single_submit,
+                       overlap_events, validate)
+
+
+def aio_write(buffer, filename, block_size, queue_depth, single_submit, overlap_events,
+              validate):
+    """DeepSpeed's async_io.aio_write: writes all of `buffer` to `filename` at offset 0 (created
+    if missing, not truncated); returns 0. Failures raise."""
+    return _whole_file("write", buffer, filename, block_size, queue_depth, single_submit,
+                       overlap_events, validate)
+
+
+def deepspeed_memcpy(dest, src):
+    """DeepSpeed's async_io.deepspeed_memcpy: copies the bytes of `src` into `dest` (contiguous
+    CPU tensors of equal byte size; DeepSpeed assumes float32 and copies dest.size(0)
+    elements, which for its float32 1-D use is the same); returns 0."""
+    torch = _torch()
+    for name, t in (("dest", dest), ("src", src)):
+        if torch is None or not isinstance(t, torch.Tensor):
+            raise TypeError("deepspeed_memcpy: %s must be a torch tensor, not %s" %
+                            (name, type(t).__name__))
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError("deepspeed_memcpy: %s must be a contiguous CPU tensor" % name)
+    nbytes = dest.numel() * dest.element_size()
+    if src.numel() * src.element_size() != nbytes:
+        raise ValueError("deepspeed_memcpy: dest is %d bytes but src is %d bytes" %
+                         (nbytes, src.numel() * src.element_size()))
+    if nbytes:
+        cast_to_byte_tensor(dest).copy_(cast_to_byte_tensor(src))
+    return 0
+
+
 __all__ = ["aio_handle", "gds_handle", "GdsUnavailableError", "gds_unavailable_reason",
-           "cuda_unavailable_reason", "cast_to_byte_tensor"]
+           "cuda_unavailable_reason", "cast_to_byte_tensor", "aio_read", "aio_write",
+           "deepspeed_memcpy"]

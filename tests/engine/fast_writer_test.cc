@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <memory>
@@ -101,6 +102,44 @@ TEST_F(FastWriterTest, RandomPiecesLandExactly) {
     EXPECT_TRUE(test::MatchesPattern(file.data(), file.size(), 0, 7));
   }
   EXPECT_GT(handle_->stats().bytes_direct, 0u) << "full buffers should go O_DIRECT";
+}
+
+// DeepSpeed's FastFileWriter writes through the caller's pinned tensor, halved for double
+// buffering (a 4 KiB tensor: two 2 KiB buffers) or whole (one buffer). Both land exactly, and the
+// caller's memory is what the stream went through.
+TEST_F(FastWriterTest, ExternalBuffersOfAnySizeLandExactly) {
+  test::Watchdog wd(std::chrono::seconds(300), "FastWriter external buffers");
+  const std::string path = Path("external.bin");
+  struct Case {
+    size_t buffer_bytes;
+    int num_buffers;
+  };
+  for (const Case c : {Case{2048, 2}, Case{4096, 1}, Case{1000, 3}, Case{256 * kKiB, 2}}) {
+    SCOPED_TRACE(std::to_string(c.num_buffers) + " x " + std::to_string(c.buffer_bytes));
+    std::vector<char> memory(c.buffer_bytes * static_cast<size_t>(c.num_buffers), 0);
+    FastWriterOptions o;
+    o.buffer_bytes = c.buffer_bytes;
+    o.num_buffers = c.num_buffers;
+    o.external = memory.data();
+    const int64_t total = 3 * kMiB + 333;
+    auto w = FastWriter::Open(handle_.get(), path, o);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_NO_FATAL_FAILURE(Feed(w->get(), total, 11, 3));
+    DNVME_ASSERT_OK((*w)->Close());
+    ASSERT_EQ(test::FileSize(path), total);
+    const std::vector<uint8_t> file = test::ReadWholeFile(path);
+    EXPECT_TRUE(test::MatchesPattern(file.data(), file.size(), 0, 11));
+    EXPECT_NE(std::count(memory.begin(), memory.end(), 0), static_cast<long>(memory.size()))
+        << "the stream did not pass through the caller's buffers";
+  }
+  FastWriterOptions bad;
+  std::vector<char> memory(4096);
+  bad.external = memory.data();
+  bad.buffer_bytes = 0;
+  EXPECT_EQ(FastWriter::Open(handle_.get(), path, bad).status().error_number(), EINVAL);
+  bad.buffer_bytes = 4096;
+  bad.num_buffers = 0;
+  EXPECT_EQ(FastWriter::Open(handle_.get(), path, bad).status().error_number(), EINVAL);
 }
 
 TEST_F(FastWriterTest, TruncateOrKeep) {

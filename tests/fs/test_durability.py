@@ -534,7 +534,7 @@ class BadInvocationTest(Base):
         badcfg = os.path.join(self.scratch.path, "bad.json")
         with open(badcfg, "w") as f:
             f.write('{"block_size": "1M", "no_such_key": 1}')
-        cases = ["block_size=1000", "block_size=0", "block_size=abc", "queue_depth=0",
+        cases = ["block_size=2G", "block_size=0", "block_size=abc", "queue_depth=0",
                  "queue_depth=abc", "queue_depth=100000", "intra_op_parallelism=0",
                  "direct=sometimes", "log_level=loud", "write_behind=-1", "read_ahead=1X",
                  "config=" + os.path.join(self.scratch.path, "missing.json"), "config=" + badcfg,

@@ -250,7 +250,7 @@ TEST_F(GdsHandleTest, BadOptionsAreRefused) {
   EXPECT_EQ(Make(CuFilePolicy::kNever, "", {}, 64 * kKiB, 1).status().code(),
             Status::Code::kInvalidArgument);
   HandleConfig bad;
-  bad.block_size = 1000;
+  bad.block_size = 0;
   EXPECT_EQ(Make(CuFilePolicy::kNever, "", bad).status().code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(ParseCuFilePolicy("sometimes").status().code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(ParseCuFilePolicy("require").value(), CuFilePolicy::kRequire);

@@ -295,7 +295,7 @@ def test_enospc_reaches_the_caller(deepnvme, torch, small_tmpfs):
 
 def test_bad_arguments(deepnvme, torch, np, scratch):
     with pytest.raises(ValueError, match="block_size"):
-        deepnvme.aio_handle(block_size=1000)
+        deepnvme.aio_handle(block_size=0)
     with pytest.raises(ValueError, match="queue_depth"):
         deepnvme.aio_handle(queue_depth=0)
     with pytest.raises(ValueError, match="intra_op_parallelism"):
@@ -329,7 +329,10 @@ def test_bad_arguments(deepnvme, torch, np, scratch):
     with pytest.raises(TypeError):
         h.sync_pwrite(t, path, 1.5)
     with pytest.raises(TypeError):
-        h.sync_pwrite(t, 42)
+        h.sync_pwrite(t, 4.2)
+    with pytest.raises(OSError) as e:  # an int is an fd (DeepSpeed's async_pwrite(buffer, fd))
+        h.sync_pwrite(t, 1 << 20)
+    assert e.value.errno == errno.EBADF
     with pytest.raises(TypeError):
         h.pwrite(t, path, False, False, 0, bogus=1)
     assert not os.path.exists(path)  # nothing was written by any refused call

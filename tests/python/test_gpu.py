@@ -226,7 +226,7 @@ def test_gds_handle_without_a_device_raises_the_reason(deepnvme):
         deepnvme.gds_handle(1 << 20, 32, False, True, 4, cufile="never")
     # Bad arguments are reported as such, before the device is looked for.
     with pytest.raises(ValueError, match="block_size"):
-        deepnvme.gds_handle(block_size=1000)
+        deepnvme.gds_handle(block_size=0)
     with pytest.raises(ValueError, match="cufile"):
         deepnvme.gds_handle(cufile="sometimes")
     with pytest.raises(TypeError):

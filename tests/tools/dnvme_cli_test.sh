@@ -57,7 +57,7 @@ expect "missing --size" 2 "size" -- io --dir "$D" --write
 expect "no --write/--read" 2 "write" -- io --dir "$D" --size 8M
 expect "--queue-depth 0" 2 "queue_depth|queue-depth" -- io --dir "$D" --size 8M --write --queue-depth 0
 expect "--queue-depth junk" 2 "queue-depth" -- io --dir "$D" --size 8M --write --queue-depth x
-expect "--block-size 1000" 2 "block" -- io --dir "$D" --size 8M --write --block-size 1000
+expect "--block-size 0" 2 "block" -- io --dir "$D" --size 8M --write --block-size 0
 expect "--direct bogus" 2 "direct" -- io --dir "$D" --size 8M --write --direct sometimes
 expect "--loops 0" 2 "loops" -- io --dir "$D" --size 8M --write --loops 0
 expect "nonexistent --dir" 2 "dir" -- io --dir "$SCRATCH/no/such/dir" --size 8M --write
@@ -94,6 +94,24 @@ grep -qE '^read +8\.00 MiB +median [0-9.]+ s +[0-9.]+ GiB/s +\(min [0-9.]+, max 
   "$OUT" || fail "read alone: unexpected text report"
 
 expect "read larger than the file" 1 "--write" -- io --dir "$D" --size 16M --read
+
+# DeepSpeed's ds_io names run unchanged (the command name aside); --folder brings ds_io's defaults:
+# write unless --read, overlap_events unless --sequential_requests, queue depth 32, and a read of a
+# missing file writes it first. Any positive block size is accepted, as in DeepSpeed (1K here).
+expect "ds_io names: a write by default" 0 "" -- io --folder "$D" --io_size 4M --block_size 1K \
+  --queue_depth 2 --io_parallel 2 --single_submit --loops 1 --warmup_loops 0 --file ds.dat
+grep -qE '^write +4\.00 MiB .*block_size=1K qd=2 intra_op_parallelism=2 single_submit=1 overlap_events=1' \
+  "$OUT" || fail "ds_io names: the write did not use the ds_io flags"
+expect "ds_io --read of a missing file writes it first" 0 "writing it first" -- io --folder "$D" \
+  --io_size 4M --read --validate --sequential_requests --file ds-new.dat --loops 1
+grep -qE '^write .*qd=32 .*overlap_events=0' "$OUT" && grep -qE '^read .*validate=yes' "$OUT" ||
+  fail "ds_io --read: want the untimed-for-ds_io write, then a validated read, qd 32, lock-step"
+expect "ds_io --engine torch_io" 2 "aio_handle" -- io --folder "$D" --io_size 4M --engine torch_io
+expect "--dir and --folder" 2 "folder" -- io --dir "$D" --folder "$D" --io_size 4M
+expect "ds_io --multi_process 2" 2 "multi_process" -- io --folder "$D" --io_size 4M --multi_process 2
+expect "--sequential_requests with --overlap_events" 2 "contradict" -- io --folder "$D" \
+  --io_size 4M --sequential_requests --overlap_events
+expect "--use_gds without --gpu" 2 "gpu" -- io --folder "$D" --io_size 4M --use_gds
 
 printf '{"block_size": "256K", "queue_depth": 16}\n' >"$SCRATCH/good.json"
 expect "--config with a flag override, --no-pin" 0 "" -- \

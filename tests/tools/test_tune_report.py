@@ -171,6 +171,28 @@ class TuneTest(unittest.TestCase):
         with open(os.path.join(logs, "dnvme_tune.json")) as f:
             self.assertEqual(list(json.load(f)), DEEPSPEED_KEYS)
 
+    def test_ds_nvme_tune_names(self):
+        """ds_nvme_tune's command line, with its sweep-config keys, runs with the name changed:
+        two directories after one --nvme_dir, --io_size, --no_read, --sweep_config with
+        io_parallel and sequential_requests, --log_dir, --flush_page_cache, --verbose."""
+        other = os.path.join(self.tmp, "data2")
+        os.makedirs(other, exist_ok=True)
+        sweep = os.path.join(self.tmp, "ds_sweep.json")
+        with open(sweep, "w") as f:
+            json.dump({"block_size": ["1M"], "queue_depth": [8], "io_parallel": [1],
+                       "sequential_requests": [True, False], "single_submit": [False]}, f)
+        logs = os.path.join(self.tmp, "logs-ds")
+        p = run(["tune", "--nvme_dir", self.data, other, "--io_size", "4M", "--no_read",
+                 "--sweep_config", sweep, "--log_dir", logs, "--flush_page_cache", "--verbose",
+                 "--loops", "1", "--search", "grid", "--json"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual(out["points_measured"], 2)
+        self.assertEqual(len(out["dirs"]), 2, out)
+        with open(os.path.join(logs, "sweep.csv")) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual(sorted(r["overlap_events"] for r in rows), ["0", "1"])
+
     # --- consumers, verbatim --------------------------------------------------------------------
     def test_dnvme_io_takes_it(self):
         io_dir = os.path.join(self.tmp, "io")
@@ -236,7 +258,7 @@ class TuneTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             deepnvme.aio_handle(num_threads=2)
         with self.assertRaisesRegex(ValueError, "block_size"):
-            deepnvme.aio_handle(**dict(cfg, block_size=1000))
+            deepnvme.aio_handle(**dict(cfg, block_size=0))
 
 
 @unittest.skipUnless(os.path.exists(DNVME), "dnvme binary %s not built" % DNVME)
@@ -278,7 +300,7 @@ class TuneUsageTest(unittest.TestCase):
                            ('{"queue_depht": [1]}', '"queue_depht": unknown key'),
                            ('{"queue_depth": []}', '"queue_depth": the list is empty'),
                            ('{"single_submit": ["false"]}', "JSON booleans"),
-                           ('{"block_size": [1000]}', '"block_size"')]:
+                           ('{"block_size": [0]}', '"block_size"')]:
             self.expect_usage(["--dir", d, "--sweep-config", self.sweep_file(text)], want)
         self.assertFalse([n for n in os.listdir(d) if n.startswith("dnvme_tune")],
                          "a refused run leaves no files")

@@ -13,7 +13,7 @@ void AddGpuFlags(CLI::App* app, GpuFlags* flags, const std::string& what) {
                             what));
   flags->device_opt =
       app->add_option("--gpu-device", flags->device, "CUDA device for --gpu (default 0)");
-  app->add_flag("--gds", flags->gds,
+  app->add_flag("--gds,--use_gds", flags->gds,
                 "With --gpu: require cuFile (GPUDirect Storage or P2PDMA); fail with the reason "
                 "when it is unavailable");
   app->add_flag("--gds-compat", flags->gds_compat,

@@ -40,6 +40,11 @@ constexpr size_t kHeapAlignment = 4096;
 
 struct IoOptions {
   std::string dir;
+  // ds_io's spelling of --dir; it also selects ds_io's defaults (see AddIoCommand).
+  std::string folder;
+  bool sequential_requests = false;  // ds_io: lock-step batches (its default is overlap_events)
+  std::string engine;                // ds_io: only aio_handle is timed here
+  int multi_process = 1;             // ds_io: processes; dnvme io is one
   std::string size;
   std::string file = "dnvme_io.dat";
   bool write = false;
@@ -62,6 +67,7 @@ struct IoOptions {
 
   // Set by CLI11 when the flag was given, so only explicit flags override --config.
   CLI::Option* queue_depth_opt = nullptr;
+  bool queue_depth_given = false;  // set by a ds_io default, not a flag
   CLI::Option* intra_op_opt = nullptr;
   CLI::Option* disk_gibps_opt = nullptr;
 };
@@ -349,7 +355,9 @@ HandleConfig BuildConfig(const IoOptions& opts) {
     config = *loaded;
   }
   if (!opts.block_size.empty()) config.block_size = ParseSizeFlag("--block-size", opts.block_size);
-  if (opts.queue_depth_opt->count() > 0) config.queue_depth = opts.queue_depth;
+  if (opts.queue_depth_opt->count() > 0 || opts.queue_depth_given) {
+    config.queue_depth = opts.queue_depth;
+  }
   if (opts.intra_op_opt->count() > 0) config.intra_op_parallelism = opts.intra_op_parallelism;
   if (opts.single_submit) config.single_submit = true;
   if (opts.overlap_events) config.overlap_events = true;
@@ -370,7 +378,43 @@ int Fail(const Status& st, std::string_view hint = {}) {
   return kExitFailure;
 }
 
-int RunIo(const IoOptions& opts) {
+// ds_io's flags mean what they mean in ds_io: with --folder, the defaults are ds_io's (write
+// unless --read, overlap_events unless --sequential_requests, queue_depth 32, and a read of a
+// file that is not there writes it first, as ds_io creates its read file).
+IoOptions ApplyDsIoNames(IoOptions opts, bool* write_missing_read_file) {
+  *write_missing_read_file = false;
+  if (!opts.engine.empty() && opts.engine != "aio_handle") {
+    throw UsageError(fmt::format(
+        "--engine {}: dnvme io times the aio_handle engine only (for torch.save-style writers "
+        "use bench/checkpoint.py)",
+        opts.engine));
+  }
+  if (opts.multi_process != 1) {
+    throw UsageError(
+        "--multi_process: dnvme io is one process; start one per directory, or time several "
+        "directories together with `dnvme tune --dir A --dir B`");
+  }
+  if (opts.sequential_requests && opts.overlap_events) {
+    throw UsageError("--sequential_requests and --overlap-events contradict each other");
+  }
+  if (opts.folder.empty()) return opts;
+  if (!opts.dir.empty()) throw UsageError("give --dir or ds_io's --folder, not both");
+  opts.dir = opts.folder;
+  if (!opts.write && !opts.read) opts.write = true;
+  if (!opts.write) *write_missing_read_file = true;
+  if (opts.config_file.empty()) {
+    if (!opts.sequential_requests) opts.overlap_events = true;
+    if (opts.queue_depth_opt->count() == 0) {
+      opts.queue_depth = 32;
+      opts.queue_depth_given = true;
+    }
+  }
+  return opts;
+}
+
+int RunIo(const IoOptions& given) {
+  bool write_missing_read_file = false;
+  IoOptions opts = ApplyDsIoNames(given, &write_missing_read_file);
   if (!opts.write && !opts.read) throw UsageError("give --write and/or --read");
   const int64_t size = ParseSizeFlag("--size", opts.size);
   if (opts.loops < 1) throw UsageError("--loops must be at least 1");
@@ -394,6 +438,16 @@ int RunIo(const IoOptions& opts) {
   const HandleConfig config = BuildConfig(opts);
   const std::string path = opts.dir + "/" + opts.file;
 
+  if (!opts.write && write_missing_read_file) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || st.st_size < size) {
+      std::cerr << fmt::format(
+          "dnvme io: {} is not there (or too short): writing it first, as ds_io "
+          "does\n",
+          path);
+      opts.write = true;
+    }
+  }
   if (!opts.write) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
@@ -461,24 +515,40 @@ Command AddIoCommand(CLI::App& parent) {
   auto opts = std::make_shared<IoOptions>();
   CLI::App* io = parent.add_subcommand(
       "io", "Time writes and/or reads of one file through an AioHandle (DeepSpeed ds_io)");
-  io->add_option("--dir", opts->dir, "Directory to put the file in")->required();
-  io->add_option("--size", opts->size, "Bytes per operation (K/M/G suffixes)")->required();
+  // DeepSpeed's ds_io names are accepted beside ours (--io_size, --block_size, --queue_depth,
+  // --io_parallel, --single_submit, --warmup_loops, --use_gds), so its users' scripts run with the
+  // command name changed; --folder also brings ds_io's defaults (ApplyDsIoNames).
+  io->add_option("--dir", opts->dir, "Directory to put the file in");
+  io->add_option("--folder", opts->folder,
+                 "ds_io's --dir, with ds_io's defaults: write unless --read, overlap_events "
+                 "unless --sequential_requests, queue depth 32");
+  io->add_option("--size,--io_size", opts->size, "Bytes per operation (K/M/G suffixes)")
+      ->required();
   io->add_flag("--write", opts->write, "Time writes");
   io->add_flag("--read", opts->read, "Time reads (of a file written before, or by --write)");
   io->add_option("--file", opts->file, "File name inside --dir")->capture_default_str();
-  io->add_option("--block-size", opts->block_size, "Bytes per libaio request (default 1M)");
-  opts->queue_depth_opt =
-      io->add_option("--queue-depth", opts->queue_depth, "Requests in flight per worker (128)");
-  opts->intra_op_opt = io->add_option("--intra-op-parallelism", opts->intra_op_parallelism,
-                                      "Worker threads per operation (1)");
-  io->add_flag("--single-submit", opts->single_submit, "One io_submit per request");
-  io->add_flag("--overlap-events", opts->overlap_events, "Sliding window instead of batches");
+  io->add_option("--block-size,--block_size", opts->block_size,
+                 "Bytes per libaio request (default 1M)");
+  opts->queue_depth_opt = io->add_option("--queue-depth,--queue_depth", opts->queue_depth,
+                                         "Requests in flight per worker (128)");
+  opts->intra_op_opt =
+      io->add_option("--intra-op-parallelism,--io_parallel", opts->intra_op_parallelism,
+                     "Worker threads per operation (1)");
+  io->add_flag("--single-submit,--single_submit", opts->single_submit, "One io_submit per request");
+  io->add_flag("--overlap-events,--overlap_events", opts->overlap_events,
+               "Sliding window instead of batches");
+  io->add_flag("--sequential_requests", opts->sequential_requests,
+               "ds_io: lock-step batches (the default of --dir; with --folder it turns "
+               "overlap_events off)");
+  io->add_option("--engine", opts->engine, "ds_io: aio_handle (the only engine timed here)");
+  io->add_option("--multi_process", opts->multi_process, "ds_io: processes (1 here)");
   io->add_option("--direct", opts->direct, "O_DIRECT policy: auto|required|never (auto)");
   io->add_flag("--fdatasync", opts->fdatasync, "fdatasync at the end of every write");
   io->add_option("--config", opts->config_file,
                  "HandleConfig JSON file; explicit flags override it");
   io->add_option("--loops", opts->loops, "Timed loops per operation")->capture_default_str();
-  io->add_option("--warmup", opts->warmup, "Untimed loops before them")->capture_default_str();
+  io->add_option("--warmup,--warmup_loops", opts->warmup, "Untimed loops before them")
+      ->capture_default_str();
   io->add_flag("--validate", opts->validate, "Check the data (timings include the check)");
   io->add_flag("--json", opts->json, "One JSON object per line per operation");
   io->add_flag("--no-pin", opts->no_pin, "Use a 4096-aligned heap buffer instead of pinned memory");

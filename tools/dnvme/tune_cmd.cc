@@ -65,6 +65,8 @@ struct TuneOptions {
   double min_gain = 0.03;
   GpuFlags gpu;
   bool json = false;
+  bool flush_page_cache = false;  // ds_nvme_tune's flag: reads always drop the cache here
+  bool verbose = false;           // ds_nvme_tune's flag: progress is always printed
 };
 
 // One directory's share of a measurement: its file and its buffer, pinned host memory or, with
@@ -561,17 +563,24 @@ Command AddTuneCommand(CLI::App& parent) {
   auto o = std::make_shared<TuneOptions>();
   CLI::App* cmd = parent.add_subcommand(
       "tune", "Find the best handle parameters for a directory (DeepSpeed ds_nvme_tune)");
-  cmd->add_option("--dir", o->dirs, "Directory to tune (repeat for several; timed together)")
+  // DeepSpeed's ds_nvme_tune names are accepted beside ours (--nvme_dir, --io_size, --no_read,
+  // --no_write, --sweep_config with its JSON keys, --log_dir, --flush_page_cache, --verbose).
+  cmd->add_option("--dir,--nvme_dir", o->dirs,
+                  "Directory to tune (repeat for several, or list them; timed together)")
       ->required();
-  cmd->add_option("--io-size", o->io_size, "Bytes per operation per directory (K/M/G)")
+  cmd->add_option("--io-size,--io_size", o->io_size, "Bytes per operation per directory (K/M/G)")
       ->capture_default_str();
-  cmd->add_flag("--no-read", o->no_read, "Do not time reads");
-  cmd->add_flag("--no-write", o->no_write, "Do not time writes");
-  cmd->add_option("--sweep-config", o->sweep_config,
-                  "JSON object of parameter lists (default: the 64-point space)");
+  cmd->add_flag("--no-read,--no_read", o->no_read, "Do not time reads");
+  cmd->add_flag("--no-write,--no_write", o->no_write, "Do not time writes");
+  cmd->add_option("--sweep-config,--sweep_config", o->sweep_config,
+                  "JSON object of parameter lists (default: the 64-point space); DeepSpeed's "
+                  "keys io_parallel and sequential_requests are accepted");
+  cmd->add_flag("--flush_page_cache", o->flush_page_cache,
+                "ds_nvme_tune: drop the page cache before reads (always done here, as root)");
+  cmd->add_flag("--verbose", o->verbose, "ds_nvme_tune: accepted; progress is always shown");
   cmd->add_option("--loops", o->loops, "Timed operations per point and direction (median)")
       ->capture_default_str();
-  cmd->add_option("--log-dir", o->log_dir, "Where sweep.csv, sweep.png and the config go")
+  cmd->add_option("--log-dir,--log_dir", o->log_dir, "Where sweep.csv, sweep.png and the config go")
       ->capture_default_str();
   cmd->add_option("--output", o->output, "The config JSON (default LOG_DIR/dnvme_tune.json)");
   cmd->add_option("--search", o->search, "descent (default) or grid (every point)")
