@@ -229,3 +229,115 @@ def test_save_reuses_the_kept_pinned_buffers(deepnvme, torch, scratch):
         f.write(b"z" * (3 << 20))
         assert mine.available == 0
     assert mine.available == 2
+
+
+# --- the zip fast path (deepnvme.torchzip) --------------------------------------------------------
+def zip_layout(path):
+    """[(name, data offset, size)] of every record, from the local headers."""
+    import struct
+    import zipfile
+    out = []
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        assert z.testzip() is None, "every CRC-32 matches"
+        for info in z.infolist():
+            f.seek(info.header_offset)
+            head = f.read(30)
+            name_len, extra_len = struct.unpack("<HH", head[26:30])
+            out.append((info.filename, info.header_offset + 30 + name_len + extra_len,
+                        info.file_size))
+    return out
+
+
+def odd_state(torch):
+    """Every shape of storage torch.save meets: dtypes, views sharing a storage, a slice at an
+    offset, a non-contiguous view, empty and zero-dim tensors, a big tensor, plain objects."""
+    base = torch.arange(3 << 20, dtype=torch.float32)
+    return {"big": base, "view": base[5:1000], "strided": base[::3][:50],
+            "t": torch.randn(33, 17).t(), "empty": torch.empty(0, 5), "scalar": torch.tensor(2.5),
+            "bool": torch.rand(1000) > 0.5, "i8": torch.randint(-128, 127, (4097,), dtype=torch.int8),
+            "f16": torch.randn(3, 3).half(), "c64": torch.randn(5, dtype=torch.complex64),
+            "nested": [{"x": torch.ones(2)}, (1, "two", None)], "step": 7}
+
+
+def test_save_writes_a_standard_zip_with_aligned_records(deepnvme, torch, scratch):
+    path = os.path.join(scratch, "fast.pt")
+    state = odd_state(torch)
+    size = deepnvme.save(state, path)
+    assert size == os.path.getsize(path)
+    layout = zip_layout(path)
+    names = [n for n, _, _ in layout]
+    assert names[0] == "archive/data.pkl" and names[-1] == "archive/version"
+    for name, at, n in layout:
+        if n >= 1 << 20:
+            assert at % 4096 == 0, "%s starts at %d: not O_DIRECT-aligned" % (name, at)
+        else:
+            assert at % 64 == 0, name  # torch's own alignment
+    assert_same_state(torch, state, torch.load(path), "torch.load")
+    assert_same_state(torch, state, deepnvme.load(path), "deepnvme.load")
+    loaded = deepnvme.load(path)
+    assert loaded["view"].storage().data_ptr() == loaded["big"].storage().data_ptr(), \
+        "views still share their storage"
+    # torch's own files (64-byte aligned records) load the same way.
+    native = os.path.join(scratch, "native.pt")
+    torch.save(state, native)
+    assert_same_state(torch, state, deepnvme.load(native), "deepnvme.load of torch.save")
+    # torch.load's arguments pass through.
+    assert_same_state(torch, state, deepnvme.load(path, map_location="cpu"), "map_location")
+    assert torch.equal(deepnvme.load(path, weights_only=True)["big"], state["big"])
+
+
+def test_zip64_structures(deepnvme, torch, scratch, monkeypatch):
+    """Checkpoints over 4 GiB need zip64 sizes, offsets and end records; the limit is lowered so
+    a few MiB take every zip64 branch, and both zip readers must still accept the file."""
+    from deepnvme import torchzip
+    monkeypatch.setattr(torchzip, "ZIP64_LIMIT", 1 << 20)
+    path = os.path.join(scratch, "zip64.pt")
+    state = {"a": torch.randn(1 << 19), "b": torch.arange(3 << 18, dtype=torch.int64),
+             "small": torch.ones(3)}
+    deepnvme.save(state, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    assert b"PK\x06\x06" in data and b"PK\x06\x07" in data, "zip64 end records"
+    zip_layout(path)  # Python's zipfile reads it and checks every CRC
+    assert_same_state(torch, state, torch.load(path), "torch.load zip64")
+    assert_same_state(torch, state, deepnvme.load(path), "deepnvme.load zip64")
+
+
+def test_load_checks_crc_and_refuses_damage(deepnvme, torch, scratch):
+    path = os.path.join(scratch, "damaged.pt")
+    state = {"w": torch.randn(1 << 20)}
+    deepnvme.save(state, path)
+    name, at, n = [r for r in zip_layout(path) if r[0].endswith("data/0")][0]
+    with open(path, "r+b") as f:
+        f.seek(at + n // 2)
+        byte = f.read(1)
+        f.seek(at + n // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(OSError) as e:
+        deepnvme.load(path)
+    assert e.value.errno == errno.EIO and "CRC" in str(e.value)
+    loaded = deepnvme.load(path, verify=False)
+    assert not torch.equal(loaded["w"], state["w"])
+
+
+def test_failed_save_leaves_no_file(deepnvme, torch, scratch, small_tmpfs):
+    path = os.path.join(scratch, "bad.pt")
+    with pytest.raises(Exception):
+        deepnvme.save({"w": torch.ones(4), "f": lambda: 0}, path)  # a lambda cannot be pickled
+    assert not os.path.exists(path)
+    full = os.path.join(small_tmpfs, "full.pt")
+    with pytest.raises(OSError) as e:
+        deepnvme.save({"w": torch.ones(4 << 20, dtype=torch.uint8)}, full)
+    assert e.value.errno == errno.ENOSPC and not os.path.exists(full)
+
+
+def test_public_api_fallback(deepnvme, torch, scratch, monkeypatch):
+    """A torch whose private serializer deepnvme does not know: save streams torch.save through
+    a FastFileWriter and load reads through torch.load, with the same results."""
+    from deepnvme import torchzip
+    monkeypatch.setattr(torchzip, "supported", lambda: "pretend torch changed")
+    path = os.path.join(scratch, "fallback.pt")
+    state = odd_state(torch)
+    deepnvme.save(state, path)
+    assert_same_state(torch, state, deepnvme.load(path), "fallback")
+    assert_same_state(torch, state, torch.load(path), "torch.load of the fallback")

@@ -1,0 +1,345 @@
+"""torch.save's zip format, written and read by the engine: the fast path of save() and load().
+
+torch.save(obj, f) streams every tensor's bytes through a Python ``write`` call (a copy into a
+``bytes`` object each) after its own CRC-32, and torch.load reads them back through its zip
+reader (another copy, another CRC). Both leave most of a fast device idle. This module plugs into
+torch's own serializer instead: ``torch.serialization._save`` and ``_load`` take a zip-file object
+(``write_record`` / ``get_record``, ``get_storage_from_record``), and ours moves each storage
+between the tensor's memory and the file with the engine's parallel O_DIRECT requests:
+
+- save: each storage's record starts at a 4 KiB-aligned file offset (the local header's extra
+  field pads to it, as torch pads to 64 bytes), so the whole body goes O_DIRECT straight from the
+  tensor's memory (through the engine's pinned bounce buffers when that memory is not 4 KiB
+  aligned, which torch's allocator never guarantees). The CRC-32 (zlib) runs on this thread while
+  the engine writes the same bytes; a data descriptor after the record carries it, as in torch's
+  own files (flag bit 3). The result is a standard zip (zip64 when large) that torch.load, Python's
+  zipfile and ``unzip -t`` accept.
+- load: the central directory gives every record's offset; a storage is read into fresh
+  page-aligned memory with parallel O_DIRECT requests (no bounce copy for files written by save
+  above; torch's own files have 64-byte aligned records, read through the bounce buffers) and its
+  CRC-32 is checked as torch's reader does.
+
+``torch.serialization._save/_load`` are private; ``supported()`` checks that their signatures are
+the ones this module was written for, and save()/load() fall back to the public API otherwise.
+
+Thread safety: one TorchZipWriter / TorchZipReader per thread.
+"""
+
+import ctypes
+import errno
+import inspect
+import os
+import struct
+import sys
+import zlib
+
+from . import _C
+
+ALIGN = 4096  # file alignment of large records: O_DIRECT straight into/out of them
+SMALL_RECORD = 1 << 20  # below this a record is written with one pwrite (page cache)
+ARCHIVE = "archive"  # torch's archive name for streams without a file name
+
+_LOCAL = struct.Struct("<IHHHHHIIIHH")
+_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
+_EOCD = struct.Struct("<IHHHHIIH")
+_EOCD64 = struct.Struct("<IQHHIIQQQQ")
+_LOCATOR64 = struct.Struct("<IIQI")
+_U32 = 0xFFFFFFFF  # the "see the zip64 extra field" marker
+ZIP64_LIMIT = 0xFFFFFFFF  # sizes and offsets from here on need zip64 (tests lower it)
+_DOS_DATE = 0x21  # 1980-01-01, what zip tools show for "no date"
+_FLAGS = 0x0808  # bit 3: CRC and sizes in a data descriptor; bit 11: UTF-8 names
+
+
+def supported():
+    """Why the fast path cannot be used with this torch (a sentence), or None when it can."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "torch is not imported"
+    ser = getattr(torch, "serialization", None)
+    save, load = getattr(ser, "_save", None), getattr(ser, "_load", None)
+    if save is None or load is None:
+        return "torch %s has no torch.serialization._save/_load" % torch.__version__
+    try:
+        save_params = list(inspect.signature(save).parameters)[:4]
+        load_params = list(inspect.signature(load).parameters)[:3]
+    except (TypeError, ValueError) as e:
+        return "cannot inspect torch.serialization._save/_load: %s" % e
+    if save_params != ["obj", "zip_file", "pickle_module", "pickle_protocol"] or \
+            load_params != ["zip_file", "map_location", "pickle_module"]:
+        return ("torch %s's torch.serialization._save%s/_load%s differ from what deepnvme knows" %
+                (torch.__version__, tuple(save_params), tuple(load_params)))
+    return None
+
+
+def _pwrite_all(fd, data, offset, path):
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            n = os.pwrite(fd, view[done:], offset + done)
+        except InterruptedError:
+            continue
+        if n == 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing at offset %d" % (offset + done), path)
+        done += n
+
+
+def _pread_all(fd, nbytes, offset, path):
+    out = bytearray(nbytes)
+    view = memoryview(out)
+    done = 0
+    while done < nbytes:
+        try:
+            n = os.preadv(fd, [view[done:]], offset + done)
+        except InterruptedError:
+            continue
+        if n == 0:
+            raise OSError(errno.ENODATA, "'%s' ends at %d, inside a zip record" %
+                          (path, offset + done), path)
+        done += n
+    return bytes(out)
+
+
+def _padding_extra(header_end, align):
+    """An extra field ('FB', zeros, as torch's writer uses) that moves header_end to a multiple
+    of align."""
+    pad = (-header_end) % align
+    if pad < 4:
+        pad += align
+    return struct.pack("<HH", 0x4246, pad - 4) + bytes(pad - 4)
+
+
+class TorchZipWriter:
+    """The zip_file object torch.serialization._save writes into (write_record), producing
+    `path` through `handle` (a deepnvme.aio_handle). close() adds the version record and the
+    central directory, fsyncs (unless fsync=False) and closes; abort() stops without them."""
+
+    def __init__(self, path, handle, fsync=True):
+        self.path = path
+        self._handle = handle
+        self._fsync = fsync
+        self._entries = []  # (name bytes, offset, size, crc)
+        self._pos = 0
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+
+    def _memory(self, data, nbytes):
+        """A buffer over `nbytes` of what torch's _save passes: bytes (the pickle), a str (torch
+        2's byteorder), an address (torch 1.x storages) or a storage object (torch 2)."""
+        if isinstance(data, str):
+            data = data.encode()
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            view = memoryview(data).cast("B")
+            if len(view) != nbytes:
+                raise ValueError("write_record: %d bytes given, %d announced" % (len(view), nbytes))
+            return view
+        address = data if isinstance(data, int) else data.data_ptr()
+        if nbytes == 0:
+            return memoryview(b"")
+        return (ctypes.c_char * nbytes).from_address(address)
+
+    def write_record(self, name, data, nbytes):
+        name_bytes = ("%s/%s" % (ARCHIVE, name)).encode()
+        buf = self._memory(data, nbytes)
+        large = nbytes >= SMALL_RECORD
+        zip64 = nbytes >= ZIP64_LIMIT
+        extra = struct.pack("<HHQQ", 1, 16, 0, 0) if zip64 else b""
+        header_end = self._pos + _LOCAL.size + len(name_bytes) + len(extra)
+        extra += _padding_extra(header_end, ALIGN if large else 64)
+        header = _LOCAL.pack(0x04034B50, 45 if zip64 else 20, _FLAGS, 0, 0, _DOS_DATE, 0,
+                             _U32 if zip64 else 0, _U32 if zip64 else 0, len(name_bytes),
+                             len(extra)) + name_bytes + extra
+        offset = self._pos
+        data_at = offset + len(header)
+        _pwrite_all(self._fd, header, offset, self.path)
+        if large:
+            # The engine writes while this thread computes the CRC of the same bytes.
+            self._handle.async_pwrite(buf, self._fd, data_at)
+            try:
+                crc = zlib.crc32(buf)
+            finally:
+                self._handle.wait()
+        else:
+            crc = zlib.crc32(buf)
+            if nbytes:
+                _pwrite_all(self._fd, buf, data_at, self.path)
+        if zip64:
+            descriptor = struct.pack("<IIQQ", 0x08074B50, crc, nbytes, nbytes)
+        else:
+            descriptor = struct.pack("<IIII", 0x08074B50, crc, nbytes, nbytes)
+        _pwrite_all(self._fd, descriptor, data_at + nbytes, self.path)
+        self._pos = data_at + nbytes + len(descriptor)
+        self._entries.append((name_bytes, offset, nbytes, crc))
+
+    def _central_directory(self):
+        out = bytearray()
+        for name, offset, size, crc in self._entries:
+            # An entry past the limit carries its sizes in the zip64 field too, even when they
+            # fit: miniz (torch's reader) checks a small entry's 32-bit header offset against
+            # the archive size, which the offset marker fails.
+            big = size >= ZIP64_LIMIT or offset >= ZIP64_LIMIT
+            fields = [size, size] if big else []
+            if offset >= ZIP64_LIMIT:
+                fields.append(offset)
+            extra = struct.pack("<HH%dQ" % len(fields), 1, 8 * len(fields), *fields) \
+                if fields else b""
+            out += _CENTRAL.pack(0x02014B50, 45, 45 if fields else 20, _FLAGS, 0, 0, _DOS_DATE,
+                                 crc, _U32 if big else size, _U32 if big else size, len(name),
+                                 len(extra), 0, 0, 0, 0,
+                                 _U32 if offset >= ZIP64_LIMIT else offset)
+            out += name + extra
+        start, count = self._pos, len(self._entries)
+        if count >= 0xFFFF or start >= ZIP64_LIMIT or len(out) >= ZIP64_LIMIT:
+            eocd64_at = start + len(out)
+            out += _EOCD64.pack(0x06064B50, 44, 45, 45, 0, 0, count, count, len(out), start)
+            out += _LOCATOR64.pack(0x07064B50, 0, eocd64_at, 1)
+            out += _EOCD.pack(0x06054B50, 0, 0, 0xFFFF, 0xFFFF, _U32, _U32, 0)
+        else:
+            out += _EOCD.pack(0x06054B50, 0, 0, count, count, len(out), start, 0)
+        return bytes(out)
+
+    def close(self):
+        """Version record, central directory, fsync, close. Returns the file size."""
+        if self._fd < 0:
+            return self._pos
+        try:
+            self.write_record("version", b"3\n", 2)
+            tail = self._central_directory()
+            _pwrite_all(self._fd, tail, self._pos, self.path)
+            self._pos += len(tail)
+            if self._fsync:
+                os.fsync(self._fd)
+        except BaseException:
+            self.abort()
+            raise
+        os.close(self._fd)
+        self._fd = -1
+        return self._pos
+
+    def abort(self):
+        """Closes without finishing the archive (a failed save: the caller removes the file)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class TorchZipReader:
+    """The zip_file object torch.serialization._load reads from: records by name, storages read
+    into page-aligned memory by `handle`, CRC-32 checked unless verify=False."""
+
+    def __init__(self, path, handle, verify=True):
+        import zipfile  # parses the central directory only
+        self.path = path
+        self._handle = handle
+        self._verify = verify
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with open(self._fd, "rb", closefd=False) as f:
+                infos = zipfile.ZipFile(f).infolist()
+            self._records = {}
+            for info in infos:
+                if info.compress_type != zipfile.ZIP_STORED:
+                    raise ValueError("'%s': record %s is compressed; torch's records are stored" %
+                                     (path, info.filename))
+                local = _pread_all(self._fd, _LOCAL.size, info.header_offset, path)
+                sig, *_, name_len, extra_len = _LOCAL.unpack(local)
+                if sig != 0x04034B50:
+                    raise ValueError("'%s': no local header at %d" % (path, info.header_offset))
+                at = info.header_offset + _LOCAL.size + name_len + extra_len
+                key = info.filename.split("/", 1)[1] if "/" in info.filename else info.filename
+                self._records[key] = (at, info.file_size, info.CRC)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        # Storages in file order: while one record's CRC is checked, the next one is read.
+        storages = [k for k in self._records if k.startswith("data/")]
+        self._next_of = {}
+        ordered = sorted(storages, key=lambda k: self._records[k][0])
+        for a, b in zip(ordered, ordered[1:]):
+            self._next_of[a] = b
+        self._ahead = None  # (name, memory, tensor) being read asynchronously
+        self._done = set()
+
+    def close(self):
+        if self._fd >= 0:
+            self._drain_ahead()
+            os.close(self._fd)
+            self._fd = -1
+
+    def _drain_ahead(self):
+        """Waits for the read-ahead (if any) and returns it."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._handle.wait()
+        return ahead
+
+    def _start(self, name, read_async):
+        torch = sys.modules["torch"]
+        at, size, _ = self._record(name)
+        memory = _C.HostBuffer(size, False)
+        tensor = torch.frombuffer(memory, dtype=torch.uint8)
+        if read_async:
+            self._handle.async_pread(tensor, self._fd, at)
+        else:
+            self._handle.sync_pread(tensor, self._fd, at)
+        return name, memory, tensor
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _record(self, name):
+        try:
+            return self._records[name]
+        except KeyError:
+            raise KeyError("'%s' has no record %r" % (self.path, name)) from None
+
+    def _check(self, name, data, crc):
+        if self._verify and zlib.crc32(data) != crc:
+            raise OSError(errno.EIO, "'%s': record %s fails its CRC-32 check (the file is "
+                          "damaged)" % (self.path, name), self.path)
+
+    # --- what torch.serialization._load calls ------------------------------------------------
+    def has_record(self, name):
+        return name in self._records
+
+    def get_all_records(self):
+        return list(self._records)
+
+    def get_record_offset(self, name):
+        return self._record(name)[0]
+
+    def serialization_id(self):
+        if ".data/serialization_id" in self._records:
+            return self.get_record(".data/serialization_id").decode()
+        return ""
+
+    def get_record(self, name):
+        at, size, crc = self._record(name)
+        data = _pread_all(self._fd, size, at, self.path)
+        self._check(name, data, crc)
+        return data
+
+    def get_storage_from_record(self, name, numel, storage_type):
+        """A uint8 tensor of the record's bytes in fresh page-aligned memory."""
+        torch = sys.modules["torch"]
+        _, size, crc = self._record(name)
+        if size == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        ahead = self._drain_ahead()
+        if ahead is not None and ahead[0] == name:
+            _, memory, tensor = ahead
+        else:  # not the record read ahead (unpickling follows its own order): read it now
+            _, memory, tensor = self._start(name, read_async=False)
+        self._done.add(name)
+        following = self._next_of.get(name)
+        if following is not None and following not in self._done and \
+                self._records[following][1] > 0:
+            self._ahead = self._start(following, read_async=True)
+        self._check(name, memory, crc)
+        return tensor
+
+
+__all__ = ["TorchZipWriter", "TorchZipReader", "supported"]
