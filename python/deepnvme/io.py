@@ -121,8 +121,8 @@ class BaseFileWriter(object):
         print("stats = %s" % self.stats())
 
 
-class PyFileWriter(BaseFileWriter):
-    """Buffered Python file I/O (DeepSpeed's baseline writer)."""
+class _OpenFileWriter(BaseFileWriter):
+    """What PyFileWriter and MockFileWriter share: a file opened 'wb' and counted calls."""
 
     def __init__(self, file_path):
         super().__init__(file_path)
@@ -139,6 +139,10 @@ class PyFileWriter(BaseFileWriter):
     def flush(self):
         self._incr_stats(FLUSH_COUNT_KEY)
         self._fp.flush()
+
+
+class PyFileWriter(_OpenFileWriter):
+    """Buffered Python file I/O (DeepSpeed's baseline writer)."""
 
     def write(self, buffer):
         start = time.time()
@@ -149,27 +153,14 @@ class PyFileWriter(BaseFileWriter):
         return len(buffer)
 
 
-class MockFileWriter(BaseFileWriter):
+class MockFileWriter(_OpenFileWriter):
     """Counts what would be written and writes nothing (the file is created empty): for measuring
     the serializer alone."""
 
     def __init__(self, file_path):
         super().__init__(file_path)
-        self._fp = open(file_path, "wb")
         self._stats[SAVE_STORAGE_KEY] = 0
         self._stats[SAVE_STORAGE_BYTES_KEY] = 0
-
-    def close(self):
-        self._incr_stats(CLOSE_COUNT_KEY)
-        self._fp.close()
-
-    def fileno(self):
-        self._incr_stats(FILENO_COUNT_KEY)
-        return INVALID_FD
-
-    def flush(self):
-        self._incr_stats(FLUSH_COUNT_KEY)
-        self._fp.flush()
 
     def _write(self, num_bytes):
         self._incr_stats(WRITE_COUNT_KEY)

@@ -250,38 +250,11 @@ class TorchZipReader:
         except BaseException:
             os.close(self._fd)
             raise
-        # Storages in file order: while one record's CRC is checked, the next one is read.
-        storages = [k for k in self._records if k.startswith("data/")]
-        self._next_of = {}
-        ordered = sorted(storages, key=lambda k: self._records[k][0])
-        for a, b in zip(ordered, ordered[1:]):
-            self._next_of[a] = b
-        self._ahead = None  # (name, memory, tensor) being read asynchronously
-        self._done = set()
 
     def close(self):
         if self._fd >= 0:
-            self._drain_ahead()
             os.close(self._fd)
             self._fd = -1
-
-    def _drain_ahead(self):
-        """Waits for the read-ahead (if any) and returns it."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            self._handle.wait()
-        return ahead
-
-    def _start(self, name, read_async):
-        torch = sys.modules["torch"]
-        at, size, _ = self._record(name)
-        memory = _C.HostBuffer(size, False)
-        tensor = torch.frombuffer(memory, dtype=torch.uint8)
-        if read_async:
-            self._handle.async_pread(tensor, self._fd, at)
-        else:
-            self._handle.sync_pread(tensor, self._fd, at)
-        return name, memory, tensor
 
     def __enter__(self):
         return self
@@ -325,19 +298,12 @@ class TorchZipReader:
     def get_storage_from_record(self, name, numel, storage_type):
         """A uint8 tensor of the record's bytes in fresh page-aligned memory."""
         torch = sys.modules["torch"]
-        _, size, crc = self._record(name)
+        at, size, crc = self._record(name)
         if size == 0:
             return torch.empty(0, dtype=torch.uint8)
-        ahead = self._drain_ahead()
-        if ahead is not None and ahead[0] == name:
-            _, memory, tensor = ahead
-        else:  # not the record read ahead (unpickling follows its own order): read it now
-            _, memory, tensor = self._start(name, read_async=False)
-        self._done.add(name)
-        following = self._next_of.get(name)
-        if following is not None and following not in self._done and \
-                self._records[following][1] > 0:
-            self._ahead = self._start(following, read_async=True)
+        memory = _C.HostBuffer(size, False)
+        tensor = torch.frombuffer(memory, dtype=torch.uint8)
+        self._handle.sync_pread(tensor, self._fd, at)
         self._check(name, memory, crc)
         return tensor
 
