@@ -77,8 +77,8 @@ dnvme::HandleConfig MakeConfig(int64_t block_size, int queue_depth, bool single_
 
 // DeepSpeed's return values: a synchronous operation returns 1 (the operations it completed), an
 // asynchronous one 0 (wait() counts it). Called with the GIL released.
-// `File` is the path or the caller's open fd (DeepSpeed's async_pwrite(buffer, fd, offset)); an
-// fd is reopened by the engine, so the caller may close it once the call returns.
+// `File` is the path or the caller's open fd (DeepSpeed's async_pwrite(buffer, fd, offset)); the
+// caller keeps an fd open until the operation is over (the call returned, or wait() for async).
 template <class Handle, class File>
 int Transfer(Handle& h, bool read, uintptr_t address, int64_t num_bytes, const File& file,
              bool validate, bool async_op, int64_t file_offset) {
@@ -191,6 +191,32 @@ class PyAioHandle : public PyHandle<dnvme::AioHandle> {
   }
 
   dnvme::AioHandle* get() { return handle_.get(); }
+};
+
+// A caller's open fd adopted by an AioHandle (dnvme::FileRef): synchronous transfers that, unlike
+// the handle's own calls, may run from several threads at once (the checkpoint writer moves one
+// record from a helper thread while its own thread computes the CRC; save/load share one default
+// handle across the program's threads). The caller keeps its fd open while this object is used.
+class PyFile {
+ public:
+  PyFile(PyAioHandle& handle, int fd, bool writable) : handle_(handle.get()) {
+    auto file =
+        handle_->adopt_fd(fd, writable ? dnvme::FileAccess::kWrite : dnvme::FileAccess::kRead);
+    if (!file.ok()) ThrowStatus(file.status(), "", -1);
+    file_ = std::move(file).value();
+  }
+  void pread(uintptr_t address, int64_t num_bytes, int64_t offset) {
+    dnvme::Status st = handle_->sync_pread(ToPointer(address), num_bytes, file_, offset);
+    if (!st.ok()) ThrowStatus(st, file_.label(), offset);
+  }
+  void pwrite(uintptr_t address, int64_t num_bytes, int64_t offset) {
+    dnvme::Status st = handle_->sync_pwrite(ToPointer(address), num_bytes, file_, offset);
+    if (!st.ok()) ThrowStatus(st, file_.label(), offset);
+  }
+
+ private:
+  dnvme::AioHandle* handle_;
+  dnvme::FileRef file_;
 };
 
 // Device memory from GdsHandle::new_pinned_device_buffer. Freed (and unpinned) when this object
@@ -485,6 +511,12 @@ PYBIND11_MODULE(_C, m) {
   aio.def(py::init<int64_t, int, bool, bool, int>(), py::arg("block_size"), py::arg("queue_depth"),
           py::arg("single_submit"), py::arg("overlap_events"), py::arg("intra_op_parallelism"));
   BindHandleMethods(aio);
+  // keep_alive: the file keeps its handle alive.
+  py::class_<PyFile>(m, "File")
+      .def(py::init<PyAioHandle&, int, bool>(), py::arg("handle"), py::arg("fd"),
+           py::arg("writable"), py::keep_alive<1, 2>())
+      .def("pread", &PyFile::pread, py::call_guard<py::gil_scoped_release>())
+      .def("pwrite", &PyFile::pwrite, py::call_guard<py::gil_scoped_release>());
 
   py::class_<PyDeviceBuffer>(m, "DeviceBuffer")
       .def_property_readonly("address", &PyDeviceBuffer::address)

@@ -15,8 +15,9 @@ path, rank 0 creates the file before the others open it, and the stream lengths 
 the end: ranks that serialized different streams make every rank raise (and rank 0 removes the
 file) instead of leaving a corrupt checkpoint.
 
-Thread safety: one FastFileWriter per thread. The default handle shared by save/load is safe to use
-from several threads (the writer submits with thread-safe file operations).
+Thread safety: one FastFileWriter per thread. The default handles shared by save/load are safe to
+use from several threads: both paths move data with the engine's thread-safe file operations
+(FileRef), never with the handle's own async queue and wait().
 """
 
 import errno
@@ -24,6 +25,7 @@ import inspect
 import io
 import os
 import pickle
+import re
 import threading
 import zipfile
 
@@ -180,7 +182,7 @@ def save(obj, path, handle=None, *, buffer_bytes=DEFAULT_BUFFER_BYTES,
         path = _path(path)
         writer = torchzip.TorchZipWriter(path, _native(handle), fsync)
         try:
-            torch.serialization._save(obj, writer, pickle, pickle_protocol)
+            torchzip.save(obj, writer, pickle, pickle_protocol)
             return writer.close()
         except BaseException:
             writer.abort()
@@ -364,12 +366,36 @@ def default_read_handle():
         return _default_read
 
 
+_PICKLE_LOAD_ARGS = {"encoding", "errors", "fix_imports"}  # what _load passes to the Unpickler
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "y", "yes", "true")
+
+
+def _default_weights_only(torch, default):
+    """torch.load's own answer when weights_only is not given: False before torch 2.4; None from
+    2.4 means torch decides: True from 2.6 (unless TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD), False in 2.4
+    and 2.5; TORCH_FORCE_WEIGHTS_ONLY_LOAD forces True."""
+    if default is not None:
+        return bool(default)
+    if _env_flag("TORCH_FORCE_WEIGHTS_ONLY_LOAD"):
+        return True
+    if _env_flag("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        return False
+    version = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    return version >= (2, 6)
+
+
 def _fast_load_pickle_module(torch, kwargs):
     """The pickle module torch.load would unpickle with for these arguments, or None when the
-    fast path cannot honour them (then torch.load itself runs)."""
-    default = inspect.signature(torch.load).parameters.get("weights_only")
-    weights_only = kwargs.pop("weights_only", default.default if default else False)
-    if weights_only is None:  # torch >= 2.4: decided by torch (environment, version); ask it
+    fast path cannot honour them all (then torch.load itself runs: mmap=, a weights-only load
+    with a pickle module, ...). Consumes weights_only and pickle_module from kwargs."""
+    param = inspect.signature(torch.load).parameters.get("weights_only")
+    weights_only = kwargs.pop("weights_only", None)
+    if weights_only is None:
+        weights_only = _default_weights_only(torch, param.default if param else False)
+    if set(kwargs) - _PICKLE_LOAD_ARGS - {"pickle_module"}:
         return None
     if weights_only:
         if "pickle_module" in kwargs:
@@ -381,10 +407,12 @@ def _fast_load_pickle_module(torch, kwargs):
 def load(path, map_location=None, handle=None, verify=True, **torch_load_kwargs):
     """torch.load of a torch.save file with every tensor's bytes read by the handle's parallel
     O_DIRECT requests into fresh page-aligned memory, then handed to torch as the storage (no
-    intermediate copy); the CRC-32 of every record is checked (verify=False skips it) as torch's
-    reader does. map_location and torch.load's other arguments work as in torch.load. Files that
-    are not zip archives (torch's legacy format), and torch versions whose private loader deepnvme
-    does not know, are read through torch.load on a reader that does the large reads the same way.
+    intermediate copy); the CRC-32 of every record is checked (torch's reader does not; a damaged
+    record raises OSError(EIO); verify=False skips it). map_location, weights_only (torch's
+    default for the installed version), pickle_module, encoding work as in torch.load; other
+    torch.load arguments (mmap=, ...), files that are not zip archives (torch's legacy format) and
+    torch versions whose private loader deepnvme does not know are read through torch.load on a
+    reader that does the large reads the same way.
     """
     torch = _torch()
     if handle is None:

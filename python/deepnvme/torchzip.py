@@ -17,7 +17,7 @@ between the tensor's memory and the file with the engine's parallel O_DIRECT req
 - load: the central directory gives every record's offset; a storage is read into fresh
   page-aligned memory with parallel O_DIRECT requests (no bounce copy for files written by save
   above; torch's own files have 64-byte aligned records, read through the bounce buffers) and its
-  CRC-32 is checked as torch's reader does.
+  CRC-32 is checked (torch's own reader does not check it; a damaged record raises OSError).
 
 ``torch.serialization._save/_load`` are private; ``supported()`` checks that their signatures are
 the ones this module was written for, and save()/load() fall back to the public API otherwise.
@@ -25,6 +25,7 @@ the ones this module was written for, and save()/load() fall back to the public 
 Thread safety: one TorchZipWriter / TorchZipReader per thread.
 """
 
+import concurrent.futures
 import ctypes
 import errno
 import inspect
@@ -50,25 +51,57 @@ _DOS_DATE = 0x21  # 1980-01-01, what zip tools show for "no date"
 _FLAGS = 0x0808  # bit 3: CRC and sizes in a data descriptor; bit 11: UTF-8 names
 
 
+# Parameters of torch.serialization._save after the first four that deepnvme knows, with the
+# value torch.save passes (torch >= 2.1 writes a byteorder record unless told not to).
+_KNOWN_SAVE_EXTRAS = {"_disable_byteorder_record": False}
+
+
+def _check_signatures(torch):
+    """(reason, save_kwargs): reason is None when _save/_load have the shapes deepnvme knows."""
+    ser = getattr(torch, "serialization", None)
+    save, load = getattr(ser, "_save", None), getattr(ser, "_load", None)
+    if save is None or load is None:
+        return "torch %s has no torch.serialization._save/_load" % torch.__version__, None
+    try:
+        save_params = list(inspect.signature(save).parameters.values())
+        load_params = list(inspect.signature(load).parameters.values())
+    except (TypeError, ValueError) as e:
+        return "cannot inspect torch.serialization._save/_load: %s" % e, None
+    differ = ("torch %s's torch.serialization._save/_load differ from what deepnvme knows" %
+              torch.__version__)
+    if [p.name for p in save_params[:4]] != ["obj", "zip_file", "pickle_module",
+                                              "pickle_protocol"] or \
+            [p.name for p in load_params[:3]] != ["zip_file", "map_location", "pickle_module"]:
+        return differ, None
+    save_kwargs = {}
+    for p in save_params[4:]:
+        if p.name in _KNOWN_SAVE_EXTRAS:
+            save_kwargs[p.name] = _KNOWN_SAVE_EXTRAS[p.name]
+        elif p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL,
+                                                                      p.VAR_KEYWORD):
+            return "%s (required parameter %r of _save)" % (differ, p.name), None
+    for p in load_params[3:]:
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL,
+                                                                    p.VAR_KEYWORD):
+            return "%s (required parameter %r of _load)" % (differ, p.name), None
+    return None, save_kwargs
+
+
 def supported():
     """Why the fast path cannot be used with this torch (a sentence), or None when it can."""
     torch = sys.modules.get("torch")
     if torch is None:
         return "torch is not imported"
-    ser = getattr(torch, "serialization", None)
-    save, load = getattr(ser, "_save", None), getattr(ser, "_load", None)
-    if save is None or load is None:
-        return "torch %s has no torch.serialization._save/_load" % torch.__version__
-    try:
-        save_params = list(inspect.signature(save).parameters)[:4]
-        load_params = list(inspect.signature(load).parameters)[:3]
-    except (TypeError, ValueError) as e:
-        return "cannot inspect torch.serialization._save/_load: %s" % e
-    if save_params != ["obj", "zip_file", "pickle_module", "pickle_protocol"] or \
-            load_params != ["zip_file", "map_location", "pickle_module"]:
-        return ("torch %s's torch.serialization._save%s/_load%s differ from what deepnvme knows" %
-                (torch.__version__, tuple(save_params), tuple(load_params)))
-    return None
+    return _check_signatures(torch)[0]
+
+
+def save(obj, zip_file, pickle_module, pickle_protocol):
+    """torch.serialization._save with the extra arguments this torch's version takes."""
+    torch = sys.modules["torch"]
+    reason, save_kwargs = _check_signatures(torch)
+    if reason is not None:
+        raise RuntimeError(reason)
+    torch.serialization._save(obj, zip_file, pickle_module, pickle_protocol, **save_kwargs)
 
 
 def _pwrite_all(fd, data, offset, path):
@@ -111,16 +144,23 @@ def _padding_extra(header_end, align):
 
 class TorchZipWriter:
     """The zip_file object torch.serialization._save writes into (write_record), producing
-    `path` through `handle` (a deepnvme.aio_handle). close() adds the version record and the
-    central directory, fsyncs (unless fsync=False) and closes; abort() stops without them."""
+    `path` through `handle` (a deepnvme.aio_handle; the file is adopted as an engine FileRef,
+    whose transfers may run beside other threads' use of the same handle). close() adds the
+    version record and the central directory, fsyncs (unless fsync=False) and closes; abort()
+    stops without them."""
 
     def __init__(self, path, handle, fsync=True):
         self.path = path
-        self._handle = handle
         self._fsync = fsync
         self._entries = []  # (name bytes, offset, size, crc)
         self._pos = 0
+        self._writer = None  # one helper thread: writes a record while this one computes its CRC
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        try:
+            self._file = _C.File(handle._h, self._fd, True)
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def _memory(self, data, nbytes):
         """A buffer over `nbytes` of what torch's _save passes: bytes (the pickle), a str (torch
@@ -152,12 +192,17 @@ class TorchZipWriter:
         data_at = offset + len(header)
         _pwrite_all(self._fd, header, offset, self.path)
         if large:
-            # The engine writes while this thread computes the CRC of the same bytes.
-            self._handle.async_pwrite(buf, self._fd, data_at)
+            # The engine writes (GIL released) while this thread computes the CRC of the same
+            # bytes (zlib releases the GIL too).
+            if self._writer is None:
+                self._writer = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="deepnvme-zip")
+            address, _ = _C.buffer_address(buf, False)
+            written = self._writer.submit(self._file.pwrite, address, nbytes, data_at)
             try:
                 crc = zlib.crc32(buf)
             finally:
-                self._handle.wait()
+                written.result()  # raises the write's OSError; buf stays alive until here
         else:
             crc = zlib.crc32(buf)
             if nbytes:
@@ -211,28 +256,36 @@ class TorchZipWriter:
         except BaseException:
             self.abort()
             raise
-        os.close(self._fd)
-        self._fd = -1
+        self._release()
         return self._pos
 
-    def abort(self):
-        """Closes without finishing the archive (a failed save: the caller removes the file)."""
+    def _release(self):
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        self._file = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
+    def abort(self):
+        """Closes without finishing the archive (a failed save: the caller removes the file)."""
+        self._release()
+
 
 class TorchZipReader:
     """The zip_file object torch.serialization._load reads from: records by name, storages read
-    into page-aligned memory by `handle`, CRC-32 checked unless verify=False."""
+    into page-aligned memory by `handle` (through an engine FileRef, so threads may share the
+    handle), CRC-32 checked unless verify=False. torch's own reader does not check CRCs; records
+    whose stored CRC is 0 (torch.serialization.set_crc32_options(False)) are not checked."""
 
     def __init__(self, path, handle, verify=True):
         import zipfile  # parses the central directory only
         self.path = path
-        self._handle = handle
         self._verify = verify
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
+            self._file = _C.File(handle._h, self._fd, False)
             with open(self._fd, "rb", closefd=False) as f:
                 infos = zipfile.ZipFile(f).infolist()
             self._records = {}
@@ -252,6 +305,7 @@ class TorchZipReader:
             raise
 
     def close(self):
+        self._file = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -270,7 +324,7 @@ class TorchZipReader:
             raise KeyError("'%s' has no record %r" % (self.path, name)) from None
 
     def _check(self, name, data, crc):
-        if self._verify and zlib.crc32(data) != crc:
+        if self._verify and crc != 0 and zlib.crc32(data) != crc:
             raise OSError(errno.EIO, "'%s': record %s fails its CRC-32 check (the file is "
                           "damaged)" % (self.path, name), self.path)
 
@@ -303,7 +357,7 @@ class TorchZipReader:
             return torch.empty(0, dtype=torch.uint8)
         memory = _C.HostBuffer(size, False)
         tensor = torch.frombuffer(memory, dtype=torch.uint8)
-        self._handle.sync_pread(tensor, self._fd, at)
+        self._file.pread(memory.address, size, at)
         self._check(name, memory, crc)
         return tensor
 

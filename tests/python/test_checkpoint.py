@@ -5,6 +5,7 @@ ENOSPC and bad paths, and the data-parallel save with two gloo processes on loop
 import errno
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -318,11 +319,53 @@ def test_load_checks_crc_and_refuses_damage(deepnvme, torch, scratch):
     assert e.value.errno == errno.EIO and "CRC" in str(e.value)
     loaded = deepnvme.load(path, verify=False)
     assert not torch.equal(loaded["w"], state["w"])
+    assert not torch.equal(torch.load(path)["w"], state["w"]), "torch's reader does not check"
+
+
+def test_load_arguments_it_cannot_honour_go_to_torch_load(deepnvme, torch, scratch, monkeypatch):
+    """A torch.load argument the fast path does not know (torch 2's mmap=, or any other) is
+    passed to torch.load itself: torch's answer, not a TypeError from deepnvme's loader."""
+    path = os.path.join(scratch, "args.pt")
+    deepnvme.save({"w": torch.ones(3)}, path)
+    with pytest.raises(TypeError, match="no_such_argument"):
+        deepnvme.load(path, no_such_argument=True)
+    from deepnvme import torchzip
+    calls = []
+    monkeypatch.setattr(torchzip.TorchZipReader, "get_storage_from_record",
+                        lambda self, *a: calls.append(a) or torch.ones(12, dtype=torch.uint8))
+    deepnvme.load(path, encoding="utf-8")
+    assert calls, "pickle arguments keep the fast path"
+
+
+def test_save_and_load_from_threads_sharing_the_default_handles(deepnvme, torch, scratch):
+    """Two threads saving and loading at once through the default handles: each gets its own
+    data and its own errors (the engine's FileRef transfers, not the handle's shared wait())."""
+    import threading
+    errors, results = [], {}
+
+    def work(i):
+        try:
+            state = {"w": torch.full((1 << 20,), float(i))}
+            p = os.path.join(scratch, "t%d.pt" % i)
+            for _ in range(3):
+                deepnvme.save(state, p)
+                results[i] = deepnvme.load(p)["w"]
+                assert torch.equal(results[i], state["w"])
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(results) == [0, 1, 2]
 
 
 def test_failed_save_leaves_no_file(deepnvme, torch, scratch, small_tmpfs):
     path = os.path.join(scratch, "bad.pt")
-    with pytest.raises(Exception):
+    with pytest.raises((AttributeError, TypeError, pickle.PicklingError), match="lambda|pickle"):
         deepnvme.save({"w": torch.ones(4), "f": lambda: 0}, path)  # a lambda cannot be pickled
     assert not os.path.exists(path)
     full = os.path.join(small_tmpfs, "full.pt")

@@ -108,6 +108,7 @@ grep -qE '^write .*qd=32 .*overlap_events=0' "$OUT" && grep -qE '^read .*validat
   fail "ds_io --read: want the untimed-for-ds_io write, then a validated read, qd 32, lock-step"
 expect "ds_io --engine torch_io" 2 "aio_handle" -- io --folder "$D" --io_size 4M --engine torch_io
 expect "--dir and --folder" 2 "folder" -- io --dir "$D" --folder "$D" --io_size 4M
+expect "neither --dir nor --folder" 2 "--dir DIR" -- io --io_size 4M --write
 expect "ds_io --multi_process 2" 2 "multi_process" -- io --folder "$D" --io_size 4M --multi_process 2
 expect "--sequential_requests with --overlap_events" 2 "contradict" -- io --folder "$D" \
   --io_size 4M --sequential_requests --overlap_events

@@ -397,7 +397,10 @@ IoOptions ApplyDsIoNames(IoOptions opts, bool* write_missing_read_file) {
   if (opts.sequential_requests && opts.overlap_events) {
     throw UsageError("--sequential_requests and --overlap-events contradict each other");
   }
-  if (opts.folder.empty()) return opts;
+  if (opts.folder.empty()) {
+    if (opts.dir.empty()) throw UsageError("give --dir DIR (or ds_io's --folder DIR)");
+    return opts;
+  }
   if (!opts.dir.empty()) throw UsageError("give --dir or ds_io's --folder, not both");
   opts.dir = opts.folder;
   if (!opts.write && !opts.read) opts.write = true;
