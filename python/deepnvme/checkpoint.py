@@ -20,7 +20,6 @@ use from several threads: both paths move data with the engine's thread-safe fil
 (FileRef), never with the handle's own async queue and wait().
 """
 
-import errno
 import inspect
 import io
 import os
@@ -330,12 +329,7 @@ class _DirectReader(io.RawIOBase):
         if n >= self.LARGE:
             self._handle.sync_pread(view, self.name, self._pos)
         else:
-            done = 0
-            while done < n:
-                got = os.preadv(self._fd, [view[done:]], self._pos + done)
-                if got == 0:
-                    raise OSError(errno.ENODATA, "file shrank while loading", self.name)
-                done += got
+            torchzip.pread_into(self._fd, view, self._pos, self.name)
         self._pos += n
         return n
 

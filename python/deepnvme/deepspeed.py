@@ -47,7 +47,6 @@ def _dnvme():
 def _utils_module():
     """DeepSpeed's utils op: flatten/unflatten dense tensors and cast_to_byte_tensor (a tensor or
     a list of tensors to uint8 views)."""
-    import torch
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
     dn = _dnvme()
     mod = types.ModuleType("deepnvme.deepspeed.utils_op")
@@ -60,7 +59,6 @@ def _utils_module():
     mod.flatten = _flatten_dense_tensors
     mod.unflatten = _unflatten_dense_tensors
     mod.cast_to_byte_tensor = cast_to_byte_tensor
-    mod.torch = torch
     return mod
 
 

@@ -273,6 +273,16 @@ def _target(filename, fd, method):
     return "path", _path(filename)
 
 
+def _example(example_tensor, example_tenosr, method):
+    """The example tensor of new_*_tensor, given under either spelling (DeepSpeed's keyword is
+    `example_tenosr`)."""
+    if example_tenosr is None:
+        return example_tensor
+    if example_tensor is not None:
+        raise TypeError("%s() got example_tensor twice" % method)
+    return example_tenosr
+
+
 def _offset(file_offset):
     if isinstance(file_offset, bool) or not isinstance(file_offset, int):
         raise TypeError("file_offset must be an int, not %s" % type(file_offset).__name__)
@@ -452,11 +462,8 @@ class aio_handle:
         """A 1-D CPU tensor of `num_elem` elements of example_tensor's dtype in page-locked,
         page-aligned memory (zero-filled), known to every handle and pin_handle of the process.
         (DeepSpeed's keyword is spelled `example_tenosr`; both spellings are accepted.)"""
-        if example_tensor is None:
-            example_tensor = example_tenosr
-        elif example_tenosr is not None:
-            raise TypeError("new_cpu_locked_tensor() got example_tensor twice")
-        return _pinned.new_locked_tensor(num_elem, example_tensor)
+        return _pinned.new_locked_tensor(
+            num_elem, _example(example_tensor, example_tenosr, "new_cpu_locked_tensor"))
 
     def free_cpu_locked_tensor(self, tensor):
         """Unregisters a tensor from new_cpu_locked_tensor (this or any other handle's); True if
@@ -633,13 +640,8 @@ class gds_handle(aio_handle):
         """A 1-D CUDA tensor of `num_elem` elements of example_tensor's dtype on this handle's
         device, zero-filled and pinned (new_pinned_device_buffer viewed by torch). DeepSpeed's
         keyword spelling `example_tenosr` is accepted too."""
-        if example_tensor is None:
-            example_tensor = example_tenosr
-        torch = _torch()
-        if torch is None or not isinstance(example_tensor, torch.Tensor):
-            raise TypeError("example_tensor must be a torch tensor (it gives the dtype)")
-        if isinstance(num_elem, bool) or not isinstance(num_elem, int) or num_elem < 0:
-            raise ValueError("num_elem must be an int >= 0, not %r" % (num_elem,))
+        example_tensor = _example(example_tensor, example_tenosr, "new_pinned_device_tensor")
+        torch = _pinned.check_new_tensor_args(num_elem, example_tensor)
         if not torch.cuda.is_available():
             raise RuntimeError("new_pinned_device_tensor: this torch cannot use CUDA (torch %s, "
                                "CUDA %s); view new_pinned_device_buffer() with CuPy instead" %

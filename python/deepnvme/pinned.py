@@ -34,12 +34,19 @@ def _torch_of(example, what):
     return torch
 
 
-def new_locked_tensor(num_elem, example_tensor, what="example_tensor"):
-    """A 1-D CPU tensor of `num_elem` elements of example_tensor's dtype in registered,
-    page-locked, page-aligned, zero-filled memory."""
+def check_new_tensor_args(num_elem, example_tensor, what="example_tensor"):
+    """torch, after checking DeepSpeed's (num_elem, example_tensor) pair of the new_*_tensor
+    calls: TypeError / ValueError naming the bad one."""
     torch = _torch_of(example_tensor, what)
     if isinstance(num_elem, bool) or not isinstance(num_elem, int) or num_elem < 0:
         raise ValueError("num_elem must be an int >= 0, not %r" % (num_elem,))
+    return torch
+
+
+def new_locked_tensor(num_elem, example_tensor, what="example_tensor"):
+    """A 1-D CPU tensor of `num_elem` elements of example_tensor's dtype in registered,
+    page-locked, page-aligned, zero-filled memory."""
+    torch = check_new_tensor_args(num_elem, example_tensor, what)
     dtype = example_tensor.dtype
     if num_elem == 0:
         return torch.empty(0, dtype=dtype)

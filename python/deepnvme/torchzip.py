@@ -104,32 +104,32 @@ def save(obj, zip_file, pickle_module, pickle_protocol):
     torch.serialization._save(obj, zip_file, pickle_module, pickle_protocol, **save_kwargs)
 
 
+# os.pwrite / os.preadv retry EINTR themselves (PEP 475); a short transfer is continued here.
 def _pwrite_all(fd, data, offset, path):
     view = memoryview(data).cast("B")
     done = 0
     while done < len(view):
-        try:
-            n = os.pwrite(fd, view[done:], offset + done)
-        except InterruptedError:
-            continue
+        n = os.pwrite(fd, view[done:], offset + done)
         if n == 0:
             raise OSError(errno.EIO, "pwrite wrote nothing at offset %d" % (offset + done), path)
         done += n
 
 
+def pread_into(fd, view, offset, path):
+    """Fills `view` (a writable byte memoryview) from `offset`; OSError(ENODATA) at end of
+    file."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise OSError(errno.ENODATA, "'%s' ends at %d, before the %d bytes asked for at %d" %
+                          (path, offset + done, len(view), offset), path)
+        done += n
+
+
 def _pread_all(fd, nbytes, offset, path):
     out = bytearray(nbytes)
-    view = memoryview(out)
-    done = 0
-    while done < nbytes:
-        try:
-            n = os.preadv(fd, [view[done:]], offset + done)
-        except InterruptedError:
-            continue
-        if n == 0:
-            raise OSError(errno.ENODATA, "'%s' ends at %d, inside a zip record" %
-                          (path, offset + done), path)
-        done += n
+    pread_into(fd, memoryview(out), offset, path)
     return bytes(out)
 
 

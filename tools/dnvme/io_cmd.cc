@@ -441,23 +441,18 @@ int RunIo(const IoOptions& given) {
   const HandleConfig config = BuildConfig(opts);
   const std::string path = opts.dir + "/" + opts.file;
 
-  if (!opts.write && write_missing_read_file) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || st.st_size < size) {
-      std::cerr << fmt::format(
-          "dnvme io: {} is not there (or too short): writing it first, as ds_io "
-          "does\n",
-          path);
-      opts.write = true;
-    }
-  }
   if (!opts.write) {
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-      return Fail(Status::FromErrno(errno, path),
+    const bool missing = ::stat(path.c_str(), &st) != 0;
+    const int stat_errno = errno;
+    if ((missing || st.st_size < size) && write_missing_read_file) {
+      std::cerr << fmt::format(
+          "dnvme io: {} is not there (or too short): writing it first, as ds_io does\n", path);
+      opts.write = true;
+    } else if (missing) {
+      return Fail(Status::FromErrno(stat_errno, path),
                   "; run `dnvme io --write` with the same --dir, --file and --size first");
-    }
-    if (st.st_size < size) {
+    } else if (st.st_size < size) {
       return Fail(Status::EndOfFile(
                       fmt::format("{} holds {} bytes, --size asks for {}", path, st.st_size, size)),
                   "; run `dnvme io --write` with the same --dir, --file and --size first");
