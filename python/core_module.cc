@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "dnvme/config.h"
+#include "dnvme/crc32.h"
 #include "dnvme/fast_writer.h"
 #include "dnvme/gds_handle.h"
 #include "dnvme/gpu.h"
@@ -592,6 +593,18 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("obj"), py::arg("writable"));
   m.def("pinned_bytes_in_use", &dnvme::PinnedBytesInUse);
+
+  // zlib.crc32's result for any C-contiguous buffer, computed with the GIL released (a caller
+  // thread checksums a record while another thread's engine call writes it).
+  m.def(
+      "crc32",
+      [](py::handle obj, uint32_t value) {
+        BufferView view(obj);
+        py::gil_scoped_release release;
+        return dnvme::Crc32(value, view.data(), view.size());
+      },
+      py::arg("data"), py::arg("value") = 0);
+  m.def("crc32_implementation", &dnvme::Crc32Implementation);
 
   // CUDA: whether this build has it, why no device is usable ("" when one is; initialises CUDA),
   // and the IPC export of device memory for the mount's control file.

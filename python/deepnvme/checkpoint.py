@@ -350,9 +350,11 @@ class _DirectReader(io.RawIOBase):
 
 
 def default_read_handle():
-    """The handle load() uses when none is given: two workers, because torch's storages are not
-    page-aligned, so every large read lands through pinned bounce buffers and the copy out of
-    them is CPU work worth spreading (measured in docs/performance.md)."""
+    """The handle load() uses when none is given: two workers, because the fallback reader
+    (_DirectReader) reads into storages torch allocated, not page-aligned, so its large reads
+    land through pinned bounce buffers and the copy out of them is CPU work worth spreading
+    (docs/performance.md). The zip reader needs no bounce copy (its memory agrees with each
+    record modulo the page)."""
     global _default_read
     with _default_lock:
         if _default_read is None:

@@ -7,17 +7,19 @@ torch's own serializer instead: ``torch.serialization._save`` and ``_load`` take
 (``write_record`` / ``get_record``, ``get_storage_from_record``), and ours moves each storage
 between the tensor's memory and the file with the engine's parallel O_DIRECT requests:
 
-- save: each storage's record starts at a 4 KiB-aligned file offset (the local header's extra
-  field pads to it, as torch pads to 64 bytes), so the whole body goes O_DIRECT straight from the
-  tensor's memory (through the engine's pinned bounce buffers when that memory is not 4 KiB
-  aligned, which torch's allocator never guarantees). The CRC-32 (zlib) runs on this thread while
-  the engine writes the same bytes; a data descriptor after the record carries it, as in torch's
-  own files (flag bit 3). The result is a standard zip (zip64 when large) that torch.load, Python's
+- save: each storage's record starts at the file offset that agrees with the storage's memory
+  address modulo the 4 KiB page (the local header's extra field pads to it, as torch pads to 64
+  bytes), so every whole page of the body goes O_DIRECT straight from the tensor's memory with
+  no bounce copy, although torch's allocator aligns to 64 bytes, not 4096; the head before the
+  first page boundary goes through the page cache. The CRC-32 runs on this thread while the
+  engine writes the same bytes (``_C.crc32``: zlib's result at twice zlib's speed or more, by
+  carry-less multiplication); a data descriptor after the record carries it, as in torch's own
+  files (flag bit 3). The result is a standard zip (zip64 when large) that torch.load, Python's
   zipfile and ``unzip -t`` accept.
-- load: the central directory gives every record's offset; a storage is read into fresh
-  page-aligned memory with parallel O_DIRECT requests (no bounce copy for files written by save
-  above; torch's own files have 64-byte aligned records, read through the bounce buffers) and its
-  CRC-32 is checked (torch's own reader does not check it; a damaged record raises OSError).
+- load: the central directory gives every record's offset; a storage is read into fresh memory
+  that starts as far into its page as the record into its file page (torch's own 64-byte
+  aligned records included), so it too moves O_DIRECT with no bounce copy, and its CRC-32 is
+  checked (torch's own reader does not check it; a damaged record raises OSError).
 
 ``torch.serialization._save/_load`` are private; ``supported()`` checks that their signatures are
 the ones this module was written for, and save()/load() fall back to the public API otherwise.
@@ -32,11 +34,10 @@ import inspect
 import os
 import struct
 import sys
-import zlib
 
 from . import _C
 
-ALIGN = 4096  # file alignment of large records: O_DIRECT straight into/out of them
+ALIGN = 4096  # the page: large records agree with their memory modulo this (_page_residue)
 SMALL_RECORD = 1 << 20  # below this a record is written with one pwrite (page cache)
 ARCHIVE = "archive"  # torch's archive name for streams without a file name
 
@@ -133,13 +134,24 @@ def _pread_all(fd, nbytes, offset, path):
     return bytes(out)
 
 
-def _padding_extra(header_end, align):
-    """An extra field ('FB', zeros, as torch's writer uses) that moves header_end to a multiple
-    of align."""
-    pad = (-header_end) % align
+def _padding_extra(header_end, align, residue=0):
+    """An extra field ('FB', zeros, as torch's writer uses) that moves header_end to a file
+    offset equal to `residue` modulo align."""
+    pad = (residue - header_end) % align
     if pad < 4:
         pad += align
     return struct.pack("<HH", 0x4246, pad - 4) + bytes(pad - 4)
+
+
+def _page_residue(address):
+    """Where a record of memory at `address` starts within its file page, so that file offset
+    and memory address agree modulo the page: every whole page of the record then goes O_DIRECT
+    straight from (or into) that memory, with no bounce copy, whatever torch's allocator gave
+    (64-byte alignment, not 4096). The head before the first page boundary (under 4 KiB) goes
+    through the page cache. Memory off a 64-byte boundary (numpy or frombuffer storages) gets a
+    page-aligned record instead (written through the engine's bounce buffers), so that readers
+    that map records (torch.load(mmap=True)) still find them 64-byte aligned."""
+    return address % ALIGN if address % 64 == 0 else 0
 
 
 class TorchZipWriter:
@@ -184,7 +196,8 @@ class TorchZipWriter:
         zip64 = nbytes >= ZIP64_LIMIT
         extra = struct.pack("<HHQQ", 1, 16, 0, 0) if zip64 else b""
         header_end = self._pos + _LOCAL.size + len(name_bytes) + len(extra)
-        extra += _padding_extra(header_end, ALIGN if large else 64)
+        address = _C.buffer_address(buf, False)[0] if large else 0
+        extra += _padding_extra(header_end, ALIGN if large else 64, _page_residue(address))
         header = _LOCAL.pack(0x04034B50, 45 if zip64 else 20, _FLAGS, 0, 0, _DOS_DATE, 0,
                              _U32 if zip64 else 0, _U32 if zip64 else 0, len(name_bytes),
                              len(extra)) + name_bytes + extra
@@ -193,18 +206,17 @@ class TorchZipWriter:
         _pwrite_all(self._fd, header, offset, self.path)
         if large:
             # The engine writes (GIL released) while this thread computes the CRC of the same
-            # bytes (zlib releases the GIL too).
+            # bytes (_C.crc32 releases the GIL too).
             if self._writer is None:
                 self._writer = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="deepnvme-zip")
-            address, _ = _C.buffer_address(buf, False)
             written = self._writer.submit(self._file.pwrite, address, nbytes, data_at)
             try:
-                crc = zlib.crc32(buf)
+                crc = _C.crc32(buf)
             finally:
                 written.result()  # raises the write's OSError; buf stays alive until here
         else:
-            crc = zlib.crc32(buf)
+            crc = _C.crc32(buf)
             if nbytes:
                 _pwrite_all(self._fd, buf, data_at, self.path)
         if zip64:
@@ -275,7 +287,7 @@ class TorchZipWriter:
 
 class TorchZipReader:
     """The zip_file object torch.serialization._load reads from: records by name, storages read
-    into page-aligned memory by `handle` (through an engine FileRef, so threads may share the
+    into fresh memory by `handle` (through an engine FileRef, so threads may share the
     handle), CRC-32 checked unless verify=False. torch's own reader does not check CRCs; records
     whose stored CRC is 0 (torch.serialization.set_crc32_options(False)) are not checked."""
 
@@ -324,7 +336,7 @@ class TorchZipReader:
             raise KeyError("'%s' has no record %r" % (self.path, name)) from None
 
     def _check(self, name, data, crc):
-        if self._verify and crc != 0 and zlib.crc32(data) != crc:
+        if self._verify and crc != 0 and _C.crc32(data) != crc:
             raise OSError(errno.EIO, "'%s': record %s fails its CRC-32 check (the file is "
                           "damaged)" % (self.path, name), self.path)
 
@@ -350,15 +362,19 @@ class TorchZipReader:
         return data
 
     def get_storage_from_record(self, name, numel, storage_type):
-        """A uint8 tensor of the record's bytes in fresh page-aligned memory."""
+        """A uint8 tensor of the record's bytes in fresh memory."""
         torch = sys.modules["torch"]
         at, size, crc = self._record(name)
         if size == 0:
             return torch.empty(0, dtype=torch.uint8)
-        memory = _C.HostBuffer(size, False)
-        tensor = torch.frombuffer(memory, dtype=torch.uint8)
-        self._file.pread(memory.address, size, at)
-        self._check(name, memory, crc)
+        # The storage starts as far into its page as the record into its file page, so the
+        # engine reads every whole page O_DIRECT into it, with no bounce copy (records of
+        # torch.save's own files are 64-byte aligned; save() above writes them that way too).
+        shift = _page_residue(at)
+        memory = _C.HostBuffer(size + shift, False)
+        tensor = torch.frombuffer(memory, dtype=torch.uint8, count=size, offset=shift)
+        self._file.pread(memory.address + shift, size, at)
+        self._check(name, memoryview(memory)[shift:], crc)
         return tensor
 
 
