@@ -47,17 +47,20 @@ struct OpSpec {
   std::set<std::string> optional;
 };
 
+// handle.open takes any engine key (include/dnvme/config.h's table).
+std::set<std::string> EngineKeys() {
+  std::set<std::string> keys;
+  for (const ConfigKey& k : ConfigKeys()) keys.insert(k.name);
+  return keys;
+}
+
 const std::vector<OpSpec>& Specs() {
   static const std::vector<OpSpec> specs = {
       {"hello", CtlOp::kHello, {}, {}},
       {"config.get", CtlOp::kConfigGet, {}, {}},
       {"config.set", CtlOp::kConfigSet, {"config"}, {}},
       {"stats", CtlOp::kStats, {}, {}},
-      {"handle.open",
-       CtlOp::kHandleOpen,
-       {},
-       {"block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism",
-        "direct", "fdatasync_on_write", "bounce_bytes_per_worker"}},
+      {"handle.open", CtlOp::kHandleOpen, {}, EngineKeys()},
       {"handle.close", CtlOp::kHandleClose, {"handle"}, {}},
       {"buffer.register",
        CtlOp::kBufferRegister,

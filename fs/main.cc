@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   }
   dnvme::fs::MountOptions opts = std::move(parsed).value();
   if (opts.show_help) {
-    std::fputs(dnvme::fs::UsageText(), stdout);
+    std::fputs(dnvme::fs::UsageText().c_str(), stdout);
     return 0;
   }
   if (opts.show_version) {

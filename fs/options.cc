@@ -4,12 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string_view>
+
+#include "dnvme/mount.h"
+#include "fs/pipe.h"
 
 namespace dnvme::fs {
 namespace {
@@ -65,28 +69,39 @@ std::string Absolute(const std::string& p) {
 
 }  // namespace
 
-const char* UsageText() {
-  return "usage: dnvmefs BACKING_DIR MOUNTPOINT [-f] [-d] [-s] [-o opt[,opt...]]\n"
-         "  -f            stay in the foreground\n"
-         "  -d            debug: foreground, log_level=debug and libfuse request tracing\n"
-         "  -s            single-threaded request loop\n"
-         "dnvmefs options (-o):\n"
-         "  block_size=SIZE queue_depth=N intra_op_parallelism=N single_submit overlap_events\n"
-         "  direct=auto|required|never   the engine's handle parameters\n"
-         "  config=FILE.json             the same JSON as `dnvme io --config`\n"
-         "  write_behind=SIZE            pinned memory for write-behind (0 disables; 64M)\n"
-         "  write_chunk=SIZE             bytes per write-behind flush (8M)\n"
-         "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
-         "  splice_read=0|1              splice requests; page-cache writes go to disk uncopied "
-         "(1)\n"
-         "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
-         "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
-         "(0)\n"
-         "  loop_threads=N               request-loop threads, 1..64 (32)\n"
-         "  ctl_max_handles=N            control-file handles per uid (8)\n"
-         "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
-         "  log_level=LEVEL log_file=PATH nonempty\n"
-         "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
+std::string UsageText() {
+  std::string text =
+      "usage: dnvmefs BACKING_DIR MOUNTPOINT [-f] [-d] [-s] [-o opt[,opt...]]\n"
+      "  -f            stay in the foreground\n"
+      "  -d            debug: foreground, log_level=debug and libfuse request tracing\n"
+      "  -s            single-threaded request loop\n"
+      "dnvmefs options (-o); the engine's (the keys of `dnvme io --config` JSON):\n";
+  for (const ConfigKey& k : ConfigKeys()) {
+    std::string form = k.name;
+    if (k.type == ConfigValueType::kSize) form += "=SIZE";
+    if (k.type == ConfigValueType::kInt) form += "=N";
+    if (k.type == ConfigValueType::kBool) form += "[=0|1]";
+    if (k.type == ConfigValueType::kDirect) form += "=auto|required|never";
+    form.resize(std::max<size_t>(form.size() + 1, 29), ' ');
+    text += "  " + form + k.help + "\n";
+  }
+  text +=
+      "  config=FILE.json             the same JSON as `dnvme io --config`\n"
+      "the mount's:\n"
+      "  write_behind=SIZE            pinned memory for write-behind (0 disables; 64M)\n"
+      "  write_chunk=SIZE             bytes per write-behind flush (8M)\n"
+      "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
+      "  splice_read=0|1              splice requests; page-cache writes go to disk uncopied "
+      "(1)\n"
+      "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
+      "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
+      "(0)\n"
+      "  loop_threads=N               request-loop threads, 1..64 (32)\n"
+      "  ctl_max_handles=N            control-file handles per uid (8)\n"
+      "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
+      "  log_level=LEVEL log_file=PATH nonempty\n"
+      "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
+  return text;
 }
 
 Result<MountOptions> ParseMountOptions(int argc, char** argv) {
@@ -148,18 +163,8 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
   bool chunk_given = false;
   for (const auto& [k, v] : kv) {
     if (k == "config") continue;
-    if (k == "block_size") {
-      DNVME_ASSIGN_OR_RETURN(o.engine.block_size, ParseSizeOpt(k, v));
-    } else if (k == "queue_depth") {
-      DNVME_ASSIGN_OR_RETURN(o.engine.queue_depth, ParseInt(k, v.value_or("")));
-    } else if (k == "intra_op_parallelism") {
-      DNVME_ASSIGN_OR_RETURN(o.engine.intra_op_parallelism, ParseInt(k, v.value_or("")));
-    } else if (k == "single_submit") {
-      DNVME_ASSIGN_OR_RETURN(o.engine.single_submit, ParseBool(k, v));
-    } else if (k == "overlap_events") {
-      DNVME_ASSIGN_OR_RETURN(o.engine.overlap_events, ParseBool(k, v));
-    } else if (k == "direct") {
-      DNVME_ASSIGN_OR_RETURN(o.engine.direct, ParseDirectPolicy(v.value_or("")));
+    if (FindConfigKey(k) != nullptr) {  // an engine key (include/dnvme/config.h's table)
+      DNVME_RETURN_IF_ERROR(SetConfigKeyFromText(&o.engine, k, v));
     } else if (k == "write_behind") {
       DNVME_ASSIGN_OR_RETURN(o.write_behind, ParseSizeOpt(k, v));
     } else if (k == "write_chunk") {
@@ -258,3 +263,12 @@ Status CheckDirectories(const MountOptions& opts) {
 }
 
 }  // namespace dnvme::fs
+
+namespace dnvme {
+
+MountRequirements DefaultMountRequirements() {
+  const fs::MountOptions defaults;
+  return {defaults.PinnedAtStart(), defaults.PinnedPeak(), fs::kRequestPipeBytes};
+}
+
+}  // namespace dnvme

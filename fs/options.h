@@ -103,6 +103,6 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv);
 // unless -o nonempty was given.
 Status CheckDirectories(const MountOptions& opts);
 
-const char* UsageText();
+std::string UsageText();
 
 }  // namespace dnvme::fs

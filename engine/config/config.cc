@@ -1,6 +1,7 @@
 #include "dnvme/config.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -143,17 +144,148 @@ Status HandleConfig::Validate() const {
   return Status::Ok();
 }
 
-std::string HandleConfig::ToJson() const {
-  json j = {
-      {"block_size", block_size},
-      {"queue_depth", queue_depth},
-      {"single_submit", single_submit},
-      {"overlap_events", overlap_events},
-      {"intra_op_parallelism", intra_op_parallelism},
-      {"direct", DirectPolicyName(direct)},
-      {"fdatasync_on_write", fdatasync_on_write},
-      {"bounce_bytes_per_worker", bounce_bytes_per_worker},
+namespace {
+
+// The HandleConfig field behind a key: exactly one pointer is set, of the key's value type.
+struct Slot {
+  int64_t* size = nullptr;
+  int* integer = nullptr;
+  bool* boolean = nullptr;
+  DirectPolicy* direct = nullptr;
+};
+
+Slot SlotOf(HandleConfig& c, ConfigKeyId id) {
+  switch (id) {
+    case ConfigKeyId::kBlockSize:
+      return {.size = &c.block_size};
+    case ConfigKeyId::kQueueDepth:
+      return {.integer = &c.queue_depth};
+    case ConfigKeyId::kSingleSubmit:
+      return {.boolean = &c.single_submit};
+    case ConfigKeyId::kOverlapEvents:
+      return {.boolean = &c.overlap_events};
+    case ConfigKeyId::kIntraOpParallelism:
+      return {.integer = &c.intra_op_parallelism};
+    case ConfigKeyId::kDirect:
+      return {.direct = &c.direct};
+    case ConfigKeyId::kFdatasyncOnWrite:
+      return {.boolean = &c.fdatasync_on_write};
+    case ConfigKeyId::kBounceBytesPerWorker:
+      return {.size = &c.bounce_bytes_per_worker};
+  }
+  return {};
+}
+
+Result<int> IntFromText(const std::string& text, const char* key) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || v < std::numeric_limits<int>::min() ||
+      v > std::numeric_limits<int>::max()) {
+    return Status::InvalidArgument(std::string("option '") + key + "': '" + text +
+                                   "' is not an integer");
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+// DeepSpeed's five first, in the order of DeepSpeed's "aio" config section (and of the file
+// `dnvme tune` writes), then dnvme's own.
+const std::vector<ConfigKey>& ConfigKeys() {
+  using T = ConfigValueType;
+  static const std::vector<ConfigKey> keys = {
+      {ConfigKeyId::kBlockSize, "block_size", T::kSize, true,
+       "bytes per libaio request (1..1G; rounded up to the file's direct-I/O alignment)"},
+      {ConfigKeyId::kQueueDepth, "queue_depth", T::kInt, true,
+       "requests in flight per worker (1..4096)"},
+      {ConfigKeyId::kIntraOpParallelism, "intra_op_parallelism", T::kInt, true,
+       "worker threads, each with its own libaio context (1..256)"},
+      {ConfigKeyId::kSingleSubmit, "single_submit", T::kBool, true,
+       "one io_submit per request instead of one per batch"},
+      {ConfigKeyId::kOverlapEvents, "overlap_events", T::kBool, true,
+       "sliding window of requests instead of lock-step batches"},
+      {ConfigKeyId::kDirect, "direct", T::kDirect, false,
+       "when O_DIRECT is refused: auto (fall back, counted), required (fail), never"},
+      {ConfigKeyId::kFdatasyncOnWrite, "fdatasync_on_write", T::kBool, false,
+       "fdatasync once at the end of every write operation"},
+      {ConfigKeyId::kBounceBytesPerWorker, "bounce_bytes_per_worker", T::kSize, false,
+       "cap on pinned bounce memory per worker (at least two blocks are always allowed)"},
   };
+  return keys;
+}
+
+const ConfigKey* FindConfigKey(std::string_view name) {
+  for (const ConfigKey& k : ConfigKeys()) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+std::string ConfigKeyNames(bool deepspeed_only) {
+  std::string out;
+  for (const ConfigKey& k : ConfigKeys()) {
+    if (deepspeed_only && !k.deepspeed) continue;
+    if (!out.empty()) out += ", ";
+    out += k.name;
+  }
+  return out;
+}
+
+Status SetConfigKeyFromText(HandleConfig* config, std::string_view name,
+                            const std::optional<std::string>& value) {
+  const ConfigKey* key = FindConfigKey(name);
+  if (key == nullptr) {
+    return Status::InvalidArgument("unknown engine option '" + std::string(name) +
+                                   "' (known: " + ConfigKeyNames() + ")");
+  }
+  Slot slot = SlotOf(*config, key->id);
+  if (key->type == ConfigValueType::kBool) {
+    if (!value || *value == "1" || *value == "true" || *value == "yes") {
+      *slot.boolean = true;  // the bare option ("-o single_submit") means true
+    } else if (*value == "0" || *value == "false" || *value == "no") {
+      *slot.boolean = false;
+    } else {
+      return Status::InvalidArgument(std::string("option '") + key->name + "': '" + *value +
+                                     "' is not a boolean (true/false, 1/0, yes/no)");
+    }
+    return Status::Ok();
+  }
+  if (!value)
+    return Status::InvalidArgument(std::string("option '") + key->name + "' needs a value");
+  switch (key->type) {
+    case ConfigValueType::kSize: {
+      auto n = ParseSize(*value);
+      if (!n.ok()) return n.status().WithContext(std::string("option '") + key->name + "'");
+      *slot.size = *n;
+      return Status::Ok();
+    }
+    case ConfigValueType::kInt: {
+      DNVME_ASSIGN_OR_RETURN(*slot.integer, IntFromText(*value, key->name));
+      return Status::Ok();
+    }
+    case ConfigValueType::kDirect: {
+      auto d = ParseDirectPolicy(*value);
+      if (!d.ok()) return d.status().WithContext(std::string("option '") + key->name + "'");
+      *slot.direct = *d;
+      return Status::Ok();
+    }
+    case ConfigValueType::kBool:
+      break;
+  }
+  return Status::Internal("engine option '" + std::string(name) + "' has no parser");
+}
+
+std::string HandleConfig::ToJson() const {
+  HandleConfig copy = *this;
+  json j = json::object();
+  for (const ConfigKey& k : ConfigKeys()) {
+    Slot slot = SlotOf(copy, k.id);
+    if (slot.size) j[k.name] = *slot.size;
+    if (slot.integer) j[k.name] = *slot.integer;
+    if (slot.boolean) j[k.name] = *slot.boolean;
+    if (slot.direct) j[k.name] = DirectPolicyName(*slot.direct);
+  }
   return j.dump();
 }
 
@@ -170,33 +302,34 @@ Result<HandleConfig> HandleConfig::FromJson(std::string_view text, const HandleC
   }
   HandleConfig c = base;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& key = it.key();
+    const ConfigKey* key = FindConfigKey(it.key());
+    if (key == nullptr) {
+      return Status::InvalidArgument("unknown config key '" + it.key() +
+                                     "' (known: " + ConfigKeyNames() + ")");
+    }
     const json& v = it.value();
-    if (key == "block_size") {
-      DNVME_ASSIGN_OR_RETURN(c.block_size, SizeValue(v, "block_size"));
-    } else if (key == "queue_depth") {
-      DNVME_ASSIGN_OR_RETURN(c.queue_depth, IntValue(v, "queue_depth"));
-    } else if (key == "single_submit") {
-      DNVME_ASSIGN_OR_RETURN(c.single_submit, BoolValue(v, "single_submit"));
-    } else if (key == "overlap_events") {
-      DNVME_ASSIGN_OR_RETURN(c.overlap_events, BoolValue(v, "overlap_events"));
-    } else if (key == "intra_op_parallelism") {
-      DNVME_ASSIGN_OR_RETURN(c.intra_op_parallelism, IntValue(v, "intra_op_parallelism"));
-    } else if (key == "direct") {
-      if (!v.is_string()) {
-        return Status::InvalidArgument(
-            "config key 'direct' must be a string (auto, required, never)");
+    Slot slot = SlotOf(c, key->id);
+    switch (key->type) {
+      case ConfigValueType::kSize: {
+        DNVME_ASSIGN_OR_RETURN(*slot.size, SizeValue(v, key->name));
+        break;
       }
-      DNVME_ASSIGN_OR_RETURN(c.direct, ParseDirectPolicy(v.get<std::string>()));
-    } else if (key == "fdatasync_on_write") {
-      DNVME_ASSIGN_OR_RETURN(c.fdatasync_on_write, BoolValue(v, "fdatasync_on_write"));
-    } else if (key == "bounce_bytes_per_worker") {
-      DNVME_ASSIGN_OR_RETURN(c.bounce_bytes_per_worker, SizeValue(v, "bounce_bytes_per_worker"));
-    } else {
-      return Status::InvalidArgument(
-          "unknown config key '" + key +
-          "' (known: block_size, queue_depth, single_submit, overlap_events, "
-          "intra_op_parallelism, direct, fdatasync_on_write, bounce_bytes_per_worker)");
+      case ConfigValueType::kInt: {
+        DNVME_ASSIGN_OR_RETURN(*slot.integer, IntValue(v, key->name));
+        break;
+      }
+      case ConfigValueType::kBool: {
+        DNVME_ASSIGN_OR_RETURN(*slot.boolean, BoolValue(v, key->name));
+        break;
+      }
+      case ConfigValueType::kDirect: {
+        if (!v.is_string()) {
+          return Status::InvalidArgument(std::string("config key '") + key->name +
+                                         "' must be a string (auto, required, never)");
+        }
+        DNVME_ASSIGN_OR_RETURN(*slot.direct, ParseDirectPolicy(v.get<std::string>()));
+        break;
+      }
     }
   }
   DNVME_RETURN_IF_ERROR(c.Validate());

@@ -35,6 +35,26 @@ const char* GdsModeName(GdsMode mode) {
   return "?";
 }
 
+CuFileProbe ProbeCuFile(const std::string& library) {
+  CuFileProbe p;
+  p.library = library;
+  Result<const gpu::CuFileDriver*> drv = gpu::CuFileDriver::Get(library);
+  // CuFileDriver::Get reports a failed dlopen as NotFound; any other failure came after it loaded.
+  p.found = drv.ok() || drv.status().code() != Status::Code::kNotFound;
+  p.loaded = drv.ok();
+  if (!drv.ok()) {
+    p.error = drv.status().message();
+    return p;
+  }
+  const gpu::CuFileDriver& d = **drv;
+  p.version = d.version;
+  p.nvfs_loaded = d.nvfs_loaded;
+  p.nvfs_major = static_cast<int>(d.props.nvfs.major_version);
+  p.nvfs_minor = static_cast<int>(d.props.nvfs.minor_version);
+  p.p2pdma = d.p2pdma;
+  return p;
+}
+
 const char* CuFilePolicyName(CuFilePolicy policy) {
   switch (policy) {
     case CuFilePolicy::kAuto:

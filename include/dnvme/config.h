@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dnvme/status.h"
 
@@ -62,5 +64,52 @@ struct HandleConfig {
 // Parses "4096", "1M", "1MiB", "64k", "2G" (binary multiples). Rejects negatives, junk and
 // overflow.
 Result<int64_t> ParseSize(std::string_view text);
+
+// ---- The keys of HandleConfig, declared once ----
+//
+// Every place that names an engine option reads this table: the JSON form above (config files,
+// the control file's config.get/config.set and handle.open), the mount's `-o` options, the
+// ctl request checker and the tuner's sweep config. A key added here is accepted everywhere.
+
+enum class ConfigKeyId {
+  kBlockSize,
+  kQueueDepth,
+  kSingleSubmit,
+  kOverlapEvents,
+  kIntraOpParallelism,
+  kDirect,
+  kFdatasyncOnWrite,
+  kBounceBytesPerWorker,
+};
+
+enum class ConfigValueType {
+  kSize,    // bytes: an integer, or (in JSON and -o) a string such as "1M"
+  kInt,     // an integer
+  kBool,    // JSON true/false; in -o also 1/0/yes/no, or the bare key for true
+  kDirect,  // "auto" | "required" | "never"
+};
+
+struct ConfigKey {
+  ConfigKeyId id;
+  const char* name;
+  ConfigValueType type;
+  // One of DeepSpeed's five aio_handle parameters: the tuner sweeps these, and `dnvme tune`
+  // writes exactly these into the config file it produces (DeepSpeed reads that file).
+  bool deepspeed;
+  const char* help;  // one line, for usage texts and docs
+};
+
+// Every key, in the order ToJson writes them.
+const std::vector<ConfigKey>& ConfigKeys();
+// The key named `name`; null when there is none.
+const ConfigKey* FindConfigKey(std::string_view name);
+// "block_size, queue_depth, ..." (all keys, or only DeepSpeed's): for error messages.
+std::string ConfigKeyNames(bool deepspeed_only = false);
+
+// Sets key `name` of `config` from its text form, as `-o name=value` gives it (`value` absent:
+// the bare option, which only a boolean accepts, as true). The error names the key. Does not
+// Validate(): the caller checks the finished configuration once.
+Status SetConfigKeyFromText(HandleConfig* config, std::string_view name,
+                            const std::optional<std::string>& value);
 
 }  // namespace dnvme

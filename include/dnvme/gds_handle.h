@@ -58,6 +58,20 @@ class CopyEngine;         // engine/gpu/copy_engine.h: how the bounce path copie
 class CopyEngineFactory;  // tests inject a host-memory copy engine through it
 }  // namespace gpu
 
+// What loading cuFile the way a GdsHandle does (dlopen, then cuFileDriverOpen; once per library
+// name per process) found: for `dnvme report`.
+struct CuFileProbe {
+  std::string library;  // as given to dlopen
+  bool found = false;   // dlopen succeeded (the driver may still have refused to open)
+  bool loaded = false;  // the driver opened: GdsHandle can use it
+  std::string error;    // why not, when !loaded (dlerror, a missing symbol, the driver's error)
+  int version = 0;      // cuFileGetVersion, 0 when unknown
+  bool nvfs_loaded = false;
+  int nvfs_major = 0, nvfs_minor = 0;  // nvidia-fs driver version the driver reports (0: none)
+  bool p2pdma = false;                 // the driver reports NVMe P2PDMA support
+};
+CuFileProbe ProbeCuFile(const std::string& library);
+
 struct GdsOptions {
   CuFilePolicy cufile = CuFilePolicy::kAuto;
   // Use cuFile even when it only offers compat mode (no nvidia-fs, no P2PDMA).

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "tests/engine/test_util.h"
@@ -113,6 +117,77 @@ TEST(ConfigTest, AppliesEveryKey) {
   EXPECT_EQ(c.direct, DirectPolicy::kNever);
   EXPECT_TRUE(c.fdatasync_on_write);
   EXPECT_EQ(c.bounce_bytes_per_worker, 2 * kMiB);
+}
+
+// The key table (ConfigKeys) is what every consumer reads: each key must change exactly its
+// own field through the text form (-o) and survive the JSON round trip, and the table must name
+// exactly the keys ToJson writes.
+TEST(ConfigKeysTest, TableMatchesJsonAndEveryKeyChangesItsField) {
+  const nlohmann::json all = nlohmann::json::parse(HandleConfig{}.ToJson());
+  ASSERT_EQ(all.size(), ConfigKeys().size());
+  std::set<std::string> names;
+  for (const ConfigKey& k : ConfigKeys()) {
+    SCOPED_TRACE(k.name);
+    EXPECT_TRUE(names.insert(k.name).second) << "declared twice";
+    EXPECT_TRUE(all.contains(k.name));
+    EXPECT_EQ(FindConfigKey(k.name), &k);
+    EXPECT_GT(std::strlen(k.help), 10u);
+    // A value different from the default, in the text form.
+    std::optional<std::string> text;
+    switch (k.type) {
+      case ConfigValueType::kSize:
+        text = "2M";
+        break;
+      case ConfigValueType::kInt:
+        text = "3";
+        break;
+      case ConfigValueType::kBool:
+        text = std::nullopt;  // the bare option: true (every boolean defaults to false)
+        break;
+      case ConfigValueType::kDirect:
+        text = "required";
+        break;
+    }
+    HandleConfig c;
+    ASSERT_TRUE(SetConfigKeyFromText(&c, k.name, text).ok());
+    ASSERT_TRUE(c.Validate().ok());
+    const nlohmann::json changed = nlohmann::json::parse(c.ToJson());
+    for (const auto& [name, value] : all.items()) {
+      if (name == k.name) {
+        EXPECT_NE(changed[name], value) << "did not change";
+      } else {
+        EXPECT_EQ(changed[name], value) << "changed " << name << " too";
+      }
+    }
+    auto back = HandleConfig::FromJson(c.ToJson());
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back.value(), c);
+  }
+  EXPECT_EQ(FindConfigKey("blocksize"), nullptr);
+  EXPECT_EQ(ConfigKeyNames(true),
+            "block_size, queue_depth, intra_op_parallelism, single_submit, overlap_events");
+}
+
+TEST(ConfigKeysTest, TextFormErrorsNameTheKey) {
+  HandleConfig c;
+  auto expect_error = [&](const char* key, std::optional<std::string> v, const char* what) {
+    Status st = SetConfigKeyFromText(&c, key, v);
+    EXPECT_FALSE(st.ok()) << key;
+    EXPECT_NE(st.message().find(key), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find(what), std::string::npos) << st.ToString();
+  };
+  expect_error("queue_depth", std::string("many"), "not an integer");
+  expect_error("queue_depth", std::string("99999999999"), "not an integer");
+  expect_error("queue_depth", std::nullopt, "needs a value");
+  expect_error("block_size", std::string("1X"), "invalid size");
+  expect_error("single_submit", std::string("maybe"), "not a boolean");
+  expect_error("direct", std::string("sometimes"), "auto, required, never");
+  expect_error("blocksize", std::string("1M"), "unknown engine option");
+  EXPECT_EQ(c, HandleConfig{}) << "a refused value changes nothing";
+  ASSERT_TRUE(SetConfigKeyFromText(&c, "overlap_events", std::string("yes")).ok());
+  EXPECT_TRUE(c.overlap_events);
+  ASSERT_TRUE(SetConfigKeyFromText(&c, "overlap_events", std::string("0")).ok());
+  EXPECT_FALSE(c.overlap_events);
 }
 
 TEST(ConfigTest, PartialObjectKeepsOtherDefaults) {

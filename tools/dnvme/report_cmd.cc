@@ -32,10 +32,8 @@
 #include "dnvme/config.h"
 #include "dnvme/gds_handle.h"
 #include "dnvme/gpu.h"
+#include "dnvme/mount.h"
 #include "dnvme/pinned.h"
-#include "engine/gpu/cufile.h"
-#include "fs/options.h"
-#include "fs/pipe.h"
 #include "tools/dnvme/cli_util.h"
 #include "tools/dnvme/commands.h"
 #include "tools/dnvme/gpu_cli.h"
@@ -255,10 +253,10 @@ Check CheckDirect(const std::string& dir) {
 }
 
 Check CheckMemlock(bool ipc_lock) {
-  // What a mount with the default options pins (fs/options.h).
-  const fs::MountOptions defaults;
-  const int64_t at_start = defaults.PinnedAtStart();
-  const int64_t peak = defaults.PinnedPeak();
+  // What a mount with the default options pins (the daemon's own numbers).
+  const MountRequirements mount = DefaultMountRequirements();
+  const int64_t at_start = mount.pinned_at_start;
+  const int64_t peak = mount.pinned_peak;
   Check c;
   c.name = "memlock";
   rlimit rl{};
@@ -379,12 +377,13 @@ Check CheckSplicePipes() {
   }
   c.values["pipe_max_size"] = max >= 0 ? Json(max) : Json(nullptr);
   c.values["cap_sys_resource"] = sys_resource;
-  c.values["request_pipe_bytes"] = fs::kRequestPipeBytes;
-  c.ok = sys_resource || max >= fs::kRequestPipeBytes;
+  const int64_t need = DefaultMountRequirements().request_pipe_bytes;
+  c.values["request_pipe_bytes"] = need;
+  c.ok = sys_resource || max >= need;
   c.summary = c.ok ? fmt::format(
                          "a daemon started here gets {} request pipes ({}): page-cache writes go "
                          "to disk without a copy in the daemon",
-                         FormatBytes(fs::kRequestPipeBytes),
+                         FormatBytes(need),
                          sys_resource ? "CAP_SYS_RESOURCE" : "fs.pipe-max-size " + FormatBytes(max))
                    : fmt::format(
                          "fs.pipe-max-size {} and no CAP_SYS_RESOURCE: dnvmefs reads requests "
@@ -505,23 +504,20 @@ Check CheckCufile(bool have_device, const std::string& no_device_reason) {
   c.name = "cufile";
   const GdsOptions defaults;
   c.values["library"] = defaults.cufile_library;
-  Result<const gpu::CuFileDriver*> drv = gpu::CuFileDriver::Get(defaults.cufile_library);
-  const gpu::CuFileDriver* d = drv.ok() ? *drv : nullptr;
-  // The engine reports a failed dlopen as NotFound; any other failure came after it loaded.
-  const bool found = d != nullptr || drv.status().code() != Status::Code::kNotFound;
+  const CuFileProbe d = ProbeCuFile(defaults.cufile_library);
+  const bool found = d.found;
   c.values["found"] = found;
-  c.values["loaded"] = d != nullptr;
-  c.values["error"] = d != nullptr ? Json(nullptr) : Json(drv.status().message());
-  c.values["version"] = d != nullptr && d->version > 0 ? Json(d->version) : Json(nullptr);
+  c.values["loaded"] = d.loaded;
+  c.values["error"] = d.loaded ? Json(nullptr) : Json(d.error);
+  c.values["version"] = d.loaded && d.version > 0 ? Json(d.version) : Json(nullptr);
   bool nvfs_file = false;
   const std::string nvfs_version = ReadTrimmed("/proc/driver/nvidia-fs/version", &nvfs_file);
   c.values["nvidia_fs"] = nvfs_file ? Json(nvfs_version) : Json(nullptr);
-  c.values["nvidia_fs_loaded"] = d != nullptr ? d->nvfs_loaded : nvfs_file;
-  c.values["nvfs_driver_version"] =
-      d != nullptr && d->props.nvfs.major_version > 0
-          ? Json(fmt::format("{}.{}", d->props.nvfs.major_version, d->props.nvfs.minor_version))
-          : Json(nullptr);
-  c.values["p2pdma"] = d != nullptr && d->p2pdma;
+  c.values["nvidia_fs_loaded"] = d.loaded ? d.nvfs_loaded : nvfs_file;
+  c.values["nvfs_driver_version"] = d.loaded && d.nvfs_major > 0
+                                        ? Json(fmt::format("{}.{}", d.nvfs_major, d.nvfs_minor))
+                                        : Json(nullptr);
+  c.values["p2pdma"] = d.loaded && d.p2pdma;
 
   std::string mode_text;
   if (!have_device) {
@@ -544,14 +540,13 @@ Check CheckCufile(bool have_device, const std::string& no_device_reason) {
     }
   }
   std::string lib_text;
-  if (d != nullptr) {
-    lib_text = fmt::format("{} loaded (version {}); nvidia-fs {}; p2pdma {}", d->library,
-                           d->version > 0 ? std::to_string(d->version) : "unknown",
-                           d->nvfs_loaded ? (nvfs_file ? nvfs_version : "loaded") : "not loaded",
-                           d->p2pdma ? "yes" : "no");
+  if (d.loaded) {
+    lib_text = fmt::format("{} loaded (version {}); nvidia-fs {}; p2pdma {}", d.library,
+                           d.version > 0 ? std::to_string(d.version) : "unknown",
+                           d.nvfs_loaded ? (nvfs_file ? nvfs_version : "loaded") : "not loaded",
+                           d.p2pdma ? "yes" : "no");
   } else {
-    lib_text = fmt::format("{}; nvidia-fs {}", drv.status().message(),
-                           nvfs_file ? nvfs_version : "not loaded");
+    lib_text = fmt::format("{}; nvidia-fs {}", d.error, nvfs_file ? nvfs_version : "not loaded");
   }
   c.summary = fmt::format("{}; gds_handle mode: {}", lib_text, mode_text);
   if (!c.ok) {
@@ -561,7 +556,7 @@ Check CheckCufile(bool have_device, const std::string& no_device_reason) {
           "moves GPU memory through the CUDA bounce path";
     } else if (!have_device) {
       c.fix = "no usable GPU: see the gpu check";
-    } else if (d == nullptr) {
+    } else if (!d.loaded) {
       c.fix = "cuFile is installed but its driver does not open (the reason is above)";
     } else {
       c.fix =

@@ -230,12 +230,17 @@ class Progress {
 // Exactly DeepSpeed's "aio" keys, JSON-typed: valid verbatim in every consumer (and in a
 // DeepSpeed config's "aio" section).
 nlohmann::ordered_json ConfigJson(const TunePoint& p) {
+  HandleConfig c;
+  c.block_size = p.block_size;
+  c.queue_depth = p.queue_depth;
+  c.intra_op_parallelism = p.intra_op_parallelism;
+  c.single_submit = p.single_submit;
+  c.overlap_events = p.overlap_events;
+  const nlohmann::json all = nlohmann::json::parse(c.ToJson());
   nlohmann::ordered_json j;
-  j["block_size"] = p.block_size;
-  j["queue_depth"] = p.queue_depth;
-  j["intra_op_parallelism"] = p.intra_op_parallelism;
-  j["single_submit"] = p.single_submit;
-  j["overlap_events"] = p.overlap_events;
+  for (const ConfigKey& k : ConfigKeys()) {
+    if (k.deepspeed) j[k.name] = all.at(k.name);
+  }
   return j;
 }
 

@@ -138,27 +138,42 @@ Result<SweepSpace> SweepSpace::FromJson(std::string_view json) {
     }
     if (!value.is_array()) return Invalid(key, "must be a list of values, got " + value.dump());
     if (value.empty()) return Invalid(key, "the list is empty");
-    if (name == "block_size") {
-      DNVME_ASSIGN_OR_RETURN(s.block_size, ParseSizes(key, value));
-      DNVME_RETURN_IF_ERROR(CheckUnique(key, s.block_size));
-    } else if (name == "queue_depth") {
-      DNVME_ASSIGN_OR_RETURN(s.queue_depth, ParseInts(key, value, /*queue_depth=*/true));
-      DNVME_RETURN_IF_ERROR(CheckUnique(key, s.queue_depth));
-    } else if (name == "intra_op_parallelism") {
-      DNVME_ASSIGN_OR_RETURN(s.intra_op_parallelism, ParseInts(key, value, false));
-      DNVME_RETURN_IF_ERROR(CheckUnique(key, s.intra_op_parallelism));
-    } else if (name == "overlap_events") {
-      DNVME_ASSIGN_OR_RETURN(s.overlap_events,
-                             ParseBools(key, value, /*invert=*/key == "sequential_requests"));
-      DNVME_RETURN_IF_ERROR(CheckUnique(key, s.overlap_events));
-    } else if (name == "single_submit") {
-      DNVME_ASSIGN_OR_RETURN(s.single_submit, ParseBools(key, value, false));
-      DNVME_RETURN_IF_ERROR(CheckUnique(key, s.single_submit));
-    } else {
-      return Invalid(key,
-                     "unknown key; the keys are block_size, queue_depth, overlap_events, "
-                     "single_submit, intra_op_parallelism (or DeepSpeed's io_parallel, "
-                     "sequential_requests)");
+    const ConfigKey* k = FindConfigKey(name);
+    if (k == nullptr || !k->deepspeed) {
+      return Invalid(key, "unknown key; the keys are " + ConfigKeyNames(/*deepspeed_only=*/true) +
+                              " (or DeepSpeed's io_parallel, sequential_requests)");
+    }
+    switch (k->id) {
+      case ConfigKeyId::kBlockSize: {
+        DNVME_ASSIGN_OR_RETURN(s.block_size, ParseSizes(key, value));
+        DNVME_RETURN_IF_ERROR(CheckUnique(key, s.block_size));
+        break;
+      }
+      case ConfigKeyId::kQueueDepth: {
+        DNVME_ASSIGN_OR_RETURN(s.queue_depth, ParseInts(key, value, /*queue_depth=*/true));
+        DNVME_RETURN_IF_ERROR(CheckUnique(key, s.queue_depth));
+        break;
+      }
+      case ConfigKeyId::kIntraOpParallelism: {
+        DNVME_ASSIGN_OR_RETURN(s.intra_op_parallelism, ParseInts(key, value, false));
+        DNVME_RETURN_IF_ERROR(CheckUnique(key, s.intra_op_parallelism));
+        break;
+      }
+      case ConfigKeyId::kOverlapEvents: {
+        DNVME_ASSIGN_OR_RETURN(s.overlap_events,
+                               ParseBools(key, value, /*invert=*/key == "sequential_requests"));
+        DNVME_RETURN_IF_ERROR(CheckUnique(key, s.overlap_events));
+        break;
+      }
+      case ConfigKeyId::kSingleSubmit: {
+        DNVME_ASSIGN_OR_RETURN(s.single_submit, ParseBools(key, value, false));
+        DNVME_RETURN_IF_ERROR(CheckUnique(key, s.single_submit));
+        break;
+      }
+      case ConfigKeyId::kDirect:
+      case ConfigKeyId::kFdatasyncOnWrite:
+      case ConfigKeyId::kBounceBytesPerWorker:
+        return Invalid(key, "is not one of DeepSpeed's keys, which the tuner sweeps");
     }
   }
   return s;
