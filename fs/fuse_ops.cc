@@ -24,6 +24,7 @@
 #include "engine/common/log.h"
 #include "fs/caps.h"
 #include "fs/fs.h"
+#include "fs/fuse_status.h"
 #include "fs/virtual.h"
 
 namespace dnvme::fs {
@@ -130,10 +131,10 @@ void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
   }
 }
 
-int StatInode(Fs& fs, Inode& in, struct stat* st) {
+int StatInode(Inode& in, struct stat* st) {
   if (fstatat(in.fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
   // Data accepted by write-behind counts, though the backing file has not seen it yet.
-  if (S_ISREG(st->st_mode)) fs.ApplyPending(in, st);
+  if (S_ISREG(st->st_mode)) in.wb.ApplyPending(st);
   return 0;
 }
 
@@ -275,7 +276,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (VirtualGetattr(req, ino)) return;
   Fs& fs = FsOf(req);
   struct stat st {};
-  int err = StatInode(fs, fs.GetInode(ino), &st);
+  int err = StatInode(fs.GetInode(ino), &st);
   if (err) {
     fuse_reply_err(req, err);
   } else {
@@ -303,8 +304,8 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
     // mode it cleared already (applied above) but not the rest of ext4's rule (KillPrivs).
     if (fuse_req_ctx(req)->uid != 0) err = KillPrivs(req, in);
     // Pending write-behind data must not land after (and undo) the truncation.
-    if (!err) err = fs.Drain(in, /*take_error=*/false);
-    fs.InvalidateReadAhead(in);
+    if (!err) err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+    in.ra.Invalidate();
     if (!err) {
       int rc =
           fi ? ftruncate(Fh(fi).fd.get(), attr->st_size) : truncate(proc.c_str(), attr->st_size);
@@ -328,7 +329,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
       tv[1] = attr->st_mtim;
     }
     // Write-behind flushes would move mtime after we set it: land them first.
-    if (S_ISREG(in.type)) err = fs.Drain(in, /*take_error=*/false);
+    if (S_ISREG(in.type)) err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
     if (!err) {
       int rc = fi ? futimens(Fh(fi).fd.get(), tv) : utimensat(AT_FDCWD, proc.c_str(), tv, 0);
       if (rc != 0) err = errno;
@@ -589,10 +590,10 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     fuse_reply_err(req, ENOMEM);
     return;
   }
-  Fs::ReadReply reply;
-  ssize_t n = fs.Read(fh, scratch, size, off, &reply);
-  if (n < 0) {
-    fuse_reply_err(req, static_cast<int>(-n));
+  ReadReply reply;
+  Result<int64_t> n = fs.Read(fh, scratch, size, off, &reply);
+  if (!n.ok()) {
+    fuse_reply_err(req, ErrnoOf(n.status()));
   } else {
     fuse_reply_iov(req, reply.iov.data(), static_cast<int>(reply.iov.size()));
   }
@@ -613,7 +614,7 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
     return;
   }
   WriteSource src(bufv);
-  int err = FsOf(req).Write(Fh(fi), src, size, off, scratch);
+  int err = ErrnoOf(FsOf(req).Write(Fh(fi), src, size, off, scratch));
   if (err) {
     fuse_reply_err(req, err);
   } else {
@@ -625,7 +626,7 @@ void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (VirtualNoop(req, ino)) return;
   // close(2): hand the writer any write-behind error; the data need not be durable yet.
   FileHandle& fh = Fh(fi);
-  int err = S_ISREG(fh.inode->type) ? FsOf(req).Drain(*fh.inode, /*take_error=*/true) : 0;
+  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
   fuse_reply_err(req, err);
 }
 
@@ -633,10 +634,12 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (VirtualRelease(req, ino, fi)) return;
   FileHandle* fh = &Fh(fi);
   if (S_ISREG(fh->inode->type)) {
-    int err = FsOf(req).Drain(*fh->inode, /*take_error=*/false);
-    if (err) Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, err);
+    Status st = fh->inode->wb.Drain(/*take_error=*/false);
+    if (!st.ok()) {
+      Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, st.ToString());
+    }
     // Read-ahead in flight uses the inode, which may be forgotten once no file is open.
-    FsOf(req).QuiesceReadAhead(*fh->inode);
+    fh->inode->ra.Quiesce();
   }
   FsOf(req).Dispose(fh);
   fuse_reply_err(req, 0);
@@ -645,7 +648,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
   if (VirtualNoop(req, ino)) return;
   FileHandle& fh = Fh(fi);
-  int err = S_ISREG(fh.inode->type) ? FsOf(req).Drain(*fh.inode, /*take_error=*/true) : 0;
+  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
   if (!err) {
     int rc = datasync ? fdatasync(fh.fd.get()) : fsync(fh.fd.get());
     if (rc != 0) err = errno;
@@ -848,8 +851,8 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
   if (RefuseVirtual(req, ino, EOPNOTSUPP)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
-  int err = fs.Drain(in, /*take_error=*/false);
-  fs.InvalidateReadAhead(in);
+  int err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+  in.ra.Invalidate();
   if (!err && fallocate(Fh(fi).fd.get(), mode, offset, length) != 0) err = errno;
   fuse_reply_err(req, err);
 }
@@ -857,7 +860,7 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
 void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
   if (RefuseVirtual(req, ino, EINVAL)) return;
   Fs& fs = FsOf(req);
-  int err = fs.Drain(fs.GetInode(ino), /*take_error=*/false);
+  int err = ErrnoOf(fs.GetInode(ino).wb.Drain(/*take_error=*/false));
   if (err) {
     fuse_reply_err(req, err);
     return;
@@ -941,7 +944,13 @@ std::string MountCounters::ToJson() const {
   return j.dump();
 }
 
-Fs::Fs(MountOptions opts) : opts_(std::move(opts)) {
+Fs::Fs(MountOptions opts)
+    : opts_(std::move(opts)),
+      ctl_dir_(&wb_shared_, &ra_shared_),
+      ctl_node_(&wb_shared_, &ra_shared_),
+      stats_node_(&wb_shared_, &ra_shared_),
+      config_node_(&wb_shared_, &ra_shared_),
+      root_(&wb_shared_, &ra_shared_) {
   ctl_limits_.max_handles = opts_.ctl_max_handles;
   ctl_limits_.max_buffer_bytes = opts_.ctl_max_bytes;
 }
@@ -1017,13 +1026,17 @@ Status Fs::Start() {
   // One writer thread per extent in flight; the pipes beyond that queue up behind them.
   if (wb_pipes_) splicers_ = std::make_unique<SpliceWorkers>(static_cast<int>(kSpliceThreads));
   if (opts_.read_ahead > 0) {
-    ra_chunk_ = std::min<int64_t>(opts_.read_ahead, 4 << 20);
+    const int64_t chunk = std::min<int64_t>(opts_.read_ahead, 4 << 20);
     // Room for kReadAheadWindows sequential readers' windows; more readers share what is free.
-    const size_t n = static_cast<size_t>(kReadAheadWindows * opts_.read_ahead / ra_chunk_);
-    auto pool = PinnedPool::Create(static_cast<size_t>(ra_chunk_), n);
+    const size_t n = static_cast<size_t>(kReadAheadWindows * opts_.read_ahead / chunk);
+    auto pool = PinnedPool::Create(static_cast<size_t>(chunk), n);
     if (!pool.ok()) return pool.status().WithContext("read-ahead buffers (read_ahead=)");
     ra_pool_ = std::move(pool).value();
   }
+  auto engine = [this] { return Engine(); };
+  wb_shared_ = {wb_pool_.get(),    wb_pipes_.get(), splicers_.get(),
+                opts_.write_chunk, engine,          &counters_};
+  ra_shared_ = {ra_pool_.get(), opts_.read_ahead, engine, &counters_};
   if (opts_.async_reply) {
     // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
     auto pool = PinnedPool::Create(static_cast<size_t>(kMaxFuseRequestBytes), kAsyncReplyBuffers);
@@ -1035,6 +1048,8 @@ Status Fs::Start() {
 
 Status Fs::Preflight() {
   Status st = Start();
+  wb_shared_ = WriteBehindShared();
+  ra_shared_ = ReadAheadShared();
   reply_pool_.reset();
   ra_pool_.reset();
   wb_pool_.reset();
@@ -1070,8 +1085,10 @@ void Fs::DrainAll() {
   // Inodes cannot be forgotten while we drain: the session loop has stopped (destroy/unmount).
   for (Inode* in : all) {
     if (S_ISREG(in->type)) {
-      int err = Drain(*in, false);
-      if (err) Logger().error("write-behind data of inode {} lost at exit: errno {}", in->ino, err);
+      Status st = in->wb.Drain(/*take_error=*/false);
+      if (!st.ok()) {
+        Logger().error("write-behind data of inode {} lost at exit: {}", in->ino, st.ToString());
+      }
     }
   }
 }
@@ -1100,7 +1117,7 @@ int Fs::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
       in = it->second.get();
       close(fd);  // the inode already holds one
     } else {
-      auto fresh = std::make_unique<Inode>();
+      auto fresh = std::make_unique<Inode>(&wb_shared_, &ra_shared_);
       fresh->fd = fd;
       fresh->dev = st.st_dev;
       fresh->ino = st.st_ino;
@@ -1110,7 +1127,7 @@ int Fs::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
     }
     ++in->nlookup;
   }
-  if (S_ISREG(st.st_mode)) ApplyPending(*in, &st);
+  if (S_ISREG(st.st_mode)) in->wb.ApplyPending(&st);
   e->ino = reinterpret_cast<fuse_ino_t>(in);
   e->attr = st;
   e->attr_timeout = kTimeout;

@@ -445,17 +445,15 @@ void Fs::Unpin(Inode* in) { Forget(reinterpret_cast<fuse_ino_t>(in), 1); }
 
 Status Fs::DrainForExternal(Inode& in) {
   if (!S_ISREG(in.type)) return Status::Ok();
-  int err = Drain(in, /*take_error=*/false);
-  if (err) {
-    return Status::IoError(err, std::string("data written through the mount earlier did not reach "
-                                            "the disk: ") +
-                                    std::strerror(err));
+  Status st = in.wb.Drain(/*take_error=*/false);
+  if (!st.ok()) {
+    return st.WithContext("data written through the mount earlier did not reach the disk");
   }
   return Status::Ok();
 }
 
 void Fs::AfterExternalWrite(Inode& in) {
-  InvalidateReadAhead(in);
+  in.ra.Invalidate();
   if (se_ == nullptr) return;
   int rc = fuse_lowlevel_notify_inval_inode(se_, reinterpret_cast<fuse_ino_t>(&in), 0, 0);
   if (rc != 0 && rc != -ENOENT) {

@@ -49,7 +49,13 @@ struct OpState {
     }
     cv_.notify_all();
     // No lock held and nothing written to `result` after done_: the callback may read it freely.
-    if (on_done) on_done(result);
+    // It is destroyed as soon as it returns, not with the op, so what it captured (a pool's
+    // buffer) goes back at once.
+    if (on_done) {
+      Completion done = std::move(on_done);
+      on_done = nullptr;
+      done(result);
+    }
   }
 
   void WaitDone() {

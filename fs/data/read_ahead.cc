@@ -1,0 +1,92 @@
+#include "fs/data/read_ahead.h"
+
+#include <algorithm>
+
+namespace dnvme::fs {
+
+int ReadAhead::inflight() {
+  std::lock_guard g(m_);
+  return inflight_;
+}
+
+void ReadAhead::Invalidate() {
+  std::lock_guard lock(m_);
+  chunks_.clear();
+  next_ = -1;
+}
+
+void ReadAhead::Quiesce() {
+  std::unique_lock lock(m_);
+  cv_.wait(lock, [&] { return inflight_ == 0; });
+  chunks_.clear();
+  next_ = -1;
+}
+
+void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size) {
+  const auto chunk_bytes = static_cast<int64_t>(shared_->chunks->buffer_size());
+  const int64_t window_end = std::min(file_size, from + shared_->window);
+  int64_t next = from / chunk_bytes * chunk_bytes;
+  for (const auto& c : chunks_) next = std::max(next, c->offset + c->length);
+  std::shared_ptr<AioHandle> engine;
+  while (next < window_end) {
+    PinnedPool::Lease lease = shared_->chunks->TryAcquire();
+    if (!lease) return;  // the pool is shared by all readers; try again on the next read
+    auto chunk = std::make_shared<RaChunk>();
+    chunk->offset = next;
+    chunk->length = std::min(chunk_bytes, file_size - next);
+    chunk->buf = std::make_shared<PinnedPool::Lease>(std::move(lease));
+    if (!engine) engine = shared_->engine();
+    ++inflight_;
+    shared_->counters->read_ahead_fetches.fetch_add(1, std::memory_order_relaxed);
+    Status st = engine->submit_pread(chunk->buf->data(), chunk->length, file, chunk->offset,
+                                     [this, chunk](const OpResult& r) {
+                                       {
+                                         std::lock_guard g(m_);
+                                         chunk->status = r.status;
+                                         chunk->ready = true;
+                                         --inflight_;
+                                       }
+                                       cv_.notify_all();
+                                     });
+    if (!st.ok()) {
+      --inflight_;
+      return;  // nothing fetched ahead; the reader's own read reports any real error
+    }
+    chunks_.push_back(chunk);
+    next += chunk->length;
+  }
+}
+
+int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size,
+                         ReadReply* reply) {
+  if (shared_->chunks == nullptr) return 0;
+  std::unique_lock lock(m_);
+  const bool sequential = off == next_;
+  next_ = off + n;
+  // Drop chunks wholly behind the reader; they will not be asked for again.
+  std::erase_if(chunks_, [&](const std::shared_ptr<RaChunk>& c) {
+    return c->ready && c->offset + c->length <= off;
+  });
+  if (sequential) StartLocked(file, off, file_size);
+  int64_t copied = 0;
+  while (copied < n) {
+    const int64_t pos = off + copied;
+    std::shared_ptr<RaChunk> c;
+    for (const auto& x : chunks_) {
+      if (x->offset <= pos && pos < x->offset + x->length) c = x;
+    }
+    if (!c) break;
+    cv_.wait(lock, [&] { return c->ready; });
+    if (!c->status.ok()) break;
+    const int64_t k = std::min(n - copied, c->offset + c->length - pos);
+    // No copy here: the reply points into the chunk, which the reply keeps alive.
+    reply->iov.push_back({c->buf->data() + (pos - c->offset), static_cast<size_t>(k)});
+    reply->pins.push_back(c);
+    copied += k;
+  }
+  shared_->counters->bytes_read_ahead_hit.fetch_add(static_cast<uint64_t>(copied),
+                                                    std::memory_order_relaxed);
+  return copied;
+}
+
+}  // namespace dnvme::fs

@@ -1,0 +1,48 @@
+// WriteSource: a WRITE request's payload as the data path consumes it.
+//
+// libfuse hands a WRITE's bytes over as a buffer vector: plain memory (the request was read(2)
+// into a session-loop buffer) or, when the loop spliced the request, a pipe holding references
+// to the request's pages. The data path takes them in order, in whichever way costs least: a
+// copy into a pinned chunk, page references spliced into a write-behind pipe, or the whole
+// request buffer adopted (fs/request_buffer.h).
+//
+// Thread contract: one WriteSource per request, used by the thread handling it.
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fs/request_buffer.h"
+
+namespace dnvme::fs {
+
+class WriteSource {
+ public:
+  explicit WriteSource(fuse_bufvec* src) : src_(src) {}
+  // Moves the next `n` bytes into `dst`; false (errno set) on failure.
+  bool CopyTo(char* dst, size_t n);
+  // True when the bytes are still in the request pipe (the session loop spliced the request).
+  bool in_pipe() const;
+  // Moves up to `n` of the next bytes, as page references, into the pipe `pipe_w` without
+  // blocking. Returns the bytes moved (fewer when that pipe is full) or -errno.
+  int64_t SpliceTo(int pipe_w, size_t n);
+  // True when the rest of the request is one page-aligned piece of the buffer the session loop
+  // received it in: Adopt can take it.
+  bool adoptable() const;
+  // The rest of the request (exactly `n` bytes) when it is one piece of memory, marked consumed;
+  // null otherwise. Valid until the handler returns.
+  const char* InMemory(size_t n);
+  // Takes the buffer holding the rest of the request (exactly `n` bytes) from the session loop
+  // instead of copying out of it; empty when it is not adoptable or the loop's pool has no
+  // buffer to replace it with.
+  RequestBuffer Adopt(size_t n);
+
+ private:
+  // The rest of the request when it is one piece of memory, its size in `n`; null otherwise.
+  const char* RestInMemory(size_t* n) const;
+  fuse_bufvec* src_;
+};
+
+}  // namespace dnvme::fs
