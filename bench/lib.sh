@@ -34,7 +34,7 @@ drop_caches() {
 # (--settle) before the next timed write. On the reference VM (ext4 mounted with online
 # `discard`, on a virtual disk) a write that starts right after 1 GiB was freed ran at 0.2-0.3
 # GiB/s instead of 1.5-2 for its first few hundred MiB, whichever variant came next; 2 s after
-# the sync it no longer did (docs/performance.md, "Mount, sixth run").
+# the sync it no longer did (docs/performance-journal.md, "Mount, sixth run").
 SETTLE=${SETTLE:-3}
 settle_after_delete() {
   [[ $SETTLE =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--settle '$SETTLE' is not a number of seconds"

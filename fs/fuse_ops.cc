@@ -216,8 +216,8 @@ void RaiseKernelReadAhead(const std::string& mountpoint, int64_t bytes) {
 
 void OpInit(void* userdata, fuse_conn_info* conn) {
   Fs& fs = *static_cast<Fs*>(userdata);
-  // Measured on the reference VM (docs/performance.md): 512 KiB-1 MiB is best, 4 MiB and more
-  // lose to the daemon's own read-ahead (the kernel then floods us with parallel requests).
+  // Measured on the reference VM (docs/performance-journal.md): 512 KiB-1 MiB is best, 4 MiB and
+  // more lose to the daemon's own read-ahead (the kernel then floods us with parallel requests).
   if (fs.opts().read_ahead > 0) RaiseKernelReadAhead(fs.opts().mountpoint, 1 << 20);
   // 1 MiB requests (libfuse 3.14's buffer limit), parallel reads, async direct I/O so a libaio
   // client's requests reach us concurrently, splice where the kernel offers it.
@@ -485,7 +485,7 @@ void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   // writes through the page cache cost the daemon no copy at all (fs/splice_io.h): keep
   // the page cache. Otherwise every byte would be copied into the page cache, out of it into
   // the daemon, and into a chunk: direct_io saves the first of those. Measured with dd bs=1M
-  // (docs/performance.md): same GiB/s either way when spliced, a quarter of the daemon CPU.
+  // (docs/performance-journal.md): same GiB/s either way when spliced, a quarter of the daemon CPU.
   fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY && !fs.SplicesWrites() ? 1 : 0;
   fi->noflush = 0;
   // Otherwise the kernel copies a write's data into its page cache first and, when the session

@@ -48,7 +48,7 @@ struct MountOptions {
   int64_t read_ahead = 16 << 20;    // bytes read ahead per sequential reader (0 disables)
   // O_DIRECT clients' reads: submit to the engine and answer from its completion callback, so a
   // FUSE thread is free for the next request at once. Off by default: measured 2x slower here
-  // (docs/performance.md), because the 1 MiB reply copies then run on the engine worker's
+  // (docs/performance-journal.md), because the 1 MiB reply copies then run on the engine worker's
   // thread, one after another, instead of on many FUSE threads in parallel.
   bool async_reply = false;
   // Receive requests with splice (fs/session_loop.h) and write page-cache-backed writers' data
@@ -58,7 +58,7 @@ struct MountOptions {
   // libfuse's multi-threaded loop with one /dev/fuse fd per worker thread (clone_fd), instead of
   // ours (fs/session_loop.h): no spliced requests then. Off by default: on the 2-core reference
   // VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio without it
-  // and 0.61-0.70 with it; reads within noise (docs/performance.md). Worth re-measuring on
+  // and 0.61-0.70 with it; reads within noise (docs/performance-journal.md). Worth re-measuring on
   // many-core machines.
   bool clone_fd = false;
   // Control-file limits per uid (docs/control-protocol.md): engine handles open, and bytes of
@@ -67,7 +67,8 @@ struct MountOptions {
   // fixed pool (libfuse's loop grows to 64 on demand): enough for the kernel's background
   // requests, which are answered without blocking, and for handlers that wait (fsync, a full
   // write-behind, long control-file transfers). 4, 16 and 64 measured the same here
-  // (docs/performance.md); each thread that reads or writes synchronously pins a 1 MiB buffer.
+  // (docs/performance-journal.md); each thread that reads or writes synchronously pins a 1 MiB
+  // buffer.
   int loop_threads = 32;
   int64_t ctl_max_handles = 8;
   int64_t ctl_max_bytes = int64_t{64} << 30;

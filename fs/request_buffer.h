@@ -4,7 +4,7 @@
 // Why: a WRITE that is read(2) from /dev/fuse (every WRITE of an O_DIRECT client, and every
 // WRITE when requests are not spliced) is copied by the kernel into the loop thread's buffer.
 // Copying it once more into a write-behind chunk was a third of the daemon's CPU for O_DIRECT
-// writers (perf: docs/performance.md). The loop therefore reads every request at
+// writers (perf: docs/performance-journal.md). The loop therefore reads every request at
 // kRequestReadOffset into an aligned buffer, which puts a WRITE's payload (after its 80 bytes of
 // headers) on a page boundary: the payload can itself be the source of an O_DIRECT write. The
 // data path adopts the whole buffer (AdoptRequestBuffer) and the loop thread receives its next

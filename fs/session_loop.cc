@@ -52,7 +52,7 @@ Result<std::unique_ptr<SessionLoop>> SessionLoop::Create(fuse_session* se, int t
   if (splice) {
     // 512 slots take any 1 MiB request. Smaller pipes would need a smaller max_write, which
     // splits 1 MiB client writes in two and costs O_DIRECT clients far more than splicing
-    // saves (measured: docs/performance.md), so without them requests are read(2).
+    // saves (measured: docs/performance-journal.md), so without them requests are read(2).
     for (int i = 0; i < threads; ++i) {
       auto p = Pipe::Create(kRequestPipeBytes);
       auto peek = Pipe::Create(static_cast<int64_t>(kWriteHeaderBytes));

@@ -10,7 +10,7 @@
 // kernel refuses a direct write from the pipe (EINVAL: pages not aligned for O_DIRECT) the rest is
 // read out and written through the engine by the caller's fallback.
 //
-// (The read side was tried the same way, and measured no better here: docs/performance.md.)
+// (The read side was tried the same way, and measured no better here: docs/performance-journal.md.)
 #pragma once
 
 #include <condition_variable>

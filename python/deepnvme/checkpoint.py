@@ -353,7 +353,7 @@ def default_read_handle():
     """The handle load() uses when none is given: two workers, because the fallback reader
     (_DirectReader) reads into storages torch allocated, not page-aligned, so its large reads
     land through pinned bounce buffers and the copy out of them is CPU work worth spreading
-    (docs/performance.md). The zip reader needs no bounce copy (its memory agrees with each
+    (docs/performance-journal.md). The zip reader needs no bounce copy (its memory agrees with each
     record modulo the page)."""
     global _default_read
     with _default_lock:
