@@ -32,20 +32,20 @@
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "engine/posix/file.h"
-#include "fs/control.h"
+#include "fs/control/control.h"
 #include "fs/data/counters.h"
 #include "fs/data/read_ahead.h"
+#include "fs/data/splice_io.h"
 #include "fs/data/write_behind.h"
 #include "fs/data/write_source.h"
 #include "fs/options.h"
-#include "fs/pipe.h"
-#include "fs/request_buffer.h"
-#include "fs/splice_io.h"
+#include "fs/transport/pipe.h"
+#include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
 
-// The control directory and its files (fs/virtual.cc): served by the daemon, never stored in
-// BACKING_DIR. kNone is every real inode.
+// The control directory and its files (fs/control/virtual.cc): served by the daemon, never stored
+// in BACKING_DIR. kNone is every real inode.
 enum class VirtualNode : uint8_t { kNone, kCtlDir, kCtl, kStats, kConfig };
 inline constexpr const char* kCtlDirName = ".dnvme";
 
@@ -89,7 +89,7 @@ struct FileHandle : OpenHandle {
   Inode* inode = nullptr;
 };
 
-class Fs {
+class Fs : public ControlCore {
  public:
   explicit Fs(MountOptions opts);
   ~Fs();
@@ -119,10 +119,10 @@ class Fs {
   // (by the next config.set or Stop, on a thread that holds no inode lock), which also waits for
   // their in-flight operations.
   std::shared_ptr<AioHandle> Engine();
-  HandleConfig EngineConfig();
+  HandleConfig EngineConfig() override;
   // Applies a JSON object of HandleConfig keys on top of the live configuration (new I/O uses
   // it at once; no remount). Returns the resulting configuration.
-  Result<HandleConfig> SetEngineConfig(const std::string& json_patch);
+  Result<HandleConfig> SetEngineConfig(const std::string& json_patch) override;
   void set_session(fuse_session* se) { se_ = se; }
   // True when page-cache WRITEs can reach the disk without a copy (pipes were reserved).
   bool SplicesWrites() const { return wb_pipes_ != nullptr; }
@@ -132,34 +132,34 @@ class Fs {
     return wb_pipes_ && splice_score_.load(std::memory_order_relaxed) > 0;
   }
 
-  // ---- Control plane (fs/virtual.cc) ----
+  // ---- Control plane (fs/control/virtual.cc) ----
   Inode& VirtualInode(VirtualNode kind);
-  CtlCounters& ctl_counters() { return ctl_counters_; }
-  const CtlLimits& ctl_limits() const { return ctl_limits_; }
-  static std::string version();
+  CtlCounters& ctl_counters() override { return ctl_counters_; }
+  const CtlLimits& ctl_limits() const override { return ctl_limits_; }
   // Root (uid 0) or the user the daemon runs as may change the live configuration.
-  bool MayReconfigure(uid_t uid) const;
-  std::string StatsJson();
-  int root_fd() const { return root_.fd; }
+  bool MayReconfigure(uid_t uid) const override;
+  std::string StatsJson() override;
+  int root_fd() const override { return root_.fd; }
+  const std::string& mountpoint() const override { return opts_.mountpoint; }
   // Takes a reference on the inode the kernel knows for (dev, ino), so it cannot be forgotten
   // while a control transfer uses it; null when the kernel has never looked the file up.
-  Inode* PinInode(dev_t dev, ino_t ino);
-  void Unpin(Inode* in);
+  Inode* PinInode(dev_t dev, ino_t ino) override;
+  void Unpin(Inode* in) override;
   // Lands the inode's write-behind data (and reports its sticky error without taking it).
-  Status DrainForExternal(Inode& in);
+  Status DrainForExternal(Inode& in) override;
   // After bytes reached the backing file outside the FUSE data path: drop read-ahead and the
   // kernel's cached pages and attributes of the inode.
-  void AfterExternalWrite(Inode& in);
+  void AfterExternalWrite(Inode& in) override;
   // After a file was created in BACKING_DIR outside FUSE: drop the kernel's negative dentry.
-  void AfterExternalCreate(const std::string& dir_rel, const std::string& name);
+  void AfterExternalCreate(const std::string& dir_rel, const std::string& name) override;
   // Per-uid limits of the control plane.
-  Status TakeHandleQuota(uid_t uid);
-  void ReleaseHandleQuota(uid_t uid);
-  Status TakeBufferQuota(uid_t uid, int64_t bytes);
-  void ReleaseBufferQuota(uid_t uid, int64_t bytes);
+  Status TakeHandleQuota(uid_t uid) override;
+  void ReleaseHandleQuota(uid_t uid) override;
+  Status TakeBufferQuota(uid_t uid, int64_t bytes) override;
+  void ReleaseBufferQuota(uid_t uid, int64_t bytes) override;
   // Control-file engines (for the stats): registered at handle.open, unregistered at close.
-  void AddCtlEngine(AioHandle* h);
-  void RemoveCtlEngine(AioHandle* h);
+  void AddCtlEngine(AioHandle* h) override;
+  void RemoveCtlEngine(AioHandle* h) override;
 
   // Open-handle bookkeeping: Track when created, Dispose at release; the rest go with Fs.
   void Track(OpenHandle* h);
@@ -171,7 +171,7 @@ class Fs {
   int DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e);
   void Forget(fuse_ino_t ino, uint64_t n);
 
-  // The data path (fs/data_path.cc): the inode's WriteBehind and ReadAhead, and the engine.
+  // The data path (fs/data/data_path.cc): the inode's WriteBehind and ReadAhead, and the engine.
   // Accepts a WRITE (read-ahead dropped, the receive mode's splice hint updated).
   // `scratch` (pinned, aligned, at least `size` bytes) holds data that is written synchronously.
   Status Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* scratch);
@@ -233,7 +233,7 @@ class Fs {
   Inode root_;
 };
 
-// The FUSE low-level operations table (fs/fuse_ops.cc).
+// The FUSE low-level operations table (fs/fuse/ops_table.cc; the ops in fs/fuse/ops_*.cc).
 const fuse_lowlevel_ops& Operations();
 
 }  // namespace dnvme::fs

@@ -23,7 +23,7 @@
 #include "fs/caps.h"
 #include "fs/fs.h"
 #include "fs/options.h"
-#include "fs/session_loop.h"
+#include "fs/transport/session_loop.h"
 
 #ifndef DNVME_VERSION
 #define DNVME_VERSION "unknown"
@@ -204,7 +204,8 @@ int main(int argc, char** argv) {
     // through the control file.
     if (daemonized) dnvme::gpu::AllowCudaInit();
     // Our loop (unless clone_fd asks for libfuse's) and its pipes come before the capability
-    // drop: pipes big enough for a 1 MiB request need CAP_SYS_RESOURCE (fs/session_loop.h).
+    // drop: pipes big enough for a 1 MiB request need CAP_SYS_RESOURCE
+    // (fs/transport/session_loop.h).
     std::unique_ptr<dnvme::fs::SessionLoop> loop;
     dnvme::Status loop_st;
     if (daemonized && !opts.clone_fd) {

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "dnvme/mount.h"
-#include "fs/pipe.h"
+#include "fs/transport/pipe.h"
 
 namespace dnvme::fs {
 namespace {

@@ -26,7 +26,7 @@ inline constexpr int64_t kMaxFuseRequestBytes = int64_t{1} << 20;
 // async_reply: one 1 MiB buffer per read an O_DIRECT client can have in flight at the kernel's
 // limit.
 inline constexpr int kAsyncReplyBuffers = 64;
-// Threads for spliced write-behind flushes (fs/splice_io.h): each keeps one extent in flight
+// Threads for spliced write-behind flushes (fs/data/splice_io.h): each keeps one extent in flight
 // (splice blocks until its transfer is done).
 inline constexpr size_t kSpliceThreads = 16;
 // Smallest pipe worth holding an extent in (a small write_chunk gets pipes of its own size).
@@ -51,20 +51,20 @@ struct MountOptions {
   // (docs/performance-journal.md), because the 1 MiB reply copies then run on the engine worker's
   // thread, one after another, instead of on many FUSE threads in parallel.
   bool async_reply = false;
-  // Receive requests with splice (fs/session_loop.h) and write page-cache-backed writers' data
-  // to disk from the kernel's own pages (fs/splice_io.h): no copy in the daemon. Needs the
-  // daemon's own loop (not clone_fd) and pipes sized before the capability drop.
+  // Receive requests with splice (fs/transport/session_loop.h) and write page-cache-backed writers'
+  // data to disk from the kernel's own pages (fs/data/splice_io.h): no copy in the daemon. Needs
+  // the daemon's own loop (not clone_fd) and pipes sized before the capability drop.
   bool splice_read = true;
   // libfuse's multi-threaded loop with one /dev/fuse fd per worker thread (clone_fd), instead of
-  // ours (fs/session_loop.h): no spliced requests then. Off by default: on the 2-core reference
-  // VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio without it
-  // and 0.61-0.70 with it; reads within noise (docs/performance-journal.md). Worth re-measuring on
-  // many-core machines.
+  // ours (fs/transport/session_loop.h): no spliced requests then. Off by default: on the 2-core
+  // reference VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio
+  // without it and 0.61-0.70 with it; reads within noise (docs/performance-journal.md). Worth
+  // re-measuring on many-core machines.
   bool clone_fd = false;
   // Control-file limits per uid (docs/control-protocol.md): engine handles open, and bytes of
   // client shared memory registered, over all of that uid's ctl sessions.
-  // Threads of the request loop (fs/session_loop.h), each blocked in /dev/fuse when idle. A
-  // fixed pool (libfuse's loop grows to 64 on demand): enough for the kernel's background
+  // Threads of the request loop (fs/transport/session_loop.h), each blocked in /dev/fuse when idle.
+  // A fixed pool (libfuse's loop grows to 64 on demand): enough for the kernel's background
   // requests, which are answered without blocking, and for handlers that wait (fsync, a full
   // write-behind, long control-file transfers). 4, 16 and 64 measured the same here
   // (docs/performance-journal.md); each thread that reads or writes synchronously pins a 1 MiB
@@ -85,8 +85,8 @@ struct MountOptions {
            (async_reply ? kAsyncReplyBuffers * kMaxFuseRequestBytes : 0);
   }
   // Request buffers (1 MiB each, not pinned) write-behind may hold instead of copying their
-  // WRITE payloads into chunks (fs/request_buffer.h): as many as the write-behind budget has
-  // bytes, on top of one per loop thread.
+  // WRITE payloads into chunks (fs/transport/request_buffer.h): as many as the write-behind budget
+  // has bytes, on top of one per loop thread.
   size_t AdoptableRequestBuffers() const {
     return static_cast<size_t>(write_behind / kMaxFuseRequestBytes);
   }

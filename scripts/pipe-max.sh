@@ -1,4 +1,4 @@
-# Sourced helper: dnvmefs splices FUSE requests through 2 MiB pipes (fs/session_loop.h), which a
+# Sourced helper: dnvmefs splices FUSE requests through 2 MiB pipes (fs/transport/session_loop.h), which a
 # daemon can create only with CAP_SYS_RESOURCE or when fs.pipe-max-size >= 2 MiB. Containers
 # often lack the capability. These functions raise the sysctl around a mount start and put the
 # old value back afterwards (pipes keep the size they were given), saying so on stderr.

@@ -19,12 +19,12 @@ struct MountCounters {
   std::atomic<uint64_t> write_behind_flushes{0};
   std::atomic<uint64_t> read_ahead_fetches{0};
   std::atomic<uint64_t> errors{0};
-  // Spliced write-behind (fs/splice_io.h): bytes that went to the disk from the kernel's pages,
-  // and spliced extents the kernel refused and the engine wrote instead.
+  // Spliced write-behind (fs/data/splice_io.h): bytes that went to the disk from the kernel's
+  // pages, and spliced extents the kernel refused and the engine wrote instead.
   std::atomic<uint64_t> bytes_written_spliced{0};
   std::atomic<uint64_t> bytes_splice_fallback{0};
   // Part of bytes_written_behind written by the engine straight from the request buffer it was
-  // received in (fs/request_buffer.h), without a copy into a chunk.
+  // received in (fs/transport/request_buffer.h), without a copy into a chunk.
   std::atomic<uint64_t> bytes_written_adopted{0};
   std::string ToJson() const;
 };

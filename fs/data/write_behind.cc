@@ -173,7 +173,7 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
   size_t done = 0;
   bool splice_ok = true;  // cleared if a pipe refuses the request's pages
   // The whole payload, page-aligned in the buffer the session loop received it in, for a
-  // page-aligned file range: that buffer can be written as it is (fs/request_buffer.h).
+  // page-aligned file range: that buffer can be written as it is (fs/transport/request_buffer.h).
   bool adopt_ok = size >= kAdoptMinBytes && src.adoptable() && size % kAlign == 0 &&
                   off % kAlign == 0 && static_cast<int64_t>(size) <= write_chunk;
   while (done < size) {

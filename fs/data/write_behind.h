@@ -13,7 +13,7 @@
 //   kPipe     a pipe holding references to the kernel's page-cache pages of the data (spliced
 //             requests of page-cache writers): flushed by the splice writer with no copy at all;
 //   kAdopted  the request buffers themselves (payloads of 256 KiB and more that the session loop
-//             received page-aligned, fs/request_buffer.h): one engine write per buffer.
+//             received page-aligned, fs/transport/request_buffer.h): one engine write per buffer.
 // Extents start at 4 KiB-aligned file offsets so their flushes stay O_DIRECT. Two extents that
 // overlap never fly at once (O_DIRECT writes complete in any order).
 //
@@ -37,10 +37,10 @@
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
 #include "fs/data/counters.h"
+#include "fs/data/splice_io.h"
 #include "fs/data/write_source.h"
-#include "fs/pipe.h"
-#include "fs/request_buffer.h"
-#include "fs/splice_io.h"
+#include "fs/transport/pipe.h"
+#include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
 

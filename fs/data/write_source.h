@@ -4,7 +4,7 @@
 // into a session-loop buffer) or, when the loop spliced the request, a pipe holding references
 // to the request's pages. The data path takes them in order, in whichever way costs least: a
 // copy into a pinned chunk, page references spliced into a write-behind pipe, or the whole
-// request buffer adopted (fs/request_buffer.h).
+// request buffer adopted (fs/transport/request_buffer.h).
 //
 // Thread contract: one WriteSource per request, used by the thread handling it.
 #pragma once
@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fs/request_buffer.h"
+#include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
 

@@ -1,6 +1,6 @@
-// The control-file request parser (fs/ctl_protocol.h): every op's fields, every refusal and its
+// The control-file request parser (fs/control/ctl_protocol.h): every op's fields, every refusal and its
 // errno, path normalisation, answers. No mount needed.
-#include "fs/ctl_protocol.h"
+#include "fs/control/ctl_protocol.h"
 
 #include <gtest/gtest.h>
 

@@ -214,7 +214,7 @@ class StatsCountingTest(CtlCase):
         self.assertGreater(f1["bytes_written_behind"], f0["bytes_written_behind"],
                            "a sequential writer goes through write-behind")
         # Each byte reached the disk once: through the engine, or spliced from the kernel's
-        # pages when the daemon receives requests with splice (fs/splice_io.h).
+        # pages when the daemon receives requests with splice (fs/data/splice_io.h).
         e0, e1 = s0["engine"], s1["engine"]
         spliced = f1["bytes_written_spliced"] - f0["bytes_written_spliced"]
         self.assertEqual(e1["bytes_written"] - e0["bytes_written"] + spliced, size)
@@ -503,7 +503,7 @@ class CoherenceTest(CtlCase):
 
 
 class SpliceTest(CtlCase):
-    """Page-cache writes spliced to the disk (fs/splice_io.h), checked byte for byte in
+    """Page-cache writes spliced to the disk (fs/data/splice_io.h), checked byte for byte in
     BACKING_DIR, next to the cases that must not be spliced."""
 
     def setUp(self):
@@ -561,7 +561,7 @@ class SpliceTest(CtlCase):
 
 class AdoptTest(CtlCase):
     """WRITEs the daemon reads (O_DIRECT writers always; every writer when it does not splice)
-    are written to disk from the buffer they were received in (fs/request_buffer.h), checked
+    are written to disk from the buffer they were received in (fs/transport/request_buffer.h), checked
     byte for byte in BACKING_DIR while other writes and a truncate race the pending extents."""
 
     def setUp(self):
@@ -622,7 +622,7 @@ class AdoptTest(CtlCase):
 
     def test_small_o_direct_writes_are_gathered_not_adopted(self):
         # Each adopted payload would be its own disk write in a 1 MiB buffer: 4 KiB writes are
-        # gathered into chunks instead (kAdoptMinBytes in fs/data_path.cc).
+        # gathered into chunks instead (kAdoptMinBytes in fs/data/data_path.cc).
         n, size = 512, 4 * KiB
         data = pattern(n * size, 55)
         buf = mmap.mmap(-1, size)

@@ -345,7 +345,7 @@ class EnospcTest(Base):
 
     def test_enospc_reaches_o_direct_writer(self):
         # Requests read, not spliced: the O_DIRECT payloads are flushed from the buffers they
-        # were received in (fs/request_buffer.h), and those flushes' errors must reach the
+        # were received in (fs/transport/request_buffer.h), and those flushes' errors must reach the
         # writer like a chunk's.
         self._run(do_fsync=True, chunk=MiB, options=("splice_read=0",), direct=True)
         with open(os.path.join(self.mnt, ".dnvme", "stats")) as f:

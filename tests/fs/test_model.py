@@ -548,7 +548,7 @@ class ModelSmallBuffersTest(ModelTest):
 class ModelReadReceiveTest(ModelTest):
     """Requests read(2) into the daemon instead of spliced (the mode of a daemon that cannot
     size 2 MiB pipes): aligned write payloads are written from the buffers they were received in
-    (fs/request_buffer.h), nothing goes through the splice writer. Two loop threads only: no
+    (fs/transport/request_buffer.h), nothing goes through the splice writer. Two loop threads only: no
     handler may wait for another request to be served."""
     MOUNT_OPTIONS = ("splice_read=0", "loop_threads=2")
     BUDGET_FACTOR = 0.5

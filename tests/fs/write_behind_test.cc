@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "fs/request_buffer.h"
+#include "fs/transport/request_buffer.h"
 #include "tests/fs/data_test_util.h"
 
 namespace dnvme::fs {

@@ -1,4 +1,4 @@
-// libFuzzer target for the control-file request parser (fs/ctl_protocol.h): arbitrary bytes must
+// libFuzzer target for the control-file request parser (fs/control/ctl_protocol.h): arbitrary bytes must
 // give either a checked request or an error Status, and an answer that is one JSON object; never
 // a crash, a hang or a sanitizer report. Built with clang -fsanitize=fuzzer,address,undefined
 // (tests/fuzz/run.sh); CI runs it for a bounded time.
@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "fs/ctl_protocol.h"
+#include "fs/control/ctl_protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

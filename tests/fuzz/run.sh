@@ -2,7 +2,7 @@
 # Usage: tests/fuzz/run.sh [SECONDS] [BUILD_DIR]
 #
 # Builds the libFuzzer target of the control-file request parser (tests/fuzz/ctl_request_fuzzer.cc
-# with fs/ctl_protocol.cc and the engine's config/status code) with clang, libFuzzer, ASan and
+# with fs/control/ctl_protocol.cc and the engine's config/status code) with clang, libFuzzer, ASan and
 # UBSan, then fuzzes it for SECONDS (default 60) from the seed corpus in tests/fuzz/corpus (new
 # inputs go to a scratch copy, the repo's corpus is not modified). Exits non-zero on a crash, a
 # leak, a sanitizer report or a timeout; the reproducer is left in BUILD_DIR.
@@ -17,7 +17,7 @@ mkdir -p "$OUT/corpus"
 cp -n "$ROOT"/tests/fuzz/corpus/* "$OUT/corpus/" 2>/dev/null || true
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$ROOT/include" -I"$ROOT" \
-  "$ROOT/tests/fuzz/ctl_request_fuzzer.cc" "$ROOT/fs/ctl_protocol.cc" \
+  "$ROOT/tests/fuzz/ctl_request_fuzzer.cc" "$ROOT/fs/control/ctl_protocol.cc" \
   "$ROOT/engine/config/config.cc" "$ROOT/engine/common/status.cc" \
   -o "$OUT/ctl_request_fuzzer"
 echo "run.sh: fuzzing the control-file parser for ${SECONDS_TO_RUN}s"

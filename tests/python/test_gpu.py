@@ -807,7 +807,7 @@ def test_register_cuda_with_the_daemon(deepnvme, gpu):
             with deepnvme.Mount(s.mnt) as m:
                 n = (2 << 20) + 77
                 t = gpu.make("uint8", n, seed=9)
-                m.register_cuda(t)  # the daemon takes cuda_ipc (fs/control.cc): no excuses
+                m.register_cuda(t)  # the daemon takes cuda_ipc (fs/control/control.cc): no excuses
                 assert m.pwrite(t, "gpu.bin", file_offset=4096) == n
                 assert file_bytes(os.path.join(s.backing, "gpu.bin"))[4096:] == gpu.host_bytes(t)
                 r = gpu.zeros("uint8", n)

@@ -364,7 +364,7 @@ bool EffectiveIn(cap_t caps, cap_value_t v) {
   return cap_get_flag(caps, v, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
 }
 
-// Spliced requests (fs/session_loop.h): the daemon needs 2 MiB pipes, above the default
+// Spliced requests (fs/transport/session_loop.h): the daemon needs 2 MiB pipes, above the default
 // fs.pipe-max-size unless it holds CAP_SYS_RESOURCE when it starts.
 Check CheckSplicePipes() {
   Check c;

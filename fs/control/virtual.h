@@ -1,5 +1,5 @@
 // The FUSE side of the control directory `<mount>/.dnvme/` (ctl, stats, config): called first by
-// the operations in fs/fuse_ops.cc. Each Virtual* function returns true when the request
+// the operations in fs/fuse/ops_*.cc. Each Virtual* function returns true when the request
 // concerned a control node and has been answered, false when the caller should go on as usual.
 //
 // The directory is never stored in BACKING_DIR and does not appear in the root's listing (so

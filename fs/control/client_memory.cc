@@ -1,4 +1,4 @@
-#include "fs/client_memory.h"
+#include "fs/control/client_memory.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>

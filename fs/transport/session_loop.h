@@ -10,7 +10,7 @@
 // without copying. Where the pipes cannot be sized (an unprivileged daemon) it reads requests
 // with read(2), as libfuse would. Requests that are read land in pool buffers at an offset that
 // page-aligns a WRITE's payload, and write-behind may keep that buffer instead of copying the
-// payload out of it (fs/request_buffer.h).
+// payload out of it (fs/transport/request_buffer.h).
 //
 // Thread contract: Create and Run on the main thread. Run blocks until the session ends (a
 // SIGTERM/SIGINT/SIGHUP handled by libfuse's handlers, an unmount, or a fatal /dev/fuse error)
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "dnvme/status.h"
-#include "fs/pipe.h"
-#include "fs/request_buffer.h"
+#include "fs/transport/pipe.h"
+#include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
 
@@ -70,7 +70,8 @@ class SessionLoop {
   // One small pipe per thread beside each of pipes_: a large spliced request's headers are
   // read through it (Pipe::Peek) while libfuse still finds them in the request pipe.
   std::vector<std::unique_ptr<Pipe>> peeks_;
-  std::shared_ptr<RequestBufferPool> buffers_;  // read(2) receive buffers (fs/request_buffer.h)
+  std::shared_ptr<RequestBufferPool>
+      buffers_;  // read(2) receive buffers (fs/transport/request_buffer.h)
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;

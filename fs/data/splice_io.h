@@ -1,7 +1,7 @@
 // Writing write-behind extents held in pipes to the backing files with splice(2), without the
 // daemon touching the bytes: the pipe holds references to the FUSE inode's page-cache pages (see
-// fs/pipe.h), and splicing it into the backing file's O_DIRECT descriptor makes the kernel build
-// the direct write from those very pages.
+// fs/transport/pipe.h), and splicing it into the backing file's O_DIRECT descriptor makes the
+// kernel build the direct write from those very pages.
 //
 // splice blocks until the write is done, so parallelism comes from threads (SpliceWorkers): each
 // has one extent in flight, which the block layer splits into many requests. This is the one part
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "dnvme/status.h"
-#include "fs/pipe.h"
+#include "fs/transport/pipe.h"
 
 namespace dnvme::fs {
 

@@ -1,4 +1,4 @@
-#include "fs/session_loop.h"
+#include "fs/transport/session_loop.h"
 
 #include <fcntl.h>
 #include <linux/fuse.h>

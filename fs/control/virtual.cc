@@ -1,4 +1,4 @@
-#include "fs/virtual.h"
+#include "fs/control/virtual.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -330,7 +330,7 @@ Inode& Fs::VirtualInode(VirtualNode kind) {
   }
 }
 
-std::string Fs::version() { return DNVME_VERSION; }
+std::string DaemonVersion() { return DNVME_VERSION; }
 
 bool Fs::MayReconfigure(uid_t uid) const { return uid == 0 || uid == geteuid(); }
 
@@ -428,7 +428,7 @@ std::string Fs::StatsJson() {
         {"config_changes", r(c.config_changes)},
         {"engine", json::parse(ctl_total.ToJson())}}},
   };
-  // Pipes for spliced write-behind (fs/splice_io.h); 0 when requests are read, not spliced.
+  // Pipes for spliced write-behind (fs/data/splice_io.h); 0 when requests are read, not spliced.
   j["mount"]["splice_pipes"] = wb_pipes_ ? wb_pipes_->count() : 0;
   return j.dump();
 }

@@ -1,4 +1,4 @@
-#include "fs/ctl_protocol.h"
+#include "fs/control/ctl_protocol.h"
 
 #include <cstring>
 #include <limits>

@@ -9,7 +9,7 @@
 
 #include "engine/common/log.h"
 #include "fs/fs.h"
-#include "fs/fuse_status.h"
+#include "fs/fuse/fuse_status.h"
 
 namespace dnvme::fs {
 namespace {

@@ -33,12 +33,11 @@
 #include "dnvme/gds_handle.h"
 #include "dnvme/gpu.h"
 #include "dnvme/handle.h"
-#include "fs/client_memory.h"
-#include "fs/ctl_protocol.h"
+#include "fs/control/client_memory.h"
+#include "fs/control/ctl_protocol.h"
 
 namespace dnvme::fs {
 
-class Fs;
 struct Inode;
 
 // Who sent a request (from fuse_req_ctx and fuse_req_getgroups).
@@ -49,6 +48,9 @@ struct Caller {
   std::vector<gid_t> groups;
 };
 Caller CallerOf(fuse_req_t req);
+
+// The daemon's version (the hello answer and the stats).
+std::string DaemonVersion();
 
 // Counters of the control file; relaxed atomics.
 struct CtlCounters {
@@ -105,9 +107,54 @@ struct CtlHandle {
   int running = 0;                                // guarded by m
 };
 
+// What the control plane needs from the filesystem core, and nothing more: pinning an inode the
+// kernel knows, coherence with the mount's data path (drain write-behind before a transfer,
+// drop read-ahead and the kernel's cache after one), the per-uid limits, and the live engine
+// configuration and stats. Fs implements it (fs/fs.h); sessions see only this.
+//
+// Thread contract: every method is thread-safe (called from FUSE threads serving ctl requests).
+class ControlCore {
+ public:
+  virtual ~ControlCore() = default;
+
+  // Takes a reference on the inode the kernel knows for (dev, ino), so it cannot be forgotten
+  // while a transfer uses it; null when the kernel has never looked the file up.
+  virtual Inode* PinInode(dev_t dev, ino_t ino) = 0;
+  virtual void Unpin(Inode* in) = 0;
+  // Lands the inode's write-behind data (its sticky error is reported, not taken).
+  virtual Status DrainForExternal(Inode& in) = 0;
+  // After bytes reached the backing file outside the FUSE data path: drop read-ahead and the
+  // kernel's cached pages and attributes of the inode.
+  virtual void AfterExternalWrite(Inode& in) = 0;
+  // After a file was created in BACKING_DIR outside FUSE: drop the kernel's negative dentry.
+  virtual void AfterExternalCreate(const std::string& dir_rel, const std::string& name) = 0;
+
+  // Per-uid limits across all sessions.
+  virtual Status TakeHandleQuota(uid_t uid) = 0;
+  virtual void ReleaseHandleQuota(uid_t uid) = 0;
+  virtual Status TakeBufferQuota(uid_t uid, int64_t bytes) = 0;
+  virtual void ReleaseBufferQuota(uid_t uid, int64_t bytes) = 0;
+  virtual const CtlLimits& ctl_limits() const = 0;
+  virtual CtlCounters& ctl_counters() = 0;
+
+  // The mount's engine configuration (config.get/config.set) and its stats; session engines
+  // register for the stats while they live.
+  virtual HandleConfig EngineConfig() = 0;
+  virtual Result<HandleConfig> SetEngineConfig(const std::string& json_patch) = 0;
+  virtual bool MayReconfigure(uid_t uid) const = 0;
+  virtual std::string StatsJson() = 0;
+  virtual void AddCtlEngine(AioHandle* h) = 0;
+  virtual void RemoveCtlEngine(AioHandle* h) = 0;
+
+  // BACKING_DIR (an O_PATH fd: paths of requests resolve beneath it) and the mountpoint (which
+  // absolute paths of requests must lie under).
+  virtual int root_fd() const = 0;
+  virtual const std::string& mountpoint() const = 0;
+};
+
 class CtlSession {
  public:
-  CtlSession(Fs& fs, uid_t owner);
+  CtlSession(ControlCore& core, uid_t owner);
   ~CtlSession();  // waits for in-flight transfers, unmaps buffers, gives the limits back
 
   // Processes one request (the bytes of one write()); the answer replaces the pending one.
@@ -136,7 +183,7 @@ class CtlSession {
   // The handle's GdsHandle for GPU buffers on `device`, created on first use.
   Result<GdsHandle*> GpuEngine(CtlHandle& h, int device);
 
-  Fs& fs_;
+  ControlCore& fs_;  // the core, through the interface above only
   const uid_t owner_;
   std::mutex mu_;  // serialises requests; guards everything below
   std::string answer_;

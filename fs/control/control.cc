@@ -1,4 +1,4 @@
-#include "fs/control.h"
+#include "fs/control/control.h"
 
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -12,7 +12,7 @@
 
 #include "engine/common/log.h"
 #include "engine/posix/file.h"
-#include "fs/fs.h"
+#include "fs/control/as_caller.h"
 
 namespace dnvme::fs {
 namespace {
@@ -49,93 +49,6 @@ std::vector<std::shared_ptr<CtlOpRecord>> TakeFinished(CtlHandle& h) {
   return done;
 }
 
-// Runs the calling thread with the caller's filesystem identity (fsuid, fsgid, supplementary
-// groups) until destroyed. These are per-thread in the kernel; glibc's setgroups() would change
-// every thread of the daemon, hence the raw syscall. A daemon not running as root cannot switch:
-// it serves only its own uid (which is all FUSE lets through without allow_other anyway).
-class AsCaller {
- public:
-  static Result<std::unique_ptr<AsCaller>> Enter(const Caller& c) {
-    auto a = std::unique_ptr<AsCaller>(new AsCaller());
-    if (geteuid() != 0) {
-      if (c.uid != geteuid()) {
-        return Err(EACCES, "the daemon runs as uid " + std::to_string(geteuid()) +
-                               " and cannot act for uid " + std::to_string(c.uid));
-      }
-      return a;
-    }
-    int n = getgroups(0, nullptr);
-    if (n < 0) return Status::FromErrno(errno, "getgroups");
-    a->saved_groups_.resize(static_cast<size_t>(n));
-    if (n > 0 && getgroups(n, a->saved_groups_.data()) < 0) {
-      return Status::FromErrno(errno, "getgroups");
-    }
-    a->saved_uid_ = static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1)));
-    a->saved_gid_ = static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1)));
-    a->switched_ = true;  // from here the destructor restores
-    if (syscall(SYS_setgroups, c.groups.size(), c.groups.data()) != 0) {
-      return Status::FromErrno(errno, "setgroups for the caller");
-    }
-    setfsgid(c.gid);
-    if (static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != c.gid) {
-      return Err(EPERM, "cannot take the caller's gid " + std::to_string(c.gid));
-    }
-    setfsuid(c.uid);
-    if (static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != c.uid) {
-      return Err(EPERM, "cannot take the caller's uid " + std::to_string(c.uid));
-    }
-    return a;
-  }
-
-  ~AsCaller() {
-    if (!switched_) return;
-    setfsuid(saved_uid_);
-    setfsgid(saved_gid_);
-    const bool groups_ok = syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data()) == 0;
-    if (!groups_ok || static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != saved_uid_ ||
-        static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != saved_gid_) {
-      // A FUSE thread left with a client's identity would serve other users wrongly: stop.
-      Logger().critical("could not restore the daemon's identity after a control request");
-      std::abort();
-    }
-  }
-
- private:
-  AsCaller() = default;
-  bool switched_ = false;
-  uid_t saved_uid_ = 0;
-  gid_t saved_gid_ = 0;
-  std::vector<gid_t> saved_groups_;
-};
-
-// openat2 below `dirfd`: the path cannot leave it (.., absolute symlinks, /proc magic links).
-Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
-  struct open_how how {};
-  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOCTTY);
-  how.mode = (flags & O_CREAT) ? mode : 0;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-  long fd;
-  do {
-    fd = syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof(how));
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == EXDEV) return Err(EXDEV, "'" + rel + "' resolves outside the mount");
-    return Status::FromErrno(err, "open '" + rel + "'");
-  }
-  return UniqueFd(static_cast<int>(fd));
-}
-
-std::string Dirname(const std::string& rel) {
-  const size_t slash = rel.rfind('/');
-  return slash == std::string::npos ? std::string() : rel.substr(0, slash);
-}
-
-std::string Basename(const std::string& rel) {
-  const size_t slash = rel.rfind('/');
-  return slash == std::string::npos ? rel : rel.substr(slash + 1);
-}
-
 json RecordJson(const CtlOpRecord& r) {
   json j = {{"op_id", r.op_id},   {"op", r.write ? "pwrite" : "pread"},
             {"path", r.path},     {"file_offset", r.file_offset},
@@ -168,7 +81,7 @@ Caller CallerOf(fuse_req_t req) {
   return c;
 }
 
-CtlSession::CtlSession(Fs& fs, uid_t owner) : fs_(fs), owner_(owner) {
+CtlSession::CtlSession(ControlCore& core, uid_t owner) : fs_(core), owner_(owner) {
   fs_.ctl_counters().sessions_open.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -184,7 +97,7 @@ CtlSession::~CtlSession() {
 void CtlSession::Request(std::string_view text, const Caller& caller) {
   std::lock_guard lock(mu_);
   fs_.ctl_counters().requests.fetch_add(1, std::memory_order_relaxed);
-  auto req = ParseCtlRequest(text, fs_.opts().mountpoint);
+  auto req = ParseCtlRequest(text, fs_.mountpoint());
   std::string id = req.ok() ? req->id_json : ExtractCtlId(text);
   Result<std::string> body =
       req.ok() ? Dispatch(req.value(), caller) : Result<std::string>(req.status());
@@ -212,8 +125,8 @@ Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& call
     case CtlOp::kHello: {
       const CtlLimits& l = fs_.ctl_limits();
       json j = {{"protocol", 1},
-                {"version", fs_.version()},
-                {"mountpoint", fs_.opts().mountpoint},
+                {"version", DaemonVersion()},
+                {"mountpoint", fs_.mountpoint()},
                 {"limits",
                  {{"max_handles", l.max_handles},
                   {"max_buffer_bytes", l.max_buffer_bytes},
@@ -430,163 +343,6 @@ void CtlSession::FinishRecord(CtlOpRecord& rec) {
   rec.gpu_buffer.reset();
 }
 
-Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& caller) {
-  const bool write = r.op == CtlOp::kPwrite;
-  auto hit = handles_.find(r.handle);
-  if (hit == handles_.end()) {
-    return Err(EBADF, "no handle " + std::to_string(r.handle) + " in this session");
-  }
-  auto bit = buffers_.find(r.buffer);
-  auto git = gpu_buffers_.find(r.buffer);
-  if (bit == buffers_.end() && git == gpu_buffers_.end()) {
-    return Err(EBADF, "no buffer " + std::to_string(r.buffer) + " in this session");
-  }
-  CtlHandle& h = *hit->second;
-  std::shared_ptr<ClientMapping> map = bit != buffers_.end() ? bit->second : nullptr;
-  std::shared_ptr<CtlGpuBuffer> gbuf = map == nullptr ? git->second : nullptr;
-  const int64_t bsize = map != nullptr ? map->size() : gbuf->size;
-  if (r.buffer_offset > bsize || r.length > bsize - r.buffer_offset) {
-    return Err(EINVAL, "buffer_offset " + std::to_string(r.buffer_offset) + " + length " +
-                           std::to_string(r.length) + " is past the end of buffer " +
-                           std::to_string(r.buffer) + " (" + std::to_string(bsize) + " bytes)");
-  }
-  GdsHandle* gds = nullptr;
-  if (gbuf != nullptr) {
-    DNVME_ASSIGN_OR_RETURN(gds, GpuEngine(h, gbuf->device));
-  } else if (!write && !map->writable()) {
-    return Err(EACCES, "buffer " + std::to_string(r.buffer) +
-                           " is registered read-only (the caller may not write it): it can be "
-                           "the source of a pwrite, not the target of a pread");
-  }
-  if (map != nullptr && map->revoked())
-    return Err(EFAULT, "buffer " + std::to_string(r.buffer) + " was shrunk by its owner");
-
-  // Open the file as the caller: the same permission decision as open(2) on the mount.
-  UniqueFd fd;
-  bool created = false;
-  {
-    DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
-    const int flags = (write ? O_WRONLY : O_RDONLY) | O_NONBLOCK;
-    auto opened = OpenBeneath(fs_.root_fd(), r.path, flags, 0);
-    if (!opened.ok() && write && opened.status().error_number() == ENOENT) {
-      // DeepSpeed's pwrite creates the file; so does this one (owned by the caller).
-      opened = OpenBeneath(fs_.root_fd(), r.path, flags | O_CREAT | O_EXCL, 0644);
-      created = opened.ok();
-    }
-    if (!opened.ok()) return opened.status();
-    fd = std::move(opened).value();
-  }
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat '" + r.path + "'");
-  if (!S_ISREG(st.st_mode)) return Err(EINVAL, "'" + r.path + "' is not a regular file");
-  if (created) fs_.AfterExternalCreate(Dirname(r.path), Basename(r.path));
-
-  auto rec = std::make_shared<CtlOpRecord>();
-  rec->op_id = next_op_++;
-  rec->write = write;
-  rec->path = r.path;
-  rec->file_offset = r.file_offset;
-  rec->length = r.length;
-  rec->buffer = map;
-  rec->gpu_buffer = gbuf;
-  // Coherence with the mount: data still in the mount's write-behind must reach the file first
-  // (a read sees it; a write is not overwritten by it later).
-  rec->pinned = fs_.PinInode(st.st_dev, st.st_ino);
-  if (rec->pinned != nullptr) {
-    Status drained = fs_.DrainForExternal(*rec->pinned);
-    if (!drained.ok()) {
-      FinishRecord(*rec);
-      return drained;
-    }
-  }
-  // GPU buffers go through the handle's GdsHandle, which reopens `fd` itself.
-  if (gds == nullptr) {
-    auto file = h.engine->adopt_fd(fd.get(), write ? FileAccess::kWrite : FileAccess::kRead);
-    if (!file.ok()) {
-      FinishRecord(*rec);
-      return file.status();
-    }
-    rec->file = std::move(file).value();
-  }
-  char* buf = (map != nullptr ? map->data() : gbuf->data) + r.buffer_offset;
-  CtlCounters& cc = fs_.ctl_counters();
-
-  if (!r.async) {
-    Status st2;
-    if (gds != nullptr) {
-      st2 = write ? gds->sync_pwrite(buf, r.length, fd.get(), r.file_offset)
-                  : gds->sync_pread(buf, r.length, fd.get(), r.file_offset);
-    } else {
-      st2 = write ? h.engine->sync_pwrite(buf, r.length, rec->file, r.file_offset)
-                  : h.engine->sync_pread(buf, r.length, rec->file, r.file_offset);
-    }
-    if (st2.ok() && map != nullptr && map->revoked()) {
-      st2 = Err(EFAULT, "buffer " + std::to_string(r.buffer) +
-                            " was shrunk by its owner during the transfer");
-    }
-    FinishRecord(*rec);
-    if (!st2.ok()) {
-      cc.ops_failed.fetch_add(1, std::memory_order_relaxed);
-      return st2;
-    }
-    (write ? cc.ops_written : cc.ops_read).fetch_add(1, std::memory_order_relaxed);
-    (write ? cc.bytes_written : cc.bytes_read)
-        .fetch_add(static_cast<uint64_t>(r.length), std::memory_order_relaxed);
-    return json{{"bytes", r.length}, {"op_id", rec->op_id}}.dump();
-  }
-
-  {
-    std::lock_guard hl(h.m);
-    if (static_cast<int64_t>(h.ops.size()) >= fs_.ctl_limits().max_pending) {
-      FinishRecord(*rec);
-      return Err(EAGAIN, "handle " + std::to_string(r.handle) + " has " +
-                             std::to_string(h.ops.size()) +
-                             " operations not yet collected; call wait first");
-    }
-    h.ops.push_back(rec);
-    ++h.running;
-  }
-  CtlHandle* hp = &h;
-  Completion done = [hp, rec, &cc](const OpResult& res) {
-    {
-      std::lock_guard hl(hp->m);
-      rec->bytes_done = res.bytes_done;
-      rec->status = res.status;
-      if (rec->status.ok() && rec->buffer != nullptr && rec->buffer->revoked()) {
-        rec->status =
-            Status::IoError(EFAULT, "the buffer was shrunk by its owner during the transfer");
-      }
-      if (rec->status.ok()) {
-        (rec->write ? cc.ops_written : cc.ops_read).fetch_add(1, std::memory_order_relaxed);
-        (rec->write ? cc.bytes_written : cc.bytes_read)
-            .fetch_add(static_cast<uint64_t>(rec->length), std::memory_order_relaxed);
-      } else {
-        cc.ops_failed.fetch_add(1, std::memory_order_relaxed);
-      }
-      --hp->running;
-    }
-    hp->cv.notify_all();
-  };
-  Status sub;
-  if (gds != nullptr) {
-    sub = write ? gds->submit_pwrite(buf, r.length, fd.get(), r.file_offset, done)
-                : gds->submit_pread(buf, r.length, fd.get(), r.file_offset, done);
-  } else {
-    sub = write ? h.engine->submit_pwrite(buf, r.length, rec->file, r.file_offset, done)
-                : h.engine->submit_pread(buf, r.length, rec->file, r.file_offset, done);
-  }
-  if (!sub.ok()) {
-    {
-      std::lock_guard hl(h.m);
-      --h.running;
-      h.ops.pop_back();
-    }
-    FinishRecord(*rec);
-    return sub;
-  }
-  return json{{"op_id", rec->op_id}, {"async", true}}.dump();
-}
-
 Result<std::string> CtlSession::Wait(int64_t id) {
   auto it = handles_.find(id);
   if (it == handles_.end())
@@ -604,32 +360,6 @@ std::string CtlSession::Collect(std::vector<std::shared_ptr<CtlOpRecord>> done) 
   }
   return json{{"completed", done.size()}, {"failed", failed}, {"ops", ops}}.dump(
       -1, ' ', false, json::error_handler_t::replace);
-}
-
-Result<std::string> CtlSession::Fsync(const CtlRequest& r, const Caller& caller) {
-  UniqueFd fd;
-  {
-    DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
-    const std::string rel = r.path.empty() ? "." : r.path;
-    auto opened = OpenBeneath(fs_.root_fd(), rel, O_RDONLY | O_NONBLOCK, 0);
-    if (!opened.ok() && opened.status().error_number() == EACCES) {
-      opened = OpenBeneath(fs_.root_fd(), rel, O_WRONLY | O_NONBLOCK, 0);
-    }
-    if (!opened.ok()) return opened.status();
-    fd = std::move(opened).value();
-  }
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat '" + r.path + "'");
-  if (S_ISREG(st.st_mode)) {
-    Inode* in = fs_.PinInode(st.st_dev, st.st_ino);
-    if (in != nullptr) {
-      Status drained = fs_.DrainForExternal(*in);
-      fs_.Unpin(in);
-      DNVME_RETURN_IF_ERROR(drained);
-    }
-  }
-  if (fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync '" + r.path + "'");
-  return std::string("{}");
 }
 
 }  // namespace dnvme::fs

@@ -1,4 +1,4 @@
-#include "fs/splice_io.h"
+#include "fs/data/splice_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "fs/request_buffer.h"
+#include "fs/transport/request_buffer.h"
 
 #include <cstdlib>
 #include <utility>

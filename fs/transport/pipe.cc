@@ -1,4 +1,4 @@
-#include "fs/pipe.h"
+#include "fs/transport/pipe.h"
 
 #include <fcntl.h>
 #include <sys/ioctl.h>

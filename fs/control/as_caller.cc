@@ -1,0 +1,94 @@
+#include "fs/control/as_caller.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/fsuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "engine/common/log.h"
+#include "fs/control/ctl_protocol.h"
+
+namespace dnvme::fs {
+namespace {
+
+Status Err(int err, std::string msg) { return CtlError(err, std::move(msg)); }
+
+}  // namespace
+
+Result<std::unique_ptr<AsCaller>> AsCaller::Enter(const Caller& c) {
+  auto a = std::unique_ptr<AsCaller>(new AsCaller());
+  if (geteuid() != 0) {
+    if (c.uid != geteuid()) {
+      return Err(EACCES, "the daemon runs as uid " + std::to_string(geteuid()) +
+                             " and cannot act for uid " + std::to_string(c.uid));
+    }
+    return a;
+  }
+  int n = getgroups(0, nullptr);
+  if (n < 0) return Status::FromErrno(errno, "getgroups");
+  a->saved_groups_.resize(static_cast<size_t>(n));
+  if (n > 0 && getgroups(n, a->saved_groups_.data()) < 0) {
+    return Status::FromErrno(errno, "getgroups");
+  }
+  a->saved_uid_ = static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1)));
+  a->saved_gid_ = static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1)));
+  a->switched_ = true;  // from here the destructor restores
+  if (syscall(SYS_setgroups, c.groups.size(), c.groups.data()) != 0) {
+    return Status::FromErrno(errno, "setgroups for the caller");
+  }
+  setfsgid(c.gid);
+  if (static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != c.gid) {
+    return Err(EPERM, "cannot take the caller's gid " + std::to_string(c.gid));
+  }
+  setfsuid(c.uid);
+  if (static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != c.uid) {
+    return Err(EPERM, "cannot take the caller's uid " + std::to_string(c.uid));
+  }
+  return a;
+}
+
+AsCaller::~AsCaller() {
+  if (!switched_) return;
+  setfsuid(saved_uid_);
+  setfsgid(saved_gid_);
+  const bool groups_ok = syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data()) == 0;
+  if (!groups_ok || static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != saved_uid_ ||
+      static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != saved_gid_) {
+    // A FUSE thread left with a client's identity would serve other users wrongly: stop.
+    Logger().critical("could not restore the daemon's identity after a control request");
+    std::abort();
+  }
+}
+
+Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
+  struct open_how how {};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOCTTY);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd;
+  do {
+    fd = syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof(how));
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EXDEV) return Err(EXDEV, "'" + rel + "' resolves outside the mount");
+    return Status::FromErrno(err, "open '" + rel + "'");
+  }
+  return UniqueFd(static_cast<int>(fd));
+}
+
+std::string Dirname(const std::string& rel) {
+  const size_t slash = rel.rfind('/');
+  return slash == std::string::npos ? std::string() : rel.substr(0, slash);
+}
+
+std::string Basename(const std::string& rel) {
+  const size_t slash = rel.rfind('/');
+  return slash == std::string::npos ? rel : rel.substr(slash + 1);
+}
+
+}  // namespace dnvme::fs

@@ -1,0 +1,47 @@
+// A control request acts as the process that sent it: AsCaller switches the serving thread's
+// filesystem identity to the caller's for a scope, and OpenBeneath resolves a path strictly
+// inside BACKING_DIR, so the kernel makes the permission decision open(2) would have made.
+//
+// Thread contract: AsCaller changes only the calling thread's identity (fsuid, fsgid, groups)
+// and must be destroyed on that thread; the functions are thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dnvme/status.h"
+#include "engine/posix/file.h"
+#include "fs/control/control.h"
+
+namespace dnvme::fs {
+
+// Runs the calling thread with the caller's filesystem identity (fsuid, fsgid, supplementary
+// groups) until destroyed. These are per-thread in the kernel; glibc's setgroups() would change
+// every thread of the daemon, hence the raw syscall. A daemon not running as root cannot switch:
+// it serves only its own uid (which is all FUSE lets through without allow_other anyway).
+class AsCaller {
+ public:
+  static Result<std::unique_ptr<AsCaller>> Enter(const Caller& c);
+  ~AsCaller();
+  AsCaller(const AsCaller&) = delete;
+  AsCaller& operator=(const AsCaller&) = delete;
+
+ private:
+  AsCaller() = default;
+  bool switched_ = false;
+  uid_t saved_uid_ = 0;
+  gid_t saved_gid_ = 0;
+  std::vector<gid_t> saved_groups_;
+};
+
+// openat2 below `dirfd`: the path cannot leave it (.., absolute symlinks, /proc magic links).
+Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode);
+
+// The directory part of a relative path ("" for none) and its last component.
+std::string Dirname(const std::string& rel);
+std::string Basename(const std::string& rel);
+
+}  // namespace dnvme::fs

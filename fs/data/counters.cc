@@ -1,0 +1,26 @@
+#include "fs/data/counters.h"
+
+#include <nlohmann/json.hpp>
+
+namespace dnvme::fs {
+
+std::string MountCounters::ToJson() const {
+  auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  nlohmann::json j = {
+      {"write_ops", r(write_ops)},
+      {"read_ops", r(read_ops)},
+      {"bytes_written_behind", r(bytes_written_behind)},
+      {"bytes_written_sync", r(bytes_written_sync)},
+      {"bytes_read_ahead_hit", r(bytes_read_ahead_hit)},
+      {"bytes_read_engine", r(bytes_read_engine)},
+      {"write_behind_flushes", r(write_behind_flushes)},
+      {"read_ahead_fetches", r(read_ahead_fetches)},
+      {"errors", r(errors)},
+      {"bytes_written_spliced", r(bytes_written_spliced)},
+      {"bytes_splice_fallback", r(bytes_splice_fallback)},
+      {"bytes_written_adopted", r(bytes_written_adopted)},
+  };
+  return j.dump();
+}
+
+}  // namespace dnvme::fs

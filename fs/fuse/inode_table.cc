@@ -1,0 +1,247 @@
+// Fs's core: the inode table (lookup counts, (dev, ino) -> Inode, like libfuse's passthrough_hp),
+// the open-handle registry, and start-up/shut-down of the pools and the engine the data path
+// shares (fs/fs.h).
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/common/log.h"
+#include "fs/caps.h"
+#include "fs/control/virtual.h"
+#include "fs/fs.h"
+#include "fs/fuse/ops_common.h"
+
+namespace dnvme::fs {
+
+using ops::kTimeout;
+
+Inode::~Inode() {
+  if (fd >= 0) close(fd);
+}
+
+Fs::Fs(MountOptions opts)
+    : opts_(std::move(opts)),
+      ctl_dir_(&wb_shared_, &ra_shared_),
+      ctl_node_(&wb_shared_, &ra_shared_),
+      stats_node_(&wb_shared_, &ra_shared_),
+      config_node_(&wb_shared_, &ra_shared_),
+      root_(&wb_shared_, &ra_shared_) {
+  ctl_limits_.max_handles = opts_.ctl_max_handles;
+  ctl_limits_.max_buffer_bytes = opts_.ctl_max_bytes;
+}
+
+Fs::~Fs() {
+  DrainAll();
+  {
+    // Files still open when the session ended: the kernel will never release them.
+    std::lock_guard lock(handles_mu_);
+    for (OpenHandle* h : handles_) delete h;
+    handles_.clear();
+  }
+  Stop();  // waits for every engine operation (read-ahead included)
+}
+
+void Fs::Track(OpenHandle* h) {
+  std::lock_guard lock(handles_mu_);
+  handles_.insert(h);
+}
+
+void Fs::Dispose(OpenHandle* h) {
+  {
+    std::lock_guard lock(handles_mu_);
+    handles_.erase(h);
+  }
+  delete h;
+}
+
+Status Fs::ReservePrivileged(bool splicing) {
+  if (!splicing) return Status::Ok();
+  if (opts_.write_behind > 0) {
+    // write_behind bytes of pipes, each holding one write_chunk extent; without
+    // CAP_SYS_RESOURCE, pipe-max-size pipes (1 MiB by default), more of them.
+    auto pool = PipePool::Create(opts_.write_behind, opts_.write_chunk, kMinSplicePipeBytes);
+    if (pool.ok()) {
+      wb_pipes_ = std::move(pool).value();
+      Logger().info("spliced write-behind: {} pipes of {} bytes", wb_pipes_->count(),
+                    wb_pipes_->capacity());
+    } else {
+      Logger().info("write-behind copies every write (no pipes for spliced extents: {})",
+                    pool.status().ToString());
+    }
+  }
+  return Status::Ok();
+}
+
+Status Fs::Start() {
+  int fd = open(opts_.backing.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open BACKING_DIR '" + opts_.backing + "'");
+  root_.fd = fd;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat BACKING_DIR");
+  root_.dev = st.st_dev;
+  root_.ino = st.st_ino;
+  root_.type = S_IFDIR;
+  root_.nlookup = 2;  // never forgotten
+
+  clock_gettime(CLOCK_REALTIME, &started_);
+  InitVirtualNodes();
+  auto h = AioHandle::Create(opts_.engine);
+  if (!h.ok()) return h.status().WithContext("engine");
+  {
+    std::lock_guard lock(engine_mu_);
+    engine_ = std::shared_ptr<AioHandle>(std::move(h).value());
+    engine_config_ = opts_.engine;
+  }
+  if (opts_.write_behind > 0) {
+    const size_t n = static_cast<size_t>(opts_.write_behind / opts_.write_chunk);
+    auto pool = PinnedPool::Create(static_cast<size_t>(opts_.write_chunk), n);
+    if (!pool.ok()) return pool.status().WithContext("write-behind buffers (write_behind=)");
+    wb_pool_ = std::move(pool).value();
+  }
+  // One writer thread per extent in flight; the pipes beyond that queue up behind them.
+  if (wb_pipes_) splicers_ = std::make_unique<SpliceWorkers>(static_cast<int>(kSpliceThreads));
+  if (opts_.read_ahead > 0) {
+    const int64_t chunk = std::min<int64_t>(opts_.read_ahead, 4 << 20);
+    // Room for kReadAheadWindows sequential readers' windows; more readers share what is free.
+    const size_t n = static_cast<size_t>(kReadAheadWindows * opts_.read_ahead / chunk);
+    auto pool = PinnedPool::Create(static_cast<size_t>(chunk), n);
+    if (!pool.ok()) return pool.status().WithContext("read-ahead buffers (read_ahead=)");
+    ra_pool_ = std::move(pool).value();
+  }
+  auto engine = [this] { return Engine(); };
+  wb_shared_ = {wb_pool_.get(),    wb_pipes_.get(), splicers_.get(),
+                opts_.write_chunk, engine,          &counters_};
+  ra_shared_ = {ra_pool_.get(), opts_.read_ahead, engine, &counters_};
+  if (opts_.async_reply) {
+    // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
+    auto pool = PinnedPool::Create(static_cast<size_t>(kMaxFuseRequestBytes), kAsyncReplyBuffers);
+    if (!pool.ok()) return pool.status().WithContext("reply buffers (async_reply=)");
+    reply_pool_ = std::move(pool).value();
+  }
+  return Status::Ok();
+}
+
+Status Fs::Preflight() {
+  Status st = Start();
+  wb_shared_ = WriteBehindShared();
+  ra_shared_ = ReadAheadShared();
+  reply_pool_.reset();
+  ra_pool_.reset();
+  wb_pool_.reset();
+  {
+    std::lock_guard lock(engine_mu_);
+    engine_.reset();
+  }
+  if (root_.fd >= 0) close(root_.fd);
+  root_.fd = -1;
+  return st;
+}
+
+void Fs::Stop() {
+  DrainAll();
+  splicers_.reset();  // idle after DrainAll; joins its threads
+  std::shared_ptr<AioHandle> last;
+  {
+    std::lock_guard lock(engine_mu_);
+    last = std::move(engine_);
+  }
+  last.reset();  // waits for every operation of the engine and its callbacks
+  std::lock_guard lock(reconfig_mu_);
+  retired_.clear();  // nothing can hold them any more: the session loop has ended
+}
+
+void Fs::DrainAll() {
+  if (!Engine()) return;
+  std::vector<Inode*> all;
+  {
+    std::lock_guard lock(inodes_mu_);
+    for (auto& [key, in] : inodes_) all.push_back(in.get());
+  }
+  // Inodes cannot be forgotten while we drain: the session loop has stopped (destroy/unmount).
+  for (Inode* in : all) {
+    if (S_ISREG(in->type)) {
+      Status st = in->wb.Drain(/*take_error=*/false);
+      if (!st.ok()) {
+        Logger().error("write-behind data of inode {} lost at exit: {}", in->ino, st.ToString());
+      }
+    }
+  }
+}
+
+Inode& Fs::GetInode(fuse_ino_t ino) {
+  if (ino == FUSE_ROOT_ID) return root_;
+  return *reinterpret_cast<Inode*>(ino);
+}
+
+int Fs::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
+  Inode& dir = GetInode(parent);
+  int fd = openat(dir.fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st {};
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  Inode* in;
+  {
+    std::lock_guard lock(inodes_mu_);
+    auto key = std::make_pair(st.st_dev, st.st_ino);
+    auto it = inodes_.find(key);
+    if (it != inodes_.end()) {
+      in = it->second.get();
+      close(fd);  // the inode already holds one
+    } else {
+      auto fresh = std::make_unique<Inode>(&wb_shared_, &ra_shared_);
+      fresh->fd = fd;
+      fresh->dev = st.st_dev;
+      fresh->ino = st.st_ino;
+      fresh->type = st.st_mode & S_IFMT;
+      in = fresh.get();
+      inodes_.emplace(key, std::move(fresh));
+    }
+    ++in->nlookup;
+  }
+  if (S_ISREG(st.st_mode)) in->wb.ApplyPending(&st);
+  e->ino = reinterpret_cast<fuse_ino_t>(in);
+  e->attr = st;
+  e->attr_timeout = kTimeout;
+  e->entry_timeout = kTimeout;
+  return 0;
+}
+
+void Fs::Forget(fuse_ino_t ino, uint64_t n) {
+  if (ino == FUSE_ROOT_ID) return;
+  Inode* in = reinterpret_cast<Inode*>(ino);
+  if (in->virt != VirtualNode::kNone) return;  // control nodes live as long as the Fs
+  std::unique_ptr<Inode> dead;
+  std::lock_guard lock(inodes_mu_);
+  if (n > in->nlookup) {
+    Logger().error("forget of {} lookups on inode {} that has {}", n, in->ino, in->nlookup);
+    n = in->nlookup;
+  }
+  in->nlookup -= n;
+  if (in->nlookup == 0) {
+    auto it = inodes_.find({in->dev, in->ino});
+    if (it != inodes_.end() && it->second.get() == in) {
+      dead = std::move(it->second);
+      inodes_.erase(it);
+    }
+  }
+}
+
+}  // namespace dnvme::fs

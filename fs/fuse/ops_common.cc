@@ -1,0 +1,194 @@
+// Helpers shared by the FUSE op files (fs/fuse/ops_common.h).
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/common/log.h"
+#include "fs/caps.h"
+#include "fs/control/virtual.h"
+#include "fs/fs.h"
+#include "fs/fuse/fuse_status.h"
+#include "fs/fuse/ops.h"
+#include "fs/fuse/ops_common.h"
+
+namespace dnvme::fs::ops {
+
+// Gives the object just created (and looked up into `e`) to the caller: the daemon runs as root
+// for many users and creates everything as root. Acts on the inode's own fd, not the name, which
+// another request may already have renamed. Under a set-group-ID directory the group stays the
+// directory's, as the backing fs chose it. chown(2) clears set-user-ID (and set-group-ID with
+// group execute) even for root, but on ext4 the creator's own file keeps the mode it was created
+// with, so that mode is put back. Refreshes e->attr. Returns an errno.
+int GiveToCaller(fuse_req_t req, Fs& fs, Inode& parent, fuse_entry_param* e) {
+  if (geteuid() != 0) return 0;  // an unprivileged daemon: everything belongs to its user anyway
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  struct stat dir {};
+  if (fstatat(parent.fd, "", &dir, AT_EMPTY_PATH) != 0) return errno;
+  const uid_t uid = ctx->uid == e->attr.st_uid ? static_cast<uid_t>(-1) : ctx->uid;
+  const gid_t gid = (dir.st_mode & S_ISGID) || ctx->gid == e->attr.st_gid
+                        ? static_cast<gid_t>(-1)  // setgid directory: the group it chose stays
+                        : ctx->gid;
+  if (uid == static_cast<uid_t>(-1) && gid == static_cast<gid_t>(-1)) return 0;
+  Inode& in = fs.GetInode(e->ino);
+  if (fchownat(in.fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
+  const mode_t created = e->attr.st_mode;
+  if (fstatat(in.fd, "", &e->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
+  if (e->attr.st_mode != created && !S_ISLNK(created)) {
+    if (chmod(ProcPath(in.fd).c_str(), created & 07777) != 0) return errno;
+    e->attr.st_mode = created;
+  }
+  return 0;
+}
+
+// Replies to a create-like request (mknod, mkdir, symlink) whose object `name` was just made in
+// `parent`: looks it up, hands it to the caller and answers with its entry. When the hand-over
+// fails the object is removed again (`rmflags` for unlinkat): ext4 would not have made it.
+void ReplyCreated(fuse_req_t req, fuse_ino_t parent, const char* name, int rmflags) {
+  Fs& fs = FsOf(req);
+  fuse_entry_param e{};
+  int err = fs.DoLookup(parent, name, &e);
+  if (err) {  // gone or replaced already: nothing of ours to clean up
+    fuse_reply_err(req, err);
+    return;
+  }
+  const dev_t dev = e.attr.st_dev;
+  const ino_t ino = e.attr.st_ino;
+  err = GiveToCaller(req, fs, fs.GetInode(parent), &e);
+  if (err) {
+    fs.Forget(e.ino, 1);
+    // Remove it only while the name still means the object we made.
+    struct stat now {};
+    Inode& dir = fs.GetInode(parent);
+    if (fstatat(dir.fd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == dev &&
+        now.st_ino == ino && unlinkat(dir.fd, name, rmflags) != 0) {
+      Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
+    }
+    fuse_reply_err(req, err);
+    return;
+  }
+  fuse_reply_entry(req, &e);
+}
+
+void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_entry_param e{};
+  int err = FsOf(req).DoLookup(parent, name, &e);
+  if (err) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_entry(req, &e);
+  }
+}
+
+int StatInode(Inode& in, struct stat* st) {
+  if (fstatat(in.fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
+  // Data accepted by write-behind counts, though the backing file has not seen it yet.
+  if (S_ISREG(st->st_mode)) in.wb.ApplyPending(st);
+  return 0;
+}
+
+// True when `gid` is the caller's group or one of its supplementary groups. A caller whose groups
+// cannot be read counts as outside the group: the bit it decides then goes, which is the safe side.
+bool CallerInGroup(fuse_req_t req, gid_t gid) {
+  if (fuse_req_ctx(req)->gid == gid) return true;
+  std::vector<gid_t> groups(64);
+  int n = fuse_req_getgroups(req, static_cast<int>(groups.size()), groups.data());
+  if (n > static_cast<int>(groups.size())) {
+    groups.resize(static_cast<size_t>(n));
+    n = fuse_req_getgroups(req, n, groups.data());
+  }
+  if (n < 0) return false;
+  groups.resize(std::min(groups.size(), static_cast<size_t>(n)));
+  return std::find(groups.begin(), groups.end(), gid) != groups.end();
+}
+
+// What a write or truncate by a process without CAP_FSETID clears on ext4
+// (setattr_should_drop_suidgid): set-user-ID always; set-group-ID when group execute is set, or
+// when the writer is not in the file's group. Applies it to the inode. Returns an errno.
+//
+// The FUSE kernel does part of this itself -- set-user-ID, and set-group-ID with group execute,
+// as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
+// leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
+int KillPrivs(fuse_req_t req, Inode& in) {
+  struct stat st {};
+  if (fstatat(in.fd, "", &st, AT_EMPTY_PATH) != 0) return errno;
+  if ((st.st_mode & (S_ISUID | S_ISGID)) == 0) return 0;
+  mode_t kill = st.st_mode & S_ISUID;
+  if ((st.st_mode & S_ISGID) && ((st.st_mode & S_IXGRP) || !CallerInGroup(req, st.st_gid))) {
+    kill |= S_ISGID;
+  }
+  if (kill == 0) return 0;
+  return chmod(ProcPath(in.fd).c_str(), st.st_mode & 07777 & ~kill) == 0 ? 0 : errno;
+}
+
+// Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
+// direct_io open) says so exactly with FUSE_WRITE_KILL_SUIDGID. A page-cache write never carries
+// it (the kernel sets it only with FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot ask for),
+// and neither does any write under libfuse's own loop (clone_fd=1, which does not pass the flags
+// on): there the caller counts as privileged exactly when it is root.
+bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh) {
+  const std::optional<uint32_t> flags = CurrentWriteFlags();
+  if (flags && !fh.page_cache_writes) return (*flags & FUSE_WRITE_KILL_SUIDGID) != 0;
+  return fuse_req_ctx(req)->uid != 0;
+}
+
+// The kernel reads ahead at most the FUSE bdi's read_ahead_kb (128 KiB by default, whatever
+// max_readahead says), in requests of at most 1 MiB. Raising it lets a sequential reader's
+// requests reach us many at a time. Found through /proc/self/mountinfo, not stat(): a stat of
+// our own mountpoint from inside init would wait for ourselves.
+void RaiseKernelReadAhead(const std::string& mountpoint, int64_t bytes) {
+  FILE* f = std::fopen("/proc/self/mountinfo", "r");
+  if (f == nullptr) return;
+  char line[4096];
+  std::string dev;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    char majmin[64], mnt[2048];
+    if (std::sscanf(line, "%*s %*s %63s %*s %2047s", majmin, mnt) == 2 && mountpoint == mnt) {
+      dev = majmin;  // the last match is the newest mount
+    }
+  }
+  std::fclose(f);
+  if (dev.empty()) return;
+  const std::string path = "/sys/class/bdi/" + dev + "/read_ahead_kb";
+  FILE* ra = std::fopen(path.c_str(), "w");
+  if (ra == nullptr) {
+    Logger().info("kernel read-ahead left as is ({}: {})", path, std::strerror(errno));
+    return;
+  }
+  std::fprintf(ra, "%lld\n", static_cast<long long>(bytes / 1024));
+  if (std::fclose(ra) != 0) {
+    Logger().info("kernel read-ahead left as is ({}: {})", path, std::strerror(errno));
+  } else {
+    Logger().info("kernel read-ahead for the mount set to {} KiB", bytes / 1024);
+  }
+}
+
+// One pinned, aligned buffer per FUSE thread (grown on demand): reads into it and writes from it
+// are plain O_DIRECT requests, no bounce copy. Null when it cannot be pinned.
+char* ThreadScratch(size_t size) {
+  thread_local PinnedBuffer buf;
+  if (buf.size() < size) {
+    auto b = PinnedBuffer::Allocate(std::max<size_t>(size, kMaxFuseRequestBytes));
+    if (!b.ok()) {
+      Logger().error("request buffer: {}", b.status().ToString());
+      return nullptr;
+    }
+    buf = std::move(b).value();
+  }
+  return buf.bytes();
+}
+
+}  // namespace dnvme::fs::ops

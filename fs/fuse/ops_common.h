@@ -1,0 +1,102 @@
+// What the FUSE op files (fs/fuse/ops_*.cc) share: the request's Fs and FileHandle, the
+// caller's umask for creates, handing a new object to its caller, the set-user-ID rules of writes
+// and truncates, and each loop thread's pinned scratch buffer.
+//
+// Thread contract: called on FUSE loop threads, inside a request's handler.
+#pragma once
+
+#include <fuse_lowlevel.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "fs/fs.h"
+
+namespace dnvme::fs::ops {
+
+inline constexpr double kTimeout =
+    1.0;  // attr/entry cache: the backing dir changes only through us
+
+inline Fs& FsOf(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req)); }
+
+inline std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+inline FileHandle& Fh(fuse_file_info* fi) { return *reinterpret_cast<FileHandle*>(fi->fh); }
+
+// FUSE_CAP_DONT_MASK (asked for in init) makes the kernel send create/mkdir/mknod modes without
+// the caller's umask and the umask beside them (fuse_ctx::umask). The backing create then runs
+// under the caller's umask, so ext4 applies it exactly as for the caller -- or, where the parent
+// has a default ACL, ignores it and applies the ACL, as it does for a local process. The umask is
+// set on this thread alone: each FUSE thread gets its own fs_struct (unshare(CLONE_FS)) the first
+// time it creates something. Restored when the scope ends.
+class CallerUmask {
+ public:
+  explicit CallerUmask(fuse_req_t req) {
+    thread_local const int unshared = unshare(CLONE_FS) == 0 ? 0 : errno;
+    err_ = unshared;
+    if (err_ == 0) saved_ = umask(fuse_req_ctx(req)->umask);
+  }
+  ~CallerUmask() {
+    if (err_ == 0) umask(saved_);
+  }
+  CallerUmask(const CallerUmask&) = delete;
+  CallerUmask& operator=(const CallerUmask&) = delete;
+  // 0, or why this thread could not get a umask of its own: the create must then fail rather
+  // than run under the daemon's umask, which is not the caller's.
+  int error() const { return err_; }
+
+ private:
+  int err_ = 0;
+  mode_t saved_ = 0;
+};
+// Gives the object just created (and looked up into `e`) to the caller: the daemon runs as root
+// for many users and creates everything as root. Acts on the inode's own fd, not the name, which
+// another request may already have renamed. Under a set-group-ID directory the group stays the
+// directory's, as the backing fs chose it. chown(2) clears set-user-ID (and set-group-ID with
+// group execute) even for root, but on ext4 the creator's own file keeps the mode it was created
+// with, so that mode is put back. Refreshes e->attr. Returns an errno.
+int GiveToCaller(fuse_req_t req, Fs& fs, Inode& parent, fuse_entry_param* e);
+
+// Replies to a create-like request (mknod, mkdir, symlink) whose object `name` was just made in
+// `parent`: looks it up, hands it to the caller and answers with its entry. When the hand-over
+// fails the object is removed again (`rmflags` for unlinkat): ext4 would not have made it.
+void ReplyCreated(fuse_req_t req, fuse_ino_t parent, const char* name, int rmflags);
+
+void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name);
+
+int StatInode(Inode& in, struct stat* st);
+
+// True when `gid` is the caller's group or one of its supplementary groups. A caller whose groups
+// cannot be read counts as outside the group: the bit it decides then goes, which is the safe side.
+bool CallerInGroup(fuse_req_t req, gid_t gid);
+
+// What a write or truncate by a process without CAP_FSETID clears on ext4
+// (setattr_should_drop_suidgid): set-user-ID always; set-group-ID when group execute is set, or
+// when the writer is not in the file's group. Applies it to the inode. Returns an errno.
+//
+// The FUSE kernel does part of this itself -- set-user-ID, and set-group-ID with group execute,
+// as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
+// leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
+int KillPrivs(fuse_req_t req, Inode& in);
+
+// Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
+// direct_io open) says so exactly with FUSE_WRITE_KILL_SUIDGID. A page-cache write never carries
+// it (the kernel sets it only with FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot ask for),
+// and neither does any write under libfuse's own loop (clone_fd=1, which does not pass the flags
+// on): there the caller counts as privileged exactly when it is root.
+bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh);
+
+// The kernel reads ahead at most the FUSE bdi's read_ahead_kb (128 KiB by default, whatever
+// max_readahead says), in requests of at most 1 MiB. Raising it lets a sequential reader's
+// requests reach us many at a time. Found through /proc/self/mountinfo, not stat(): a stat of
+// our own mountpoint from inside init would wait for ourselves.
+void RaiseKernelReadAhead(const std::string& mountpoint, int64_t bytes);
+
+// One pinned, aligned buffer per FUSE thread (grown on demand): reads into it and writes from it
+// are plain O_DIRECT requests, no bounce copy. Null when it cannot be pinned.
+char* ThreadScratch(size_t size);
+
+}  // namespace dnvme::fs::ops

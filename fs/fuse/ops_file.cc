@@ -1,0 +1,255 @@
+// FUSE ops on open files: open/create (the backing file registered with the engine once), read
+// and write through the data path (fs/data/data_path.cc), flush/release/fsync (which drain the
+// inode's write-behind), fallocate and lseek. Errors leave as errno only here (ErrnoOf).
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/common/log.h"
+#include "fs/caps.h"
+#include "fs/control/virtual.h"
+#include "fs/fs.h"
+#include "fs/fuse/fuse_status.h"
+#include "fs/fuse/ops.h"
+#include "fs/fuse/ops_common.h"
+
+namespace dnvme::fs::ops {
+
+// Opens the backing object of `in` with the client's flags, minus those the engine handles
+// itself (O_DIRECT: the engine decides per request; O_APPEND: the kernel already turned it into
+// offsets) and those that only make sense at create time.
+int OpenBacking(Inode& in, int flags, UniqueFd* out) {
+  const int strip = O_DIRECT | O_APPEND | O_CREAT | O_EXCL | O_NOCTTY;
+  int fd = open(ProcPath(in.fd).c_str(), (flags & ~strip) | O_CLOEXEC);
+  if (fd < 0) return errno;
+  out->Reset(fd);
+  return 0;
+}
+
+int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
+  auto fh = std::make_unique<FileHandle>();
+  fh->inode = &in;
+  fh->client_direct = (flags & O_DIRECT) != 0;
+  const int acc = flags & O_ACCMODE;
+  fh->writable = acc != O_RDONLY;
+  if (S_ISREG(in.type)) {
+    FileAccess access = acc == O_RDONLY   ? FileAccess::kRead
+                        : acc == O_WRONLY ? FileAccess::kWrite
+                                          : FileAccess::kReadWrite;
+    auto ref = fs.Engine()->adopt_fd(fd.get(), access);
+    if (!ref.ok()) {
+      Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
+      return ref.status().error_number() ? ref.status().error_number() : EIO;
+    }
+    fh->file = std::move(ref).value();
+  }
+  fh->fd = std::move(fd);
+  *out = fh.release();
+  fs.Track(*out);
+  return 0;
+}
+
+void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
+  fi->keep_cache = 0;  // the page cache of this file may be stale after a truncate elsewhere
+  // A write-only open (a checkpoint writer) reads nothing back. When requests are spliced, its
+  // writes through the page cache cost the daemon no copy at all (fs/data/splice_io.h): keep
+  // the page cache. Otherwise every byte would be copied into the page cache, out of it into
+  // the daemon, and into a chunk: direct_io saves the first of those. Measured with dd bs=1M
+  // (docs/performance-journal.md): same GiB/s either way when spliced, a quarter of the daemon CPU.
+  fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY && !fs.SplicesWrites() ? 1 : 0;
+  fi->noflush = 0;
+  // Otherwise the kernel copies a write's data into its page cache first and, when the session
+  // loop splices, hands us references to those pages (fs/transport/pipe.h). With direct_io or
+  // O_DIRECT it sends the caller's own pages, which splice can only copy.
+  fh->page_cache_writes = !fi->direct_io && !fh->client_direct;
+}
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (VirtualOpen(req, ino, fi)) return;
+  Fs& fs = FsOf(req);
+  Inode& in = fs.GetInode(ino);
+  // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
+  UniqueFd fd;
+  int err = OpenBacking(in, fi->flags, &fd);
+  FileHandle* fh = nullptr;
+  if (!err) err = MakeHandle(fs, in, fi->flags, std::move(fd), &fh);
+  if (err) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  fi->fh = reinterpret_cast<uint64_t>(fh);
+  FillOpenFlags(fs, fi, fh);
+  if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(fh);  // the opener was interrupted
+}
+
+void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+              fuse_file_info* fi) {
+  if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
+  Fs& fs = FsOf(req);
+  Inode& dir = fs.GetInode(parent);
+  const int flags = (fi->flags & ~(O_DIRECT | O_APPEND | O_NOCTTY | O_CREAT | O_EXCL)) | O_CLOEXEC;
+  // O_EXCL always, so that we know whether this request made the file: only then does it go to
+  // the caller (and away again if the reply fails). The kernel sends CREATE for a name it found
+  // missing; one that appeared since (another client, BACKING_DIR) is opened as open(2) would.
+  int fd;
+  bool created = true;
+  {
+    CallerUmask mask(req);
+    if (mask.error()) {
+      fuse_reply_err(req, mask.error());
+      return;
+    }
+    fd = openat(dir.fd, name, flags | O_CREAT | O_EXCL, mode);
+    if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
+      created = false;
+      fd = openat(dir.fd, name, flags);
+    }
+    if (fd < 0) {
+      fuse_reply_err(req, errno);
+      return;
+    }
+  }
+  UniqueFd owned(fd);
+  fuse_entry_param e{};
+  int err = fs.DoLookup(parent, name, &e);
+  FileHandle* fh = nullptr;
+  if (!err) {
+    if (created) err = GiveToCaller(req, fs, dir, &e);
+    if (!err) err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned), &fh);
+    if (err) fs.Forget(e.ino, 1);
+  }
+  if (err) {
+    if (created && unlinkat(dir.fd, name, 0) != 0) {
+      Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
+    }
+    fuse_reply_err(req, err);
+    return;
+  }
+  fi->fh = reinterpret_cast<uint64_t>(fh);
+  FillOpenFlags(fs, fi, fh);
+  if (fuse_reply_create(req, &e, fi) == -ENOENT) fs.Dispose(fh);
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  if (VirtualRead(req, ino, size, off, fi)) return;
+  Fs& fs = FsOf(req);
+  FileHandle& fh = Fh(fi);
+  // An O_DIRECT client (libaio at queue depth N) sends N reads at once: with async_reply they are
+  // answered from the engine's completion, freeing this thread for the next one (measured slower
+  // on 2 cores, see options.h, hence off by default).
+  if (fh.client_direct && fs.opts().async_reply && fs.ReadAndReplyAsync(req, fh, size, off)) {
+    return;
+  }
+  char* scratch = ThreadScratch(size);
+  if (scratch == nullptr) {
+    fuse_reply_err(req, ENOMEM);
+    return;
+  }
+  ReadReply reply;
+  Result<int64_t> n = fs.Read(fh, scratch, size, off, &reply);
+  if (!n.ok()) {
+    fuse_reply_err(req, ErrnoOf(n.status()));
+  } else {
+    fuse_reply_iov(req, reply.iov.data(), static_cast<int>(reply.iov.size()));
+  }
+}
+
+void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
+  if (VirtualWrite(req, ino, bufv, fi)) return;
+  if (WriterUnprivileged(req, Fh(fi))) {
+    if (int err = KillPrivs(req, *Fh(fi).inode); err != 0) {
+      fuse_reply_err(req, err);
+      return;
+    }
+  }
+  const size_t size = fuse_buf_size(bufv);
+  char* scratch = ThreadScratch(size);
+  if (scratch == nullptr) {
+    fuse_reply_err(req, ENOMEM);
+    return;
+  }
+  WriteSource src(bufv);
+  int err = ErrnoOf(FsOf(req).Write(Fh(fi), src, size, off, scratch));
+  if (err) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_write(req, size);
+  }
+}
+
+void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (VirtualNoop(req, ino)) return;
+  // close(2): hand the writer any write-behind error; the data need not be durable yet.
+  FileHandle& fh = Fh(fi);
+  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
+  fuse_reply_err(req, err);
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (VirtualRelease(req, ino, fi)) return;
+  FileHandle* fh = &Fh(fi);
+  if (S_ISREG(fh->inode->type)) {
+    Status st = fh->inode->wb.Drain(/*take_error=*/false);
+    if (!st.ok()) {
+      Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, st.ToString());
+    }
+    // Read-ahead in flight uses the inode, which may be forgotten once no file is open.
+    fh->inode->ra.Quiesce();
+  }
+  FsOf(req).Dispose(fh);
+  fuse_reply_err(req, 0);
+}
+
+void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
+  if (VirtualNoop(req, ino)) return;
+  FileHandle& fh = Fh(fi);
+  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
+  if (!err) {
+    int rc = datasync ? fdatasync(fh.fd.get()) : fsync(fh.fd.get());
+    if (rc != 0) err = errno;
+  }
+  fuse_reply_err(req, err);
+}
+
+void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+                 fuse_file_info* fi) {
+  if (RefuseVirtual(req, ino, EOPNOTSUPP)) return;
+  Fs& fs = FsOf(req);
+  Inode& in = fs.GetInode(ino);
+  int err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+  in.ra.Invalidate();
+  if (!err && fallocate(Fh(fi).fd.get(), mode, offset, length) != 0) err = errno;
+  fuse_reply_err(req, err);
+}
+
+void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
+  if (RefuseVirtual(req, ino, EINVAL)) return;
+  Fs& fs = FsOf(req);
+  int err = ErrnoOf(fs.GetInode(ino).wb.Drain(/*take_error=*/false));
+  if (err) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  off_t r = lseek(Fh(fi).fd.get(), off, whence);
+  if (r < 0) {
+    fuse_reply_err(req, errno);
+  } else {
+    fuse_reply_lseek(req, r);
+  }
+}
+
+}  // namespace dnvme::fs::ops
