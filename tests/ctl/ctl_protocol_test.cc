@@ -1,5 +1,5 @@
-// The control-file request parser (fs/control/ctl_protocol.h): every op's fields, every refusal and its
-// errno, path normalisation, answers. No mount needed.
+// The control-file request parser (fs/control/ctl_protocol.h): every op's fields, every refusal and
+// its errno, path normalisation, answers. No mount needed.
 #include "fs/control/ctl_protocol.h"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
-// The session loop's request buffers and their adoption by write-behind (fs/transport/request_buffer.h):
-// pool limits and reuse, the page-aligned payload offset, which payloads may be adopted, and
-// buffers that outlive their pool's owner. No mount needed (the mount tests in test_ctl.py,
-// AdoptTest, show the same path end to end).
+// The session loop's request buffers and their adoption by write-behind
+// (fs/transport/request_buffer.h): pool limits and reuse, the page-aligned payload offset, which
+// payloads may be adopted, and buffers that outlive their pool's owner. No mount needed (the mount
+// tests in test_ctl.py, AdoptTest, show the same path end to end).
 #include "fs/transport/request_buffer.h"
 
 #include <gtest/gtest.h>

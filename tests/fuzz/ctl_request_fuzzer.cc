@@ -1,6 +1,6 @@
-// libFuzzer target for the control-file request parser (fs/control/ctl_protocol.h): arbitrary bytes must
-// give either a checked request or an error Status, and an answer that is one JSON object; never
-// a crash, a hang or a sanitizer report. Built with clang -fsanitize=fuzzer,address,undefined
+// libFuzzer target for the control-file request parser (fs/control/ctl_protocol.h): arbitrary bytes
+// must give either a checked request or an error Status, and an answer that is one JSON object;
+// never a crash, a hang or a sanitizer report. Built with clang -fsanitize=fuzzer,address,undefined
 // (tests/fuzz/run.sh); CI runs it for a bounded time.
 #include <cstddef>
 #include <cstdint>
