@@ -36,31 +36,6 @@ std::vector<std::string> SplitOpts(std::string_view s) {
   return out;
 }
 
-Result<int> ParseInt(const std::string& key, const std::string& v) {
-  if (v.empty()) return Status::InvalidArgument("option '" + key + "' needs a value");
-  char* end = nullptr;
-  errno = 0;
-  long n = std::strtol(v.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || n < INT_MIN || n > INT_MAX) {
-    return Status::InvalidArgument("option '" + key + "': '" + v + "' is not an integer");
-  }
-  return static_cast<int>(n);
-}
-
-Result<bool> ParseBool(const std::string& key, const std::optional<std::string>& v) {
-  if (!v) return true;  // "-o single_submit"
-  if (*v == "1" || *v == "true" || *v == "yes") return true;
-  if (*v == "0" || *v == "false" || *v == "no") return false;
-  return Status::InvalidArgument("option '" + key + "': '" + *v + "' is not a boolean");
-}
-
-Result<int64_t> ParseSizeOpt(const std::string& key, const std::optional<std::string>& v) {
-  if (!v) return Status::InvalidArgument("option '" + key + "' needs a value");
-  auto r = ParseSize(*v);
-  if (!r.ok()) return r.status().WithContext("option '" + key + "'");
-  return r;
-}
-
 std::string Absolute(const std::string& p) {
   char buf[PATH_MAX];
   if (realpath(p.c_str(), buf) != nullptr) return buf;
@@ -166,31 +141,31 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     if (FindConfigKey(k) != nullptr) {  // an engine key (include/dnvme/config.h's table)
       DNVME_RETURN_IF_ERROR(SetConfigKeyFromText(&o.engine, k, v));
     } else if (k == "write_behind") {
-      DNVME_ASSIGN_OR_RETURN(o.write_behind, ParseSizeOpt(k, v));
+      DNVME_ASSIGN_OR_RETURN(o.write_behind, ParseSizeOption(k, v));
     } else if (k == "write_chunk") {
-      DNVME_ASSIGN_OR_RETURN(o.write_chunk, ParseSizeOpt(k, v));
+      DNVME_ASSIGN_OR_RETURN(o.write_chunk, ParseSizeOption(k, v));
       chunk_given = true;
     } else if (k == "splice_read") {
-      DNVME_ASSIGN_OR_RETURN(o.splice_read, ParseBool(k, v));
+      DNVME_ASSIGN_OR_RETURN(o.splice_read, ParseBoolOption(k, v));
     } else if (k == "async_reply") {
-      DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBool(k, v));
+      DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBoolOption(k, v));
     } else if (k == "clone_fd") {
-      DNVME_ASSIGN_OR_RETURN(o.clone_fd, ParseBool(k, v));
+      DNVME_ASSIGN_OR_RETURN(o.clone_fd, ParseBoolOption(k, v));
     } else if (k == "loop_threads") {
-      DNVME_ASSIGN_OR_RETURN(o.loop_threads, ParseInt(k, v.value_or("")));
+      DNVME_ASSIGN_OR_RETURN(o.loop_threads, ParseIntOption(k, v));
       if (o.loop_threads < 1 || o.loop_threads > kMaxFuseThreads) {
         return Status::InvalidArgument("option 'loop_threads' must be 1.." +
                                        std::to_string(kMaxFuseThreads));
       }
     } else if (k == "ctl_max_handles") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_handles, ParseInt(k, v.value_or("")));
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_handles, ParseIntOption(k, v));
       if (o.ctl_max_handles < 0 || o.ctl_max_handles > 4096) {
         return Status::InvalidArgument("option 'ctl_max_handles' must be 0..4096");
       }
     } else if (k == "ctl_max_bytes") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_bytes, ParseSizeOpt(k, v));
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_bytes, ParseSizeOption(k, v));
     } else if (k == "read_ahead") {
-      DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOpt(k, v));
+      DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOption(k, v));
     } else if (k == "log_level") {
       static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
       bool known = false;

@@ -176,18 +176,6 @@ Slot SlotOf(HandleConfig& c, ConfigKeyId id) {
   return {};
 }
 
-Result<int> IntFromText(const std::string& text, const char* key) {
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE || v < std::numeric_limits<int>::min() ||
-      v > std::numeric_limits<int>::max()) {
-    return Status::InvalidArgument(std::string("option '") + key + "': '" + text +
-                                   "' is not an integer");
-  }
-  return static_cast<int>(v);
-}
-
 }  // namespace
 
 // DeepSpeed's five first, in the order of DeepSpeed's "aio" config section (and of the file
@@ -232,6 +220,37 @@ std::string ConfigKeyNames(bool deepspeed_only) {
   return out;
 }
 
+Result<int64_t> ParseSizeOption(std::string_view key, const std::optional<std::string>& value) {
+  if (!value || value->empty()) {
+    return Status::InvalidArgument("option '" + std::string(key) + "' needs a value");
+  }
+  auto n = ParseSize(*value);
+  if (!n.ok()) return n.status().WithContext("option '" + std::string(key) + "'");
+  return n;
+}
+
+Result<int> ParseIntOption(std::string_view key, const std::optional<std::string>& value) {
+  if (!value || value->empty()) {
+    return Status::InvalidArgument("option '" + std::string(key) + "' needs a value");
+  }
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(value->c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE || v < std::numeric_limits<int>::min() ||
+      v > std::numeric_limits<int>::max()) {
+    return Status::InvalidArgument("option '" + std::string(key) + "': '" + *value +
+                                   "' is not an integer");
+  }
+  return static_cast<int>(v);
+}
+
+Result<bool> ParseBoolOption(std::string_view key, const std::optional<std::string>& value) {
+  if (!value || *value == "1" || *value == "true" || *value == "yes") return true;
+  if (*value == "0" || *value == "false" || *value == "no") return false;
+  return Status::InvalidArgument("option '" + std::string(key) + "': '" + *value +
+                                 "' is not a boolean (true/false, 1/0, yes/no)");
+}
+
 Status SetConfigKeyFromText(HandleConfig* config, std::string_view name,
                             const std::optional<std::string>& value) {
   const ConfigKey* key = FindConfigKey(name);
@@ -240,38 +259,25 @@ Status SetConfigKeyFromText(HandleConfig* config, std::string_view name,
                                    "' (known: " + ConfigKeyNames() + ")");
   }
   Slot slot = SlotOf(*config, key->id);
-  if (key->type == ConfigValueType::kBool) {
-    if (!value || *value == "1" || *value == "true" || *value == "yes") {
-      *slot.boolean = true;  // the bare option ("-o single_submit") means true
-    } else if (*value == "0" || *value == "false" || *value == "no") {
-      *slot.boolean = false;
-    } else {
-      return Status::InvalidArgument(std::string("option '") + key->name + "': '" + *value +
-                                     "' is not a boolean (true/false, 1/0, yes/no)");
-    }
-    return Status::Ok();
-  }
-  if (!value)
-    return Status::InvalidArgument(std::string("option '") + key->name + "' needs a value");
   switch (key->type) {
     case ConfigValueType::kSize: {
-      auto n = ParseSize(*value);
-      if (!n.ok()) return n.status().WithContext(std::string("option '") + key->name + "'");
-      *slot.size = *n;
+      DNVME_ASSIGN_OR_RETURN(*slot.size, ParseSizeOption(key->name, value));
       return Status::Ok();
     }
     case ConfigValueType::kInt: {
-      DNVME_ASSIGN_OR_RETURN(*slot.integer, IntFromText(*value, key->name));
+      DNVME_ASSIGN_OR_RETURN(*slot.integer, ParseIntOption(key->name, value));
+      return Status::Ok();
+    }
+    case ConfigValueType::kBool: {
+      DNVME_ASSIGN_OR_RETURN(*slot.boolean, ParseBoolOption(key->name, value));
       return Status::Ok();
     }
     case ConfigValueType::kDirect: {
-      auto d = ParseDirectPolicy(*value);
+      auto d = ParseDirectPolicy(value.value_or(""));
       if (!d.ok()) return d.status().WithContext(std::string("option '") + key->name + "'");
       *slot.direct = *d;
       return Status::Ok();
     }
-    case ConfigValueType::kBool:
-      break;
   }
   return Status::Internal("engine option '" + std::string(name) + "' has no parser");
 }

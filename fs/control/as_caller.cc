@@ -13,18 +13,12 @@
 #include "fs/control/ctl_protocol.h"
 
 namespace dnvme::fs {
-namespace {
-
-Status Err(int err, std::string msg) { return CtlError(err, std::move(msg)); }
-
-}  // namespace
-
 Result<std::unique_ptr<AsCaller>> AsCaller::Enter(const Caller& c) {
   auto a = std::unique_ptr<AsCaller>(new AsCaller());
   if (geteuid() != 0) {
     if (c.uid != geteuid()) {
-      return Err(EACCES, "the daemon runs as uid " + std::to_string(geteuid()) +
-                             " and cannot act for uid " + std::to_string(c.uid));
+      return CtlError(EACCES, "the daemon runs as uid " + std::to_string(geteuid()) +
+                                  " and cannot act for uid " + std::to_string(c.uid));
     }
     return a;
   }
@@ -42,11 +36,11 @@ Result<std::unique_ptr<AsCaller>> AsCaller::Enter(const Caller& c) {
   }
   setfsgid(c.gid);
   if (static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != c.gid) {
-    return Err(EPERM, "cannot take the caller's gid " + std::to_string(c.gid));
+    return CtlError(EPERM, "cannot take the caller's gid " + std::to_string(c.gid));
   }
   setfsuid(c.uid);
   if (static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != c.uid) {
-    return Err(EPERM, "cannot take the caller's uid " + std::to_string(c.uid));
+    return CtlError(EPERM, "cannot take the caller's uid " + std::to_string(c.uid));
   }
   return a;
 }
@@ -75,7 +69,7 @@ Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     const int err = errno;
-    if (err == EXDEV) return Err(EXDEV, "'" + rel + "' resolves outside the mount");
+    if (err == EXDEV) return CtlError(EXDEV, "'" + rel + "' resolves outside the mount");
     return Status::FromErrno(err, "open '" + rel + "'");
   }
   return UniqueFd(static_cast<int>(fd));

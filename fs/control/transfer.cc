@@ -22,40 +22,39 @@ namespace {
 
 using nlohmann::json;
 
-Status Err(int err, std::string msg) { return CtlError(err, std::move(msg)); }
-
 }  // namespace
 
 Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& caller) {
   const bool write = r.op == CtlOp::kPwrite;
   auto hit = handles_.find(r.handle);
   if (hit == handles_.end()) {
-    return Err(EBADF, "no handle " + std::to_string(r.handle) + " in this session");
+    return CtlError(EBADF, "no handle " + std::to_string(r.handle) + " in this session");
   }
   auto bit = buffers_.find(r.buffer);
   auto git = gpu_buffers_.find(r.buffer);
   if (bit == buffers_.end() && git == gpu_buffers_.end()) {
-    return Err(EBADF, "no buffer " + std::to_string(r.buffer) + " in this session");
+    return CtlError(EBADF, "no buffer " + std::to_string(r.buffer) + " in this session");
   }
   CtlHandle& h = *hit->second;
   std::shared_ptr<ClientMapping> map = bit != buffers_.end() ? bit->second : nullptr;
   std::shared_ptr<CtlGpuBuffer> gbuf = map == nullptr ? git->second : nullptr;
   const int64_t bsize = map != nullptr ? map->size() : gbuf->size;
   if (r.buffer_offset > bsize || r.length > bsize - r.buffer_offset) {
-    return Err(EINVAL, "buffer_offset " + std::to_string(r.buffer_offset) + " + length " +
-                           std::to_string(r.length) + " is past the end of buffer " +
-                           std::to_string(r.buffer) + " (" + std::to_string(bsize) + " bytes)");
+    return CtlError(EINVAL, "buffer_offset " + std::to_string(r.buffer_offset) + " + length " +
+                                std::to_string(r.length) + " is past the end of buffer " +
+                                std::to_string(r.buffer) + " (" + std::to_string(bsize) +
+                                " bytes)");
   }
   GdsHandle* gds = nullptr;
   if (gbuf != nullptr) {
     DNVME_ASSIGN_OR_RETURN(gds, GpuEngine(h, gbuf->device));
   } else if (!write && !map->writable()) {
-    return Err(EACCES, "buffer " + std::to_string(r.buffer) +
-                           " is registered read-only (the caller may not write it): it can be "
-                           "the source of a pwrite, not the target of a pread");
+    return CtlError(EACCES, "buffer " + std::to_string(r.buffer) +
+                                " is registered read-only (the caller may not write it): it can be "
+                                "the source of a pwrite, not the target of a pread");
   }
   if (map != nullptr && map->revoked())
-    return Err(EFAULT, "buffer " + std::to_string(r.buffer) + " was shrunk by its owner");
+    return CtlError(EFAULT, "buffer " + std::to_string(r.buffer) + " was shrunk by its owner");
 
   // Open the file as the caller: the same permission decision as open(2) on the mount.
   UniqueFd fd;
@@ -74,7 +73,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   }
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat '" + r.path + "'");
-  if (!S_ISREG(st.st_mode)) return Err(EINVAL, "'" + r.path + "' is not a regular file");
+  if (!S_ISREG(st.st_mode)) return CtlError(EINVAL, "'" + r.path + "' is not a regular file");
   if (created) fs_.AfterExternalCreate(Dirname(r.path), Basename(r.path));
 
   auto rec = std::make_shared<CtlOpRecord>();
@@ -117,8 +116,8 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
                   : h.engine->sync_pread(buf, r.length, rec->file, r.file_offset);
     }
     if (st2.ok() && map != nullptr && map->revoked()) {
-      st2 = Err(EFAULT, "buffer " + std::to_string(r.buffer) +
-                            " was shrunk by its owner during the transfer");
+      st2 = CtlError(EFAULT, "buffer " + std::to_string(r.buffer) +
+                                 " was shrunk by its owner during the transfer");
     }
     FinishRecord(*rec);
     if (!st2.ok()) {
@@ -135,9 +134,9 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
     std::lock_guard hl(h.m);
     if (static_cast<int64_t>(h.ops.size()) >= fs_.ctl_limits().max_pending) {
       FinishRecord(*rec);
-      return Err(EAGAIN, "handle " + std::to_string(r.handle) + " has " +
-                             std::to_string(h.ops.size()) +
-                             " operations not yet collected; call wait first");
+      return CtlError(EAGAIN, "handle " + std::to_string(r.handle) + " has " +
+                                  std::to_string(h.ops.size()) +
+                                  " operations not yet collected; call wait first");
     }
     h.ops.push_back(rec);
     ++h.running;

@@ -65,6 +65,13 @@ struct HandleConfig {
 // overflow.
 Result<int64_t> ParseSize(std::string_view text);
 
+// The text forms of a `-o key[=value]` option (`value` absent: the bare option), shared by the
+// engine's keys and the mount's own. Errors name the key. A size or an integer needs a value; a
+// boolean is 1/true/yes or 0/false/no, and the bare option means true.
+Result<int64_t> ParseSizeOption(std::string_view key, const std::optional<std::string>& value);
+Result<int> ParseIntOption(std::string_view key, const std::optional<std::string>& value);
+Result<bool> ParseBoolOption(std::string_view key, const std::optional<std::string>& value);
+
 // ---- The keys of HandleConfig, declared once ----
 //
 // Every place that names an engine option reads this table: the JSON form above (config files,
