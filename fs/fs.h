@@ -22,9 +22,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -37,10 +39,11 @@
 #include "fs/data/read_ahead.h"
 #include "fs/data/splice_io.h"
 #include "fs/data/write_behind.h"
-#include "fs/data/write_source.h"
 #include "fs/options.h"
 #include "fs/transport/pipe.h"
 #include "fs/transport/request_buffer.h"
+#include "fs/transport/transport.h"
+#include "fs/transport/write_source.h"
 
 namespace dnvme::fs {
 
@@ -126,11 +129,10 @@ class Fs : public ControlCore {
   void set_session(fuse_session* se) { se_ = se; }
   // True when page-cache WRITEs can reach the disk without a copy (pipes were reserved).
   bool SplicesWrites() const { return wb_pipes_ != nullptr; }
-  // For the session loop (SessionLoop::SpliceHint): true while recent large WRITEs came from the
-  // kernel's page cache, whose pages splice moves without a copy.
-  bool PreferSplice() const {
-    return wb_pipes_ && splice_score_.load(std::memory_order_relaxed) > 0;
-  }
+  // The transport the requests arrive by (set by main.cc before the session runs, cleared after
+  // it ended): the WRITE handler asks it for the write flags and the payload's pool.
+  void set_transport(Transport* t) { transport_ = t; }
+  Transport* transport() const { return transport_; }
 
   // ---- Control plane (fs/control/virtual.cc) ----
   Inode& VirtualInode(VirtualNode kind);
@@ -172,13 +174,13 @@ class Fs : public ControlCore {
   void Forget(fuse_ino_t ino, uint64_t n);
 
   // The data path (fs/data/data_path.cc): the inode's WriteBehind and ReadAhead, and the engine.
-  // Accepts a WRITE (read-ahead dropped, the receive mode's splice hint updated).
-  // `scratch` (pinned, aligned, at least `size` bytes) holds data that is written synchronously.
-  Status Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* scratch);
-  // For an O_DIRECT client: drains write-behind, then submits the read to the engine and answers
-  // `req` from the completion callback (on an engine worker). Returns false, without replying,
-  // when no reply buffer is free; the caller then reads synchronously.
-  bool ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t off);
+  // (A WRITE goes from fs/fuse/ops_file.cc straight to the inode's WriteBehind.)
+  // For an O_DIRECT client: drains write-behind, then submits the read to the engine. `done`
+  // runs once, on an engine worker (or on this thread when the read fails or ends before it is
+  // submitted), with the bytes read -- valid only during the call -- or the error; it replies.
+  // Returns false, without calling `done`, when no reply buffer is free: read synchronously.
+  using ReadDone = std::function<void(Result<std::span<const char>>)>;
+  bool ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done);
   // Reads up to `size` bytes at `off` (readers see every accepted byte: write-behind is drained
   // first); `scratch` (at least `size` bytes, pinned and aligned) takes what is read on demand.
   // Returns the bytes read (the iovecs in `reply` add up to it).
@@ -198,11 +200,7 @@ class Fs : public ControlCore {
   std::vector<std::shared_ptr<AioHandle>> retired_;
   HandleStats retired_stats_;  // of destroyed engines, for the stats
   fuse_session* se_ = nullptr;
-  // +1 per large page-cache WRITE, -1 per large WRITE of the caller's own pages, kept within
-  // [-kSpliceScoreLimit, kSpliceScoreLimit]: a few requests of the other kind flip the mode.
-  static constexpr int kSpliceScoreLimit = 8;
-  std::atomic<int> splice_score_{1};
-  void NoteWriteKind(bool page_cache);
+  Transport* transport_ = nullptr;
   struct timespec started_ {};
 
   CtlCounters ctl_counters_;

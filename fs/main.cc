@@ -23,7 +23,7 @@
 #include "fs/caps.h"
 #include "fs/fs.h"
 #include "fs/options.h"
-#include "fs/transport/session_loop.h"
+#include "fs/transport/transport.h"
 
 #ifndef DNVME_VERSION
 #define DNVME_VERSION "unknown"
@@ -203,22 +203,40 @@ int main(int argc, char** argv) {
     // Forked for good: CUDA (and cuFile) may start from now on, on the first GPU registration
     // through the control file.
     if (daemonized) dnvme::gpu::AllowCudaInit();
-    // Our loop (unless clone_fd asks for libfuse's) and its pipes come before the capability
-    // drop: pipes big enough for a 1 MiB request need CAP_SYS_RESOURCE
-    // (fs/transport/session_loop.h).
-    std::unique_ptr<dnvme::fs::SessionLoop> loop;
+    // The transport (fs/transport/transport.h) and its pipes come before the capability drop:
+    // pipes big enough for a 1 MiB request need CAP_SYS_RESOURCE.
+    std::unique_ptr<dnvme::fs::Transport> transport;
     dnvme::Status loop_st;
-    if (daemonized && !opts.clone_fd) {
-      dnvme::fs::Fs* f = fs.get();
-      auto l = dnvme::fs::SessionLoop::Create(
-          se, opts.single_thread ? 1 : opts.loop_threads, opts.splice_read,
-          [f] { return f->PreferSplice(); }, opts.AdoptableRequestBuffers());
-      if (l.ok()) {
-        loop = std::move(l).value();
-        loop_st = fs->ReservePrivileged(loop->splicing());
+    if (daemonized) {
+      dnvme::fs::TransportOptions t;
+      t.threads = opts.single_thread ? 1 : opts.loop_threads;
+      t.splice = opts.splice_read;
+      t.clone_fd = opts.clone_fd;
+      t.adoptable = opts.AdoptableRequestBuffers();
+      t.libfuse_max_threads = dnvme::fs::kMaxFuseThreads;
+      auto created = dnvme::fs::CreateTransport(se, t);
+      if (created.ok()) {
+        transport = std::move(created).value();
+        loop_st = fs->ReservePrivileged(transport->kind() == dnvme::fs::Transport::Kind::kSplice);
       } else {
-        loop_st = l.status();
+        loop_st = created.status();
       }
+      // Spliced requests pay only when write-behind can keep their pages in pipes; without
+      // those pipes (write_behind=0, or none could be made) they would be copied out of the
+      // request pipe, which costs more than reading them.
+      if (loop_st.ok() && transport->kind() == dnvme::fs::Transport::Kind::kSplice &&
+          !fs->SplicesWrites()) {
+        Logger().info("requests read(2), not spliced: write-behind has no pipes to keep them");
+        transport.reset();
+        t.splice = false;
+        created = dnvme::fs::CreateTransport(se, t);
+        if (created.ok()) {
+          transport = std::move(created).value();
+        } else {
+          loop_st = created.status();
+        }
+      }
+      if (loop_st.ok()) fs->set_transport(transport.get());
     }
     if (!daemonized) {
       Logger().error("daemonize failed");
@@ -229,21 +247,10 @@ int main(int argc, char** argv) {
     } else if (dnvme::Status st = fs->Start(); !st.ok()) {
       Logger().error("start-up failed: {}", st.ToString());
     } else {
-      Logger().info("mounted {} at {} (engine {}; {})", opts.backing, opts.mountpoint,
-                    opts.engine.ToJson(),
-                    loop ? (loop->splicing() ? "requests spliced" : "requests read")
-                         : "libfuse loop with clone_fd");
-      int loop_rc;
-      if (loop) {
-        loop_rc = loop->Run();
-      } else {
-        fuse_loop_config* cfg = fuse_loop_cfg_create();
-        fuse_loop_cfg_set_clone_fd(cfg, 1);
-        fuse_loop_cfg_set_idle_threads(cfg, 16);
-        fuse_loop_cfg_set_max_threads(cfg, dnvme::fs::kMaxFuseThreads);
-        loop_rc = fuse_session_loop_mt(se, cfg);
-        fuse_loop_cfg_destroy(cfg);
-      }
+      Logger().info("mounted {} at {} (engine {}; transport {}: {})", opts.backing, opts.mountpoint,
+                    opts.engine.ToJson(), dnvme::fs::TransportKindName(transport->kind()),
+                    transport->Describe());
+      const int loop_rc = transport->Run();
       fs->DrainAll();
       Logger().info("session loop ended ({}); unmounting {}: stats {}", loop_rc, opts.mountpoint,
                     fs->StatsJson());
@@ -254,6 +261,7 @@ int main(int argc, char** argv) {
       const bool unmounted = loop_rc == -ENODEV || loop_rc == -ECONNABORTED;
       rc = (loop_rc == 0 || by_signal || unmounted) ? 0 : kExitFailure;
       fs->Stop();  // no engine callback may reply into a destroyed session
+      fs->set_transport(nullptr);
     }
     fuse_session_unmount(se);
   }

@@ -430,6 +430,8 @@ std::string Fs::StatsJson() {
   };
   // Pipes for spliced write-behind (fs/data/splice_io.h); 0 when requests are read, not spliced.
   j["mount"]["splice_pipes"] = wb_pipes_ ? wb_pipes_->count() : 0;
+  // How requests arrive (fs/transport/transport.h); null before the session runs.
+  j["transport"] = transport_ ? json::parse(transport_->StatsJson()) : json(nullptr);
   return j.dump();
 }
 

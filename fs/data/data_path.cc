@@ -1,6 +1,7 @@
-// The data path of the mount: how a WRITE and a READ reach the engine. Each inode's data state
-// lives in its WriteBehind (fs/data/write_behind.h) and ReadAhead (fs/data/read_ahead.h); this
-// file composes them with the engine and the receive mode's splice hint.
+// The data path of the mount for READs: how a read reaches the engine through the inode's
+// WriteBehind (drained first, fs/data/write_behind.h) and ReadAhead (fs/data/read_ahead.h). A
+// WRITE goes from the op (fs/fuse/ops_file.cc) straight to the inode's WriteBehind. Errors leave
+// as Status; the FUSE ops turn them into errno replies.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,31 +10,10 @@
 
 #include "engine/common/log.h"
 #include "fs/fs.h"
-#include "fs/fuse/fuse_status.h"
 
 namespace dnvme::fs {
-namespace {
 
-constexpr size_t kSpliceHintMinBytes = 64 << 10;
-
-}  // namespace
-
-void Fs::NoteWriteKind(bool page_cache) {
-  int s = splice_score_.load(std::memory_order_relaxed);
-  const int next =
-      page_cache ? std::min(s + 1, kSpliceScoreLimit) : std::max(s - 1, -kSpliceScoreLimit);
-  // A lost race only delays the switch by a request: no retry loop needed.
-  if (next != s) splice_score_.compare_exchange_weak(s, next, std::memory_order_relaxed);
-}
-
-Status Fs::Write(FileHandle& fh, WriteSource& src, size_t size, off_t off, char* scratch) {
-  // Small writes cost about the same either way; only large ones steer the receive mode.
-  if (wb_pipes_ && size >= kSpliceHintMinBytes) NoteWriteKind(fh.page_cache_writes);
-  fh.inode->ra.Invalidate();
-  return fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch);
-}
-
-bool Fs::ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t off) {
+bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
   if (!reply_pool_ || size > reply_pool_->buffer_size()) return false;
   PinnedPool::Lease lease = reply_pool_->TryAcquire();
   if (!lease) return false;
@@ -41,42 +21,43 @@ bool Fs::ReadAndReplyAsync(fuse_req_t req, FileHandle& fh, size_t size, off_t of
   (void)fh.inode->wb.Drain(/*take_error=*/false);  // readers see every accepted byte
   struct stat st {};
   if (fstat(fh.fd.get(), &st) != 0) {
-    fuse_reply_err(req, errno);
+    done(Status::FromErrno(errno, "fstat before a read"));
     return true;
   }
   if (off >= st.st_size) {
-    fuse_reply_buf(req, nullptr, 0);
+    done(std::span<const char>());
     return true;
   }
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(size), st.st_size - off);
   auto buf = std::make_shared<PinnedPool::Lease>(std::move(lease));
   const int fd = fh.fd.get();  // valid until release, which cannot come while a read is pending
+  // Shared by the callback and the submit-failure path below: exactly one of them runs it.
+  auto finish = std::make_shared<ReadDone>(std::move(done));
   Status s = Engine()->submit_pread(
-      buf->data(), n, fh.file, off, [this, req, buf, n, fd, off](const OpResult& r) {
+      buf->data(), n, fh.file, off, [this, finish, buf, n, fd, off](const OpResult& r) {
         if (r.status.ok()) {
           counters_.bytes_read_engine.fetch_add(static_cast<uint64_t>(n),
                                                 std::memory_order_relaxed);
-          fuse_reply_buf(req, buf->data(), static_cast<size_t>(n));
+          (*finish)(std::span<const char>(buf->data(), static_cast<size_t>(n)));
         } else if (r.status.code() == Status::Code::kEndOfFile) {
-          // The file shrank since fstat: answer with what is there, as
-          // read(2) would.
+          // The file shrank since fstat: answer with what is there, as read(2) would.
           ssize_t got;
           do {
             got = pread(fd, buf->data(), static_cast<size_t>(n), off);
           } while (got < 0 && errno == EINTR);
           if (got < 0) {
-            fuse_reply_err(req, errno);
+            (*finish)(Status::FromErrno(errno, "pread after the file shrank"));
           } else {
-            fuse_reply_buf(req, buf->data(), static_cast<size_t>(got));
+            (*finish)(std::span<const char>(buf->data(), static_cast<size_t>(got)));
           }
         } else {
           counters_.errors.fetch_add(1, std::memory_order_relaxed);
-          fuse_reply_err(req, ErrnoOf(r.status));
+          (*finish)(r.status);
         }
       });
   if (!s.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
-    fuse_reply_err(req, ErrnoOf(s));
+    (*finish)(s);
   }
   return true;
 }

@@ -137,11 +137,10 @@ int KillPrivs(fuse_req_t req, Inode& in) {
 // Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
 // direct_io open) says so exactly with FUSE_WRITE_KILL_SUIDGID. A page-cache write never carries
 // it (the kernel sets it only with FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot ask for),
-// and neither does any write under libfuse's own loop (clone_fd=1, which does not pass the flags
-// on): there the caller counts as privileged exactly when it is root.
-bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh) {
-  const std::optional<uint32_t> flags = CurrentWriteFlags();
-  if (flags && !fh.page_cache_writes) return (*flags & FUSE_WRITE_KILL_SUIDGID) != 0;
+// and under libfuse's own loop (clone_fd=1, which does not pass the flags on) `write_flags` is
+// unknown (nullopt): there the caller counts as privileged exactly when it is root.
+bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh, std::optional<uint32_t> write_flags) {
+  if (write_flags && !fh.page_cache_writes) return (*write_flags & FUSE_WRITE_KILL_SUIDGID) != 0;
   return fuse_req_ctx(req)->uid != 0;
 }
 

@@ -85,9 +85,9 @@ int KillPrivs(fuse_req_t req, Inode& in);
 // Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
 // direct_io open) says so exactly with FUSE_WRITE_KILL_SUIDGID. A page-cache write never carries
 // it (the kernel sets it only with FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot ask for),
-// and neither does any write under libfuse's own loop (clone_fd=1, which does not pass the flags
-// on): there the caller counts as privileged exactly when it is root.
-bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh);
+// and under libfuse's own loop (clone_fd=1, which does not pass the flags on) `write_flags` is
+// unknown (nullopt): there the caller counts as privileged exactly when it is root.
+bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh, std::optional<uint32_t> write_flags);
 
 // The kernel reads ahead at most the FUSE bdi's read_ahead_kb (128 KiB by default, whatever
 // max_readahead says), in requests of at most 1 MiB. Raising it lets a sequential reader's

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -151,7 +152,14 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   // An O_DIRECT client (libaio at queue depth N) sends N reads at once: with async_reply they are
   // answered from the engine's completion, freeing this thread for the next one (measured slower
   // on 2 cores, see options.h, hence off by default).
-  if (fh.client_direct && fs.opts().async_reply && fs.ReadAndReplyAsync(req, fh, size, off)) {
+  if (fh.client_direct && fs.opts().async_reply &&
+      fs.ReadAsync(fh, size, off, [req](Result<std::span<const char>> got) {
+        if (got.ok()) {
+          fuse_reply_buf(req, got.value().data(), got.value().size());
+        } else {
+          fuse_reply_err(req, ErrnoOf(got.status()));
+        }
+      })) {
     return;
   }
   char* scratch = ThreadScratch(size);
@@ -170,8 +178,11 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 
 void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
   if (VirtualWrite(req, ino, bufv, fi)) return;
-  if (WriterUnprivileged(req, Fh(fi))) {
-    if (int err = KillPrivs(req, *Fh(fi).inode); err != 0) {
+  Fs& fs = FsOf(req);
+  FileHandle& fh = Fh(fi);
+  Transport* const transport = fs.transport();
+  if (WriterUnprivileged(req, fh, transport ? transport->WriteFlags(*bufv) : std::nullopt)) {
+    if (int err = KillPrivs(req, *fh.inode); err != 0) {
       fuse_reply_err(req, err);
       return;
     }
@@ -182,8 +193,10 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
     fuse_reply_err(req, ENOMEM);
     return;
   }
-  WriteSource src(bufv);
-  int err = ErrnoOf(FsOf(req).Write(Fh(fi), src, size, off, scratch));
+  // The payload as the transport received it: the pool its memory may be adopted from, if any.
+  WriteSource src(bufv, transport ? transport->payload_pool() : nullptr);
+  fh.inode->ra.Invalidate();
+  int err = ErrnoOf(fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch));
   if (err) {
     fuse_reply_err(req, err);
   } else {

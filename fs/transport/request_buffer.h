@@ -1,4 +1,4 @@
-// Request buffers of the session loop's read(2) receive path, and the hand-over of a WRITE's
+// Request buffers of the transport's read(2) receive path, and the hand-over of a WRITE's
 // payload to write-behind without copying it.
 //
 // Why: a WRITE that is read(2) from /dev/fuse (every WRITE of an O_DIRECT client, and every
@@ -7,17 +7,25 @@
 // writers (perf: docs/performance-journal.md). The loop therefore reads every request at
 // kRequestReadOffset into an aligned buffer, which puts a WRITE's payload (after its 80 bytes of
 // headers) on a page boundary: the payload can itself be the source of an O_DIRECT write. The
-// data path adopts the whole buffer (AdoptRequestBuffer) and the loop thread receives its next
-// request into a replacement from the same pool.
+// data path adopts the whole buffer (RequestBufferPool::Adopt) and the loop thread receives its
+// next request into a replacement from the same pool.
+//
+// Ownership is explicit: every buffer a loop thread receives into is lent to that thread's
+// Receiver, and the pool records which Receiver holds which buffer. A handler names the request
+// by its payload (the memory libfuse handed it), so the pool finds the buffer by address -- the
+// pool's buffers are one contiguous reservation -- and moves it from the Receiver to the handler.
+// No thread-local state: the same call works from any thread, and memory that is not the pool's
+// (libfuse's own buffers, a copy) is simply not adoptable.
 //
 // Thread contract: RequestBufferPool is thread-safe. A RequestBuffer has one owner at a time and
-// may move between threads (the adopting handler, then the engine's completion thread).
-// AdoptRequestBuffer works only on a session-loop thread, inside the handler of the request that
-// thread received (the loop publishes its current buffer in a thread-local RequestSlot).
+// may move between threads (the adopting handler, then the engine's completion thread). A
+// Receiver belongs to one loop thread; HolderOf and Adopt may touch it only while the request
+// received into its buffer is being handled (the loop thread waits in fuse_session_process_buf).
 #pragma once
 
 #include <linux/fuse.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -57,7 +65,6 @@ class RequestBuffer {
 
  private:
   friend class RequestBufferPool;
-  friend RequestBuffer AdoptRequestBuffer(const char* payload, size_t size);
   std::shared_ptr<RequestBufferPool> pool_;
   char* data_ = nullptr;
   size_t size_ = 0;
@@ -65,65 +72,58 @@ class RequestBuffer {
   size_t payload_size_ = 0;
 };
 
-// Page-aligned buffers of one size, allocated on first use up to `limit` at a time and reused
-// after that (never freed before the pool). Not pinned: the kernel pins an O_DIRECT source for
-// the duration of the I/O anyway, and these are not DMA targets of a GPU.
+// Where a transport's loop thread receives its current request: the buffer lent to it, and what
+// the transport read in the request's headers before dispatching it.
+struct Receiver {
+  RequestBuffer buffer;
+  // The WRITE's fuse_write_in::write_flags (FUSE_WRITE_KILL_SUIDGID, ...), which libfuse 3.14
+  // reads but does not hand to write_buf; nullopt for any other request or when unknown.
+  std::optional<uint32_t> write_flags;
+};
+
+// Page-aligned buffers of one size, carved on first use out of one address range reserved up
+// front (MAP_NORESERVE: untouched buffers cost no memory), up to `limit` at a time, reused after
+// that. Not pinned: the kernel pins an O_DIRECT source for the duration of the I/O anyway, and
+// these are not DMA targets of a GPU.
 class RequestBufferPool : public std::enable_shared_from_this<RequestBufferPool> {
  public:
+  // Null when the address range cannot be reserved.
   static std::shared_ptr<RequestBufferPool> Create(size_t buffer_bytes, size_t limit);
   ~RequestBufferPool();
 
-  // A buffer, or an empty one when `limit` are out (or memory ran out).
+  // A buffer nobody receives into, or an empty one when `limit` are out.
   RequestBuffer TryAcquire();
+  // Gives `r` a buffer to receive into (its first, or after its last one was adopted) and
+  // records `r` as the buffer's holder. False, leaving `r` as it was, when none is free.
+  bool Lend(Receiver* r);
+  // The Receiver whose buffer holds [p, p + n) whole; null when none does: memory that is not
+  // the pool's, a buffer nobody receives into (adopted, idle), a range crossing its end.
+  Receiver* HolderOf(const char* p, size_t n) const;
+  // Hands the buffer that holds the payload [p, p + n) from its Receiver to the caller (the
+  // buffer then names the payload) and lends the Receiver a replacement. Empty, and nothing
+  // changes, when no Receiver holds such a buffer or no replacement is free.
+  RequestBuffer Adopt(const char* p, size_t n);
+
   size_t buffer_bytes() const { return bytes_; }
   size_t limit() const { return limit_; }
   size_t allocated() const;
 
  private:
-  RequestBufferPool(size_t bytes, size_t limit) : bytes_(bytes), limit_(limit) {}
+  RequestBufferPool(char* base, size_t bytes, size_t limit);
   friend class RequestBuffer;
   void Return(char* p);
+  // Index of the buffer holding [p, p + n) whole, or -1.
+  int64_t IndexOf(const char* p, size_t n) const;
 
+  char* const base_;  // limit_ * bytes_ reserved bytes, unmapped by the destructor
   const size_t bytes_;
   const size_t limit_;
+  // Per buffer: the Receiver it is lent to, or null. Written by the lending loop thread and by
+  // Return; read by the handler of the request in that buffer.
+  std::unique_ptr<std::atomic<Receiver*>[]> holders_;
   mutable std::mutex mu_;
-  std::vector<char*> free_;  // guarded by mu_
-  std::vector<char*> all_;   // guarded by mu_; freed by the destructor
+  std::vector<size_t> free_;  // indices of returned buffers; guarded by mu_
+  size_t carved_ = 0;         // buffers handed out at least once; guarded by mu_
 };
-
-// The buffer a session-loop thread receives its current request into. The loop installs one per
-// thread (Install) for the thread's lifetime.
-class RequestSlot {
- public:
-  explicit RequestSlot(RequestBuffer buf) : buf_(std::move(buf)) {}
-  RequestBuffer& buffer() { return buf_; }
-  // Makes `slot` this thread's slot (null: none) for AdoptRequestBuffer and CurrentWriteFlags.
-  static void Install(RequestSlot* slot);
-  // Set by the loop before it dispatches each request: the WRITE's fuse_write_in::write_flags,
-  // or nullopt for any other request.
-  void set_write_flags(std::optional<uint32_t> flags) { write_flags_ = flags; }
-
- private:
-  friend RequestBuffer AdoptRequestBuffer(const char* payload, size_t size);
-  friend bool InRequestBuffer(const char* payload, size_t size);
-  friend std::optional<uint32_t> CurrentWriteFlags();
-  RequestBuffer buf_;
-  std::optional<uint32_t> write_flags_;
-};
-
-// From a WRITE handler: the request's write_flags (FUSE_WRITE_KILL_SUIDGID, FUSE_WRITE_CACHE, ...),
-// which libfuse 3.14 reads but does not pass to write_buf. nullopt when this thread is not a
-// session-loop thread (libfuse's own loop, clone_fd=1): the caller must then decide without them.
-std::optional<uint32_t> CurrentWriteFlags();
-
-// True when [payload, payload + size) lies in the buffer this thread received its current
-// request into (a session-loop thread inside a handler).
-bool InRequestBuffer(const char* payload, size_t size);
-
-// From a WRITE handler: when [payload, payload + size) lies in the buffer this thread received the
-// request into and the pool can hand the thread a replacement, the buffer changes hands (the
-// loop receives its next request into the replacement) and is returned, naming the payload.
-// Otherwise an empty RequestBuffer: copy the payload as before.
-RequestBuffer AdoptRequestBuffer(const char* payload, size_t size);
 
 }  // namespace dnvme::fs

@@ -1,6 +1,5 @@
 #include "fs/transport/session_loop.h"
 
-#include <fcntl.h>
 #include <linux/fuse.h>
 #include <pthread.h>
 #include <signal.h>
@@ -9,7 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <optional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/common/log.h"
@@ -18,59 +17,31 @@
 namespace dnvme::fs {
 namespace {
 
-// The kernel refuses a read buffer smaller than one request of max_write bytes plus its headers;
-// libfuse sizes its own the same way (max pages + one page for headers).
-constexpr size_t kRequestBufferBytes = static_cast<size_t>(kMaxFuseRequestBytes) + 4096;
-// Below this a request goes into memory whole: libfuse wants every request but a large WRITE in
-// memory, and copying a few KiB costs less than the extra syscalls of leaving it in the pipe.
-constexpr size_t kInlineBytes = sizeof(fuse_in_header) + sizeof(fuse_write_in) + 4096;
-
 void WakeHandler(int) {}
 
-// A WRITE's fuse_write_in::write_flags, for CurrentWriteFlags (libfuse reads them but does not
-// hand them on); nullopt for any other request. `head` holds the first `n` bytes of the request.
-std::optional<uint32_t> WriteFlagsOf(const char* head, size_t n) {
+}  // namespace
+
+size_t RequestReceiveBytes() { return static_cast<size_t>(kMaxFuseRequestBytes) + 4096; }
+
+std::optional<fuse_write_in> WriteHeaderOf(const char* head, size_t n) {
   if (n < kWriteHeaderBytes) return std::nullopt;
   fuse_in_header in;
   std::memcpy(&in, head, sizeof(in));
   if (in.opcode != FUSE_WRITE) return std::nullopt;
   fuse_write_in write;
   std::memcpy(&write, head + sizeof(in), sizeof(write));
-  return write.write_flags;
+  return write;
 }
 
-}  // namespace
+SessionLoop::SessionLoop(fuse_session* se, int threads, size_t adoptable)
+    : se_(se), threads_(threads), adoptable_(adoptable) {}
 
-Result<std::unique_ptr<SessionLoop>> SessionLoop::Create(fuse_session* se, int threads, bool splice,
-                                                         SpliceHint hint, size_t adoptable) {
-  if (threads < 1) return Status::InvalidArgument("session loop needs at least one thread");
-  std::unique_ptr<SessionLoop> loop(new SessionLoop(se, threads));
-  loop->hint_ = std::move(hint);
+Status SessionLoop::Init() {
+  if (threads_ < 1) return Status::InvalidArgument("session loop needs at least one thread");
   // Each buffer takes a request read at kRequestReadOffset.
-  loop->buffers_ = RequestBufferPool::Create(kRequestReadOffset + kRequestBufferBytes,
-                                             static_cast<size_t>(threads) + adoptable);
-  if (splice) {
-    // 512 slots take any 1 MiB request. Smaller pipes would need a smaller max_write, which
-    // splits 1 MiB client writes in two and costs O_DIRECT clients far more than splicing
-    // saves (measured: docs/performance-journal.md), so without them requests are read(2).
-    for (int i = 0; i < threads; ++i) {
-      auto p = Pipe::Create(kRequestPipeBytes);
-      auto peek = Pipe::Create(static_cast<int64_t>(kWriteHeaderBytes));
-      if (p.ok() && !peek.ok()) p = peek.status();
-      if (!p.ok()) {
-        Logger().warn(
-            "receiving FUSE requests with read(2), not splice: {}. Page-cache writes are then "
-            "copied once more; give the daemon CAP_SYS_RESOURCE or raise fs.pipe-max-size to "
-            "{} (docs/tuning.md)",
-            p.status().ToString(), kRequestPipeBytes);
-        loop->pipes_.clear();
-        loop->peeks_.clear();
-        break;
-      }
-      loop->pipes_.push_back(std::move(p).value());
-      loop->peeks_.push_back(std::move(peek).value());
-    }
-  }
+  buffers_ = RequestBufferPool::Create(kRequestReadOffset + RequestReceiveBytes(),
+                                       static_cast<size_t>(threads_) + adoptable_);
+  if (!buffers_) return Status::FromErrno(errno, "reserving the request buffers");
   struct sigaction sa {};
   sa.sa_handler = WakeHandler;
   sigemptyset(&sa.sa_mask);
@@ -78,13 +49,51 @@ Result<std::unique_ptr<SessionLoop>> SessionLoop::Create(fuse_session* se, int t
   if (sigaction(kWakeSignal, &sa, nullptr) != 0) {
     return Status::FromErrno(errno, "sigaction for the loop's wake signal");
   }
-  return loop;
+  return Status::Ok();
 }
 
 SessionLoop::~SessionLoop() {
   for (auto& t : workers_) {
     if (t.joinable()) t.join();
   }
+}
+
+Result<SessionLoop::Received> SessionLoop::ReadRequest(Receiver& r, fuse_buf* buf) {
+  char* const mem = r.buffer.data() + kRequestReadOffset;
+  ssize_t n = read(fuse_session_fd(se_), mem, RequestReceiveBytes());
+  if (n < 0) {
+    const int err = errno;
+    // EINTR: a signal (maybe our wake-up); ENOENT: the request was interrupted before we got
+    // it; EAGAIN: nothing to read after all. All mean: look again. ENODEV: unmounted.
+    if (err == EINTR || err == ENOENT || err == EAGAIN) return Received::kAgain;
+    if (err == ENODEV) return Received::kEnded;
+    return Status::FromErrno(err, "receiving a FUSE request");
+  }
+  if (static_cast<size_t>(n) < sizeof(fuse_in_header)) {
+    return Status::IoError(EIO, "short FUSE request (" + std::to_string(n) + " bytes)");
+  }
+  requests_read_.fetch_add(1, std::memory_order_relaxed);
+  const auto w = WriteHeaderOf(mem, static_cast<size_t>(n));
+  r.write_flags = w ? std::optional<uint32_t>(w->write_flags) : std::nullopt;
+  buf->size = static_cast<size_t>(n);
+  buf->mem = mem;
+  return Received::kRequest;
+}
+
+std::optional<uint32_t> SessionLoop::WriteFlags(const fuse_bufvec& bufv) const {
+  if (bufv.count == 0 || (bufv.buf[0].flags & FUSE_BUF_IS_FD)) return std::nullopt;
+  const Receiver* r =
+      buffers_->HolderOf(static_cast<const char*>(bufv.buf[0].mem), bufv.buf[0].size);
+  return r != nullptr ? r->write_flags : std::nullopt;
+}
+
+std::string SessionLoop::StatsJson() const {
+  return nlohmann::json{{"kind", TransportKindName(kind())},
+                        {"threads", threads_},
+                        {"requests_read", requests_read_.load(std::memory_order_relaxed)},
+                        {"request_buffers", buffers_->allocated()},
+                        {"request_buffers_limit", buffers_->limit()}}
+      .dump();
 }
 
 void SessionLoop::Worker(size_t index) {
@@ -101,82 +110,38 @@ void SessionLoop::Worker(size_t index) {
   sigaddset(&wake, kWakeSignal);
   pthread_sigmask(SIG_UNBLOCK, &wake, nullptr);
 
-  Pipe* const own_pipe = pipes_.empty() ? nullptr : pipes_[index].get();
-  // A handler may adopt the buffer (AdoptRequestBuffer); the slot then holds its replacement.
-  RequestSlot slot(buffers_->TryAcquire());
-  RequestSlot::Install(&slot);
-  const int dev = fuse_session_fd(se_);
-  while (slot.buffer() && !fuse_session_exited(se_)) {
-    char* const mem = slot.buffer().data() + kRequestReadOffset;
-    Pipe* const pipe = own_pipe && (!hint_ || hint_()) ? own_pipe : nullptr;
-    ssize_t n = pipe ? splice(dev, nullptr, pipe->write_fd(), nullptr, kRequestBufferBytes, 0)
-                     : read(dev, mem, kRequestBufferBytes);
-    if (n < 0) {
-      const int err = errno;
-      // EINTR: a signal (maybe our wake-up); ENOENT: the request was interrupted before we
-      // got it; EAGAIN: nothing to read after all. All mean: look again.
-      if (err == EINTR || err == ENOENT || err == EAGAIN) continue;
-      if (err != ENODEV) {  // ENODEV: unmounted or aborted, the normal end
-        Logger().error("receiving a FUSE request: {}", std::strerror(err));
-        error_.store(-err);
-      }
+  // A handler may adopt the buffer (RequestBufferPool::Adopt); the Receiver then holds the
+  // replacement the pool lent it.
+  Receiver& r = *receivers_[index];
+  if (!buffers_->Lend(&r)) {
+    Logger().error("loop thread {}: no request buffer", index);
+    error_.store(-ENOMEM);
+    fuse_session_exit(se_);
+  }
+  while (r.buffer && !fuse_session_exited(se_)) {
+    fuse_buf buf{};
+    Result<Received> got = Receive(index, r, &buf);
+    if (!got.ok()) {
+      Logger().error("{}", got.status().ToString());
+      const int err = got.status().error_number();
+      error_.store(err != 0 ? -err : -EIO);
       fuse_session_exit(se_);
       break;
     }
-    if (static_cast<size_t>(n) < sizeof(fuse_in_header)) {
-      Logger().error("short FUSE request ({} bytes)", n);
+    if (got.value() == Received::kAgain) continue;
+    if (got.value() == Received::kEnded) {
+      fuse_session_exit(se_);
+      break;
+    }
+    fuse_session_process_buf(se_, &buf);
+    if (Status st = AfterDispatch(index, buf); !st.ok()) {
+      Logger().error("{}", st.ToString());
       error_.store(-EIO);
       fuse_session_exit(se_);
       break;
     }
-    fuse_buf buf{};
-    buf.size = static_cast<size_t>(n);
-    if (pipe && static_cast<size_t>(n) >= kInlineBytes) {
-      buf.flags = FUSE_BUF_IS_FD;
-      buf.fd = pipe->read_fd();
-      char head[kWriteHeaderBytes];
-      auto got = pipe->Peek(*peeks_[index], head, sizeof(head));
-      if (got.ok()) {
-        slot.set_write_flags(WriteFlagsOf(head, got.value()));
-      } else {
-        // The handler then decides without the flags (CurrentWriteFlags): logged, not fatal.
-        Logger().error("reading a spliced request's headers: {}", got.status().ToString());
-        slot.set_write_flags(std::nullopt);
-        (void)peeks_[index]->Discard();
-      }
-    } else {
-      if (pipe) {
-        // Small requests go to libfuse in memory whole.
-        Status st = pipe->ReadExactly(mem, static_cast<size_t>(n));
-        if (!st.ok()) {
-          Logger().error("reading a request back from its pipe: {}", st.ToString());
-          error_.store(-EIO);
-          fuse_session_exit(se_);
-          break;
-        }
-      }
-      buf.mem = mem;
-      slot.set_write_flags(WriteFlagsOf(mem, static_cast<size_t>(n)));
-    }
-    fuse_session_process_buf(se_, &buf);
-    // A handler that answered without consuming its payload (an error reply) leaves bytes that
-    // would otherwise be taken for the next request. A request read out whole left nothing.
-    if ((buf.flags & FUSE_BUF_IS_FD) && pipe->Pending() != 0) {
-      auto dropped = pipe->Discard();
-      if (!dropped.ok()) {
-        Logger().error("request pipe: {}", dropped.status().ToString());
-        error_.store(-EIO);
-        fuse_session_exit(se_);
-        break;
-      }
-    }
   }
-  RequestSlot::Install(nullptr);
-  if (!slot.buffer()) {
-    Logger().error("loop thread {}: no memory for its request buffer", index);
-    error_.store(-ENOMEM);
-    fuse_session_exit(se_);
-  }
+  r.buffer.Reset();
   std::lock_guard lock(mu_);
   --running_;
   cv_.notify_all();
@@ -187,6 +152,8 @@ int SessionLoop::Run() {
     std::lock_guard lock(mu_);
     running_ = threads_;
   }
+  receivers_.clear();
+  for (int i = 0; i < threads_; ++i) receivers_.push_back(std::make_unique<Receiver>());
   for (int i = 0; i < threads_; ++i) {
     workers_.emplace_back([this, i] { Worker(static_cast<size_t>(i)); });
   }
@@ -211,6 +178,22 @@ int SessionLoop::Run() {
   for (auto& t : workers_) t.join();
   workers_.clear();
   return error_.load();
+}
+
+Result<std::unique_ptr<ReadLoop>> ReadLoop::Create(fuse_session* se, int threads,
+                                                   size_t adoptable) {
+  std::unique_ptr<ReadLoop> loop(new ReadLoop(se, threads, adoptable));
+  DNVME_RETURN_IF_ERROR(loop->Init());
+  return loop;
+}
+
+Result<SessionLoop::Received> ReadLoop::Receive(size_t /*index*/, Receiver& r, fuse_buf* buf) {
+  return ReadRequest(r, buf);
+}
+
+std::string ReadLoop::Describe() const {
+  return std::to_string(threads_) +
+         " loop threads, requests read(2) into page-aligned buffers write-behind may adopt";
 }
 
 }  // namespace dnvme::fs

@@ -1,21 +1,23 @@
-// The daemon's multi-threaded FUSE request loop, in place of libfuse's fuse_session_loop_mt.
+// The daemon's own multi-threaded FUSE request loop, in place of libfuse's fuse_session_loop_mt:
+// the base of the kRead and kSplice transports (fs/transport/transport.h).
 //
 // Why our own: libfuse 3.14 splices requests out of /dev/fuse only into pipes it creates lazily
 // on each worker thread, after the daemon has dropped CAP_SYS_RESOURCE, and a pipe for a 1 MiB
 // request (2 MiB, 512 slots) is above the default pipe-max-size, so libfuse silently falls back
-// to read(2) and every write payload is copied into the daemon. This loop creates its threads'
-// pipes up front (call Create before dropping capabilities), splices every request into them and
-// hands libfuse the pipe as a FUSE_BUF_IS_FD buffer (fuse_session_process_buf), so write_buf
-// sees the payload still in the pipe: page references the data path can move to the disk
-// without copying. Where the pipes cannot be sized (an unprivileged daemon) it reads requests
-// with read(2), as libfuse would. Requests that are read land in pool buffers at an offset that
-// page-aligns a WRITE's payload, and write-behind may keep that buffer instead of copying the
-// payload out of it (fs/transport/request_buffer.h).
+// to read(2) and every write payload is copied into the daemon; and its read(2) buffers are its
+// own, so write-behind could not keep a payload without copying it. This loop receives into
+// buffers lent from a RequestBufferPool (fs/transport/request_buffer.h) or into pipes made up
+// front, and hands libfuse each request with fuse_session_process_buf.
 //
-// Thread contract: Create and Run on the main thread. Run blocks until the session ends (a
+// SessionLoop runs the threads, their Receivers and the shutdown; a subclass says how one
+// request is received (Receive). ReadLoop reads every request; SpliceLoop
+// (fs/transport/splice_loop.h) splices.
+//
+// Thread contract: Run on the main thread. Run blocks until the session ends (a
 // SIGTERM/SIGINT/SIGHUP handled by libfuse's handlers, an unmount, or a fatal /dev/fuse error)
 // and joins every loop thread before it returns. Loop threads block SIGTERM/SIGINT/SIGHUP so
-// those reach the main thread; they are woken for shutdown with kWakeSignal.
+// those reach the main thread; they are woken for shutdown with kWakeSignal. Receive runs on
+// loop thread `index` only; WriteFlags and payload_pool from the handler of a request.
 #pragma once
 
 #include <fuse_lowlevel.h>
@@ -23,61 +25,86 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "dnvme/status.h"
-#include "fs/transport/pipe.h"
 #include "fs/transport/request_buffer.h"
+#include "fs/transport/transport.h"
 
 namespace dnvme::fs {
 
-class SessionLoop {
+// The kernel refuses a read buffer smaller than one request of max_write bytes plus its
+// headers; libfuse sizes its own the same way (max pages + one page for headers).
+size_t RequestReceiveBytes();
+
+// A WRITE's fuse_write_in, when the first `n` bytes of a request at `head` hold one.
+std::optional<fuse_write_in> WriteHeaderOf(const char* head, size_t n);
+
+class SessionLoop : public Transport {
  public:
   // Signal used to interrupt loop threads blocked in /dev/fuse at shutdown (its handler does
   // nothing; the interrupted splice/read returns EINTR).
   static constexpr int kWakeSignal = SIGUSR1;
 
-  // Asked before each receive: splice this one (true) or read(2) it. Splicing pays off only
-  // for WRITEs from the kernel's page cache (their pages move without a copy); the caller's own
-  // pages (O_DIRECT, direct_io) are copied into fresh pipe pages by the kernel and then read out
-  // again, which costs more than one read(2). The data path knows which kind it has been seeing.
-  using SpliceHint = std::function<bool()>;
+  ~SessionLoop() override;
+  int Run() final;
+  std::optional<uint32_t> WriteFlags(const fuse_bufvec& bufv) const override;
+  RequestBufferPool* payload_pool() final { return buffers_.get(); }
+  std::string StatsJson() const override;
 
-  // `threads` loop threads; `splice` asks for spliced receives (falls back to read(2), with a
-  // log line, when the pipes cannot be sized), steered by `hint` (null: always splice).
-  // `adoptable` request buffers beyond one per thread may be held by write-behind at a time.
-  static Result<std::unique_ptr<SessionLoop>> Create(fuse_session* se, int threads, bool splice,
-                                                     SpliceHint hint = nullptr,
-                                                     size_t adoptable = 0);
-  ~SessionLoop();
+ protected:
+  // What Receive got.
+  enum class Received {
+    kRequest,  // `buf` describes a request for fuse_session_process_buf
+    kAgain,    // nothing after all (a signal, an interrupted request): look again
+    kEnded,    // the session ended (unmounted, aborted)
+  };
 
-  // Returns 0 when the session ended normally (signal, unmount), else -errno of the failure.
-  int Run();
+  // `threads` loop threads; each thread's buffer plus `adoptable` more may be out at a time.
+  SessionLoop(fuse_session* se, int threads, size_t adoptable);
+  // Installs the wake-up handler and creates the pool: subclasses call it from their factory.
+  Status Init();
 
-  bool splicing() const { return !pipes_.empty(); }
+  // Receives the next request on loop thread `index` into its Receiver `r` (whose buffer, at
+  // kRequestReadOffset, is where a read(2) request goes) and describes it in `buf`. An error
+  // ends the session.
+  virtual Result<Received> Receive(size_t index, Receiver& r, fuse_buf* buf) = 0;
+  // After the handler returned: anything left of the request must be dropped before the next.
+  virtual Status AfterDispatch(size_t /*index*/, const fuse_buf& /*buf*/) { return Status::Ok(); }
+  // The read(2) receive both forms use: the whole request into `r`'s buffer, write flags noted.
+  Result<Received> ReadRequest(Receiver& r, fuse_buf* buf);
+
+  fuse_session* const se_;
+  const int threads_;
+  std::vector<std::unique_ptr<Receiver>> receivers_;  // one per thread, made by Run
+  std::atomic<uint64_t> requests_read_{0};
 
  private:
-  SessionLoop(fuse_session* se, int threads) : se_(se), threads_(threads) {}
   void Worker(size_t index);
 
-  fuse_session* se_;
-  const int threads_;
-  std::vector<std::unique_ptr<Pipe>> pipes_;  // one per thread; empty in read(2) mode
-  // One small pipe per thread beside each of pipes_: a large spliced request's headers are
-  // read through it (Pipe::Peek) while libfuse still finds them in the request pipe.
-  std::vector<std::unique_ptr<Pipe>> peeks_;
-  std::shared_ptr<RequestBufferPool>
-      buffers_;  // read(2) receive buffers (fs/transport/request_buffer.h)
+  const size_t adoptable_;
+  std::shared_ptr<RequestBufferPool> buffers_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
   int running_ = 0;  // guarded by mu_
   std::atomic<int> error_{0};
-  SpliceHint hint_;
+};
+
+// Every request read(2) into the thread's pool buffer (the kRead transport).
+class ReadLoop final : public SessionLoop {
+ public:
+  static Result<std::unique_ptr<ReadLoop>> Create(fuse_session* se, int threads, size_t adoptable);
+  Kind kind() const override { return Kind::kRead; }
+  std::string Describe() const override;
+
+ private:
+  using SessionLoop::SessionLoop;
+  Result<Received> Receive(size_t index, Receiver& r, fuse_buf* buf) override;
 };
 
 }  // namespace dnvme::fs

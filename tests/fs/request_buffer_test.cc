@@ -1,15 +1,21 @@
-// The session loop's request buffers and their adoption by write-behind
+// The transport's request buffers and their explicit hand-over to write-behind
 // (fs/transport/request_buffer.h): pool limits and reuse, the page-aligned payload offset, which
-// payloads may be adopted, and buffers that outlive their pool's owner. No mount needed (the mount
+// payloads may be adopted, and buffers that outlive their pool's owner; the splice transport's
+// steering and header parsing (fs/transport/splice_loop.h). No mount needed (the mount
 // tests in test_ctl.py, AdoptTest, show the same path end to end).
 #include "fs/transport/request_buffer.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
+
+#include "fs/transport/session_loop.h"
+#include "fs/transport/splice_loop.h"
 
 namespace dnvme::fs {
 namespace {
@@ -18,16 +24,12 @@ constexpr size_t kBytes = (1 << 20) + 8192;
 
 bool PageAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4096 == 0; }
 
-// Installs a slot for the calling thread for the scope, as a loop thread does.
-class ScopedSlot {
- public:
-  explicit ScopedSlot(RequestBuffer b) : slot_(std::move(b)) { RequestSlot::Install(&slot_); }
-  ~ScopedSlot() { RequestSlot::Install(nullptr); }
-  RequestSlot& slot() { return slot_; }
-
- private:
-  RequestSlot slot_;
-};
+// A loop thread's Receiver with its first buffer lent, as SessionLoop::Worker starts.
+std::unique_ptr<Receiver> LentReceiver(RequestBufferPool& pool) {
+  auto r = std::make_unique<Receiver>();
+  EXPECT_TRUE(pool.Lend(r.get()));
+  return r;
+}
 
 TEST(RequestBufferTest, WritePayloadLandsOnAPageBoundary) {
   EXPECT_EQ(kWriteHeaderBytes, 80u);  // fuse_in_header + fuse_write_in, protocol >= 7.9
@@ -59,80 +61,152 @@ TEST(RequestBufferTest, PoolAllocatesLazilyUpToItsLimitAndReuses) {
   EXPECT_EQ(pool->allocated(), 3u);
 }
 
-TEST(RequestBufferTest, AdoptOutsideALoopThreadFindsNothing) {
+TEST(RequestBufferTest, ABufferNobodyReceivesIntoIsNotAdopted) {
   auto pool = RequestBufferPool::Create(kBytes, 4);
-  RequestBuffer b = pool->TryAcquire();
+  RequestBuffer b = pool->TryAcquire();  // acquired, not lent to a Receiver
   ASSERT_TRUE(b);
   const char* payload = b.data() + 4096;
-  EXPECT_FALSE(InRequestBuffer(payload, 4096));
-  EXPECT_FALSE(AdoptRequestBuffer(payload, 4096));
+  EXPECT_EQ(pool->HolderOf(payload, 4096), nullptr);
+  EXPECT_FALSE(pool->Adopt(payload, 4096));
 }
 
-TEST(RequestBufferTest, AdoptTakesTheBufferAndLeavesAReplacement) {
+TEST(RequestBufferTest, AdoptTakesTheBufferAndLendsTheReceiverAReplacement) {
   auto pool = RequestBufferPool::Create(kBytes, 2);
-  ScopedSlot scoped(pool->TryAcquire());
-  RequestBuffer& cur = scoped.slot().buffer();
-  char* const received = cur.data();
+  auto r = LentReceiver(*pool);
+  char* const received = r->buffer.data();
   const char* payload = received + kRequestReadOffset + kWriteHeaderBytes;
   ASSERT_TRUE(PageAligned(payload));
-  ASSERT_TRUE(InRequestBuffer(payload, 1 << 20));
+  ASSERT_EQ(pool->HolderOf(payload, 1 << 20), r.get());
 
-  RequestBuffer adopted = AdoptRequestBuffer(payload, 1 << 20);
+  RequestBuffer adopted = pool->Adopt(payload, 1 << 20);
   ASSERT_TRUE(adopted);
   EXPECT_EQ(adopted.data(), received);
   EXPECT_EQ(adopted.payload(), payload);
   EXPECT_EQ(adopted.payload_size(), size_t{1} << 20);
-  ASSERT_TRUE(scoped.slot().buffer());
-  EXPECT_NE(scoped.slot().buffer().data(), received) << "the loop receives into a new buffer";
-  EXPECT_FALSE(InRequestBuffer(payload, 1 << 20)) << "no longer this thread's buffer";
+  ASSERT_TRUE(r->buffer);
+  EXPECT_NE(r->buffer.data(), received) << "the loop receives into a new buffer";
+  EXPECT_EQ(pool->HolderOf(payload, 1 << 20), nullptr) << "no longer a receive buffer";
+  EXPECT_EQ(pool->HolderOf(r->buffer.data() + 4096, 4096), r.get()) << "the replacement is";
 
-  // Both buffers are out: the next adoption has no replacement and leaves the slot alone.
-  char* const now = scoped.slot().buffer().data();
-  EXPECT_FALSE(AdoptRequestBuffer(now + 4096, 4096));
-  EXPECT_EQ(scoped.slot().buffer().data(), now);
+  // Both buffers are out: the next adoption has no replacement and leaves the Receiver alone.
+  char* const now = r->buffer.data();
+  EXPECT_FALSE(pool->Adopt(now + 4096, 4096));
+  EXPECT_EQ(r->buffer.data(), now);
 
   // Once the write-behind flush drops the adopted buffer, adoption works again.
   adopted.Reset();
-  RequestBuffer next = AdoptRequestBuffer(now + 4096, 4096);
+  RequestBuffer next = pool->Adopt(now + 4096, 4096);
   ASSERT_TRUE(next);
   EXPECT_EQ(next.data(), now);
-  EXPECT_EQ(scoped.slot().buffer().data(), received);
+  EXPECT_EQ(r->buffer.data(), received);
 }
 
-TEST(RequestBufferTest, OnlyRangesInsideTheCurrentBufferAreAdopted) {
+TEST(RequestBufferTest, OnlyRangesInsideALentBufferAreAdopted) {
   auto pool = RequestBufferPool::Create(kBytes, 4);
-  ScopedSlot scoped(pool->TryAcquire());
-  char* const base = scoped.slot().buffer().data();
-  EXPECT_TRUE(InRequestBuffer(base, kBytes));
-  EXPECT_FALSE(InRequestBuffer(base + 4096, kBytes)) << "runs past the end";
-  EXPECT_FALSE(InRequestBuffer(base - 4096, 4096)) << "starts before";
-  EXPECT_FALSE(InRequestBuffer(base, kBytes + 1));
+  auto r = LentReceiver(*pool);
+  char* const base = r->buffer.data();
+  EXPECT_EQ(pool->HolderOf(base, kBytes), r.get());
+  EXPECT_EQ(pool->HolderOf(base + 4096, kBytes), nullptr) << "runs past the end";
+  EXPECT_EQ(pool->HolderOf(base - 4096, 4096), nullptr) << "starts before";
+  EXPECT_EQ(pool->HolderOf(base, kBytes + 1), nullptr);
   std::vector<char> elsewhere(8192);
-  EXPECT_FALSE(AdoptRequestBuffer(elsewhere.data(), 4096)) << "libfuse's buffer, or a copy";
-  EXPECT_EQ(scoped.slot().buffer().data(), base);
+  EXPECT_EQ(pool->HolderOf(elsewhere.data(), 4096), nullptr);
+  EXPECT_FALSE(pool->Adopt(elsewhere.data(), 4096)) << "libfuse's buffer, or a copy";
+  EXPECT_EQ(r->buffer.data(), base);
 }
 
-TEST(RequestBufferTest, SlotsArePerThread) {
+TEST(RequestBufferTest, EachReceiverIsFoundByItsOwnBuffer) {
   auto pool = RequestBufferPool::Create(kBytes, 4);
-  ScopedSlot scoped(pool->TryAcquire());
-  const char* payload = scoped.slot().buffer().data() + 4096;
-  bool seen_elsewhere = true;
-  std::thread([&] { seen_elsewhere = InRequestBuffer(payload, 4096); }).join();
-  EXPECT_FALSE(seen_elsewhere) << "another thread's handler cannot adopt this buffer";
-  EXPECT_TRUE(InRequestBuffer(payload, 4096));
+  auto a = LentReceiver(*pool);
+  auto b = LentReceiver(*pool);
+  a->write_flags = 1;
+  b->write_flags = 2;
+  EXPECT_EQ(pool->HolderOf(a->buffer.data() + 4096, 4096), a.get());
+  EXPECT_EQ(pool->HolderOf(b->buffer.data() + 4096, 4096), b.get());
+}
+
+TEST(RequestBufferTest, HandOverIsExplicitNotPerThread) {
+  // Ownership follows the payload's address, not the calling thread: a handler that finishes a
+  // request on another thread adopts the same way.
+  auto pool = RequestBufferPool::Create(kBytes, 4);
+  auto r = LentReceiver(*pool);
+  const char* payload = r->buffer.data() + 4096;
+  RequestBuffer adopted;
+  std::thread([&] { adopted = pool->Adopt(payload, 4096); }).join();
+  ASSERT_TRUE(adopted);
+  EXPECT_EQ(adopted.payload(), payload);
+  EXPECT_NE(r->buffer.data() + 4096, payload);
+}
+
+TEST(RequestBufferTest, ReturnedBuffersAreNoLongerLent) {
+  auto pool = RequestBufferPool::Create(kBytes, 2);
+  auto r = LentReceiver(*pool);
+  char* const first = r->buffer.data();
+  r->buffer.Reset();  // a loop thread that ends gives its buffer back
+  EXPECT_EQ(pool->HolderOf(first + 4096, 4096), nullptr);
+  RequestBuffer again = pool->TryAcquire();
+  EXPECT_EQ(again.data(), first);
+  EXPECT_EQ(pool->HolderOf(first + 4096, 4096), nullptr) << "acquired, not lent";
 }
 
 TEST(RequestBufferTest, AdoptedBuffersOutliveThePoolsOwner) {
   RequestBuffer adopted;
   {
     auto pool = RequestBufferPool::Create(kBytes, 2);
-    ScopedSlot scoped(pool->TryAcquire());
-    adopted = AdoptRequestBuffer(scoped.slot().buffer().data() + 4096, 4096);
+    auto r = LentReceiver(*pool);
+    adopted = pool->Adopt(r->buffer.data() + 4096, 4096);
     ASSERT_TRUE(adopted);
-  }  // the loop (slot and pool owner) is gone; a flush may still hold its buffer
+  }  // the loop (Receiver and pool owner) is gone; a flush may still hold its buffer
   std::memset(adopted.data(), 7, adopted.size());
   EXPECT_EQ(adopted.payload()[0], 7);
-  adopted.Reset();  // returns to the pool, which is then freed (LeakSanitizer checks)
+  adopted.Reset();  // returns to the pool, which is then unmapped (LeakSanitizer checks)
+}
+
+// The splice transport steers itself from the WRITE headers it receives
+// (fs/transport/splice_loop.h).
+fuse_write_in Write(uint32_t size, bool o_direct) {
+  fuse_write_in w{};
+  w.size = size;
+  w.flags = O_WRONLY | (o_direct ? O_DIRECT : 0);
+  return w;
+}
+
+TEST(SpliceSteeringTest, StartsSplicingAndFollowsTheLargeWritesItSees) {
+  SpliceSteering s;
+  EXPECT_TRUE(s.splice_next());
+  s.Note(Write(1 << 20, /*o_direct=*/true));
+  EXPECT_FALSE(s.splice_next()) << "one O_DIRECT writer's request flips a fresh loop to read(2)";
+  for (int i = 0; i < 100; ++i) s.Note(Write(1 << 20, true));
+  // Bounded: from -kLimit, kLimit + 1 page-cache requests bring splicing back, not a hundred.
+  for (int i = 0; i <= SpliceSteering::kLimit; ++i) {
+    EXPECT_FALSE(s.splice_next());
+    s.Note(Write(1 << 20, false));
+  }
+  EXPECT_TRUE(s.splice_next());
+}
+
+TEST(SpliceSteeringTest, SmallWritesSayNothing) {
+  SpliceSteering s;
+  for (int i = 0; i < 100; ++i) s.Note(Write(SpliceSteering::kMinBytes - 1, true));
+  EXPECT_TRUE(s.splice_next());
+}
+
+TEST(SessionLoopTest, WriteHeaderIsFoundOnlyInAWrite) {
+  char req[kWriteHeaderBytes] = {};
+  fuse_in_header in{};
+  in.opcode = FUSE_WRITE;
+  fuse_write_in w = Write(4096, false);
+  w.write_flags = FUSE_WRITE_KILL_SUIDGID;
+  std::memcpy(req, &in, sizeof(in));
+  std::memcpy(req + sizeof(in), &w, sizeof(w));
+  auto got = WriteHeaderOf(req, sizeof(req));
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->write_flags, uint32_t{FUSE_WRITE_KILL_SUIDGID});
+  EXPECT_EQ(got->size, 4096u);
+  EXPECT_FALSE(WriteHeaderOf(req, sizeof(req) - 1)) << "too short to hold the headers";
+  in.opcode = FUSE_READ;
+  std::memcpy(req, &in, sizeof(in));
+  EXPECT_FALSE(WriteHeaderOf(req, sizeof(req)));
 }
 
 }  // namespace

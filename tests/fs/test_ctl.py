@@ -558,6 +558,27 @@ class SpliceTest(CtlCase):
         self.assertEqual(s1["bytes_written_spliced"], s0["bytes_written_spliced"])
         self.assertBytesEqual(self.read(self.b("direct.bin")), data, "BACKING_DIR")
 
+    def test_transport_steers_itself_by_the_writes_it_receives(self):
+        # The splice transport reads (read(2)) while large O_DIRECT WRITEs dominate and splices
+        # again once page-cache WRITEs do (fs/transport/splice_loop.h), learning it from the
+        # requests' headers alone.
+        t = self.stats()["transport"]
+        self.assertEqual(t["kind"], "splice")
+        self.assertEqual(t["threads"], 32)
+        self.write_direct(self.m("steer-direct.bin"), pattern(64 * MiB, 42))
+        t1 = self.stats()["transport"]
+        self.assertFalse(t1["splicing_now"], "O_DIRECT writers: requests are read")
+        self.assertGreater(t1["requests_read"] - t["requests_read"], 16)
+        # More requests than loop threads: those that chose read(2) before the switch take the
+        # first ones.
+        with open(self.m("steer-cache.bin"), "wb") as f:
+            for off in range(0, 96 * MiB, MiB):
+                f.write(pattern(MiB, off))
+            os.fsync(f.fileno())
+        t2 = self.stats()["transport"]
+        self.assertTrue(t2["splicing_now"], "page-cache writers: requests are spliced")
+        self.assertGreater(t2["requests_spliced"], t1["requests_spliced"])
+
 
 class AdoptTest(CtlCase):
     """WRITEs the daemon reads (O_DIRECT writers always; every writer when it does not splice)
@@ -686,6 +707,13 @@ class NoAdoptTest(CtlCase):
         self.assertEqual(s1["bytes_written_adopted"], 0)
         self.assertEqual(s1["bytes_written_behind"] - s0["bytes_written_behind"], 8 * MiB)
         self.assertBytesEqual(self.read(self.b("copied.bin")), data, "BACKING_DIR")
+
+    def test_what_clone_fd_turns_off_is_said(self):
+        # Not silently: the stats name the transport and the log says what it leaves out.
+        self.assertEqual(self.stats()["transport"]["kind"], "libfuse")
+        log = self.mount.log_text()
+        self.assertIn("clone_fd=1: libfuse's loop", log)
+        self.assertIn("no request-buffer adoption", log)
 
 
 class LiveConfigTest(CtlCase):

@@ -58,7 +58,7 @@ class WriteBehindTest : public test::DataPathTest {
     std::vector<char> data(n);
     FillPattern(data.data(), n, off, seed);
     MemoryPayload p(data.data(), n);
-    WriteSource src(&p.bv);
+    WriteSource src(&p.bv, nullptr);
     return wb.Write(f, /*page_cache_writes=*/false, src, n, off, scratch_->bytes());
   }
 
@@ -188,23 +188,20 @@ TEST_F(WriteBehindTest, AdoptedRequestBuffersAreWrittenWithoutACopy) {
   FileRef f = Open("g");
   WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 8192, 32);
-  // Act as a session-loop thread: each request is received into the slot's buffer, with the
-  // payload page-aligned after the headers.
+  // Act as a transport's loop thread: each request is received into the Receiver's buffer, with
+  // the payload page-aligned after the headers.
   for (int64_t off = 0; off < 4 * kMiB; off += 512 * kKiB) {
-    RequestSlot slot(pool->TryAcquire());
-    ASSERT_TRUE(slot.buffer());
-    RequestSlot::Install(&slot);
-    const char* received = slot.buffer().data();
-    char* payload = slot.buffer().data() + kRequestReadOffset + kWriteHeaderBytes;
+    Receiver r;
+    ASSERT_TRUE(pool->Lend(&r));
+    const char* received = r.buffer.data();
+    char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
     FillPattern(payload, 512 * kKiB, off);
     MemoryPayload p(payload, 512 * kKiB);
-    WriteSource src(&p.bv);
+    WriteSource src(&p.bv, pool.get());
     ASSERT_TRUE(src.adoptable());
-    Status st = wb.Write(f, false, src, 512 * kKiB, off, scratch_->bytes());
-    RequestSlot::Install(nullptr);
-    DNVME_ASSERT_OK(st);
+    DNVME_ASSERT_OK(wb.Write(f, false, src, 512 * kKiB, off, scratch_->bytes()));
     // Adopted: the loop's next request lands in a replacement, the payload stays where it was.
-    EXPECT_NE(slot.buffer().data(), received);
+    EXPECT_NE(r.buffer.data(), received);
   }
   DNVME_ASSERT_OK(wb.Drain(true));
   EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(4 * kMiB));
@@ -232,7 +229,7 @@ TEST_F(WriteBehindTest, SplicedPipeExtentsLandExactly) {
     fuse_bufvec bv = FUSE_BUFVEC_INIT(data.size());
     bv.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD);
     bv.buf[0].fd = fds[0];
-    WriteSource src(&bv);
+    WriteSource src(&bv, nullptr);
     ASSERT_TRUE(src.in_pipe());
     Status st = wb.Write(f, /*page_cache_writes=*/true, src, data.size(), off, scratch_->bytes());
     close(fds[0]);

@@ -1,4 +1,4 @@
-#include "fs/data/write_source.h"
+#include "fs/transport/write_source.h"
 
 #include <fcntl.h>
 
@@ -41,8 +41,9 @@ const char* WriteSource::RestInMemory(size_t* n) const {
 bool WriteSource::adoptable() const {
   size_t n = 0;
   const char* rest = RestInMemory(&n);
-  return rest != nullptr && reinterpret_cast<uintptr_t>(rest) % kPayloadAlign == 0 &&
-         InRequestBuffer(rest, n);
+  return rest != nullptr && pool_ != nullptr &&
+         reinterpret_cast<uintptr_t>(rest) % kPayloadAlign == 0 &&
+         pool_->HolderOf(rest, n) != nullptr;
 }
 
 RequestBuffer WriteSource::Adopt(size_t n) {
@@ -50,7 +51,7 @@ RequestBuffer WriteSource::Adopt(size_t n) {
   size_t left = 0;
   const char* rest = RestInMemory(&left);
   if (left != n) return {};
-  RequestBuffer r = AdoptRequestBuffer(rest, n);
+  RequestBuffer r = pool_->Adopt(rest, n);
   if (r) src_->off += n;  // consumed, as a copy would have
   return r;
 }

@@ -1,0 +1,136 @@
+#include "fs/transport/splice_loop.h"
+
+#include <fcntl.h>
+#include <linux/fuse.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <nlohmann/json.hpp>
+
+#include "engine/common/log.h"
+#include "fs/options.h"
+
+namespace dnvme::fs {
+namespace {
+
+// Below this a request goes into memory whole: libfuse wants every request but a large WRITE in
+// memory, and copying a few KiB costs less than the extra syscalls of leaving it in the pipe.
+constexpr size_t kInlineBytes = sizeof(fuse_in_header) + sizeof(fuse_write_in) + 4096;
+
+}  // namespace
+
+void SpliceSteering::Note(const fuse_write_in& w) {
+  if (w.size < kMinBytes) return;
+  // The kernel sends a WRITE of an O_DIRECT file (fuse_write_in::flags are the file's flags)
+  // from the caller's pages; any other from its page cache. The daemon sets direct_io only when
+  // it does not splice (fs/fuse/ops_file.cc), so under this loop the flag tells them apart.
+  const bool page_cache = (w.flags & O_DIRECT) == 0;
+  int s = score_.load(std::memory_order_relaxed);
+  const int next = page_cache ? std::min(s + 1, kLimit) : std::max(s - 1, -kLimit);
+  // A lost race only delays the switch by a request: no retry loop needed.
+  if (next != s) score_.compare_exchange_weak(s, next, std::memory_order_relaxed);
+}
+
+Result<std::unique_ptr<SpliceLoop>> SpliceLoop::Create(fuse_session* se, int threads,
+                                                       size_t adoptable) {
+  std::unique_ptr<SpliceLoop> loop(new SpliceLoop(se, threads, adoptable));
+  DNVME_RETURN_IF_ERROR(loop->Init());
+  // 512 slots take any 1 MiB request. Smaller pipes would need a smaller max_write, which
+  // splits 1 MiB client writes in two and costs O_DIRECT clients far more than splicing saves
+  // (measured: docs/performance-journal.md), so without them the caller reads requests instead.
+  for (int i = 0; i < threads; ++i) {
+    DNVME_ASSIGN_OR_RETURN(auto p, Pipe::Create(kRequestPipeBytes));
+    DNVME_ASSIGN_OR_RETURN(auto peek, Pipe::Create(static_cast<int64_t>(kWriteHeaderBytes)));
+    loop->pipes_.push_back(std::move(p));
+    loop->peeks_.push_back(std::move(peek));
+  }
+  return loop;
+}
+
+std::string SpliceLoop::Describe() const {
+  return std::to_string(threads_) +
+         " loop threads, requests spliced into pipes (read(2) while O_DIRECT writers dominate)";
+}
+
+std::string SpliceLoop::StatsJson() const {
+  auto j = nlohmann::json::parse(SessionLoop::StatsJson());
+  j["requests_spliced"] = requests_spliced_.load(std::memory_order_relaxed);
+  j["splicing_now"] = steering_.splice_next();
+  return j.dump();
+}
+
+std::optional<uint32_t> SpliceLoop::WriteFlags(const fuse_bufvec& bufv) const {
+  if (bufv.count == 0 || !(bufv.buf[0].flags & FUSE_BUF_IS_FD)) {
+    return SessionLoop::WriteFlags(bufv);
+  }
+  // The payload is still in the pipe the request was spliced into: that names the thread.
+  for (size_t i = 0; i < pipes_.size(); ++i) {
+    if (pipes_[i]->read_fd() == bufv.buf[0].fd) return receivers_[i]->write_flags;
+  }
+  return std::nullopt;
+}
+
+Result<SessionLoop::Received> SpliceLoop::Receive(size_t index, Receiver& r, fuse_buf* buf) {
+  if (!steering_.splice_next()) {
+    DNVME_ASSIGN_OR_RETURN(Received got, ReadRequest(r, buf));
+    if (got == Received::kRequest) {
+      if (auto w = WriteHeaderOf(static_cast<const char*>(buf->mem), buf->size)) {
+        steering_.Note(*w);
+      }
+    }
+    return got;
+  }
+  Pipe& pipe = *pipes_[index];
+  ssize_t n =
+      splice(fuse_session_fd(se_), nullptr, pipe.write_fd(), nullptr, RequestReceiveBytes(), 0);
+  if (n < 0) {
+    const int err = errno;
+    if (err == EINTR || err == ENOENT || err == EAGAIN) return Received::kAgain;
+    if (err == ENODEV) return Received::kEnded;
+    return Status::FromErrno(err, "receiving a FUSE request");
+  }
+  if (static_cast<size_t>(n) < sizeof(fuse_in_header)) {
+    return Status::IoError(EIO, "short FUSE request (" + std::to_string(n) + " bytes)");
+  }
+  requests_spliced_.fetch_add(1, std::memory_order_relaxed);
+  buf->size = static_cast<size_t>(n);
+  std::optional<fuse_write_in> w;
+  if (static_cast<size_t>(n) >= kInlineBytes) {
+    // Large: the payload stays in the pipe for write_buf; only the headers are looked at.
+    buf->flags = FUSE_BUF_IS_FD;
+    buf->fd = pipe.read_fd();
+    char head[kWriteHeaderBytes];
+    auto got = pipe.Peek(*peeks_[index], head, sizeof(head));
+    if (got.ok()) {
+      w = WriteHeaderOf(head, got.value());
+    } else {
+      // The handler then decides without the flags (Transport::WriteFlags): logged, not fatal.
+      Logger().error("reading a spliced request's headers: {}", got.status().ToString());
+      (void)peeks_[index]->Discard();
+    }
+  } else {
+    // Small requests go to libfuse in memory whole.
+    char* const mem = r.buffer.data() + kRequestReadOffset;
+    Status st = pipe.ReadExactly(mem, static_cast<size_t>(n));
+    if (!st.ok())
+      return Status::IoError(EIO, "reading a request back from its pipe: " + st.ToString());
+    buf->mem = mem;
+    w = WriteHeaderOf(mem, static_cast<size_t>(n));
+  }
+  r.write_flags = w ? std::optional<uint32_t>(w->write_flags) : std::nullopt;
+  if (w) steering_.Note(*w);
+  return Received::kRequest;
+}
+
+Status SpliceLoop::AfterDispatch(size_t index, const fuse_buf& buf) {
+  // A handler that answered without consuming its payload (an error reply) leaves bytes that
+  // would otherwise be taken for the next request. A request read out whole left nothing.
+  if (!(buf.flags & FUSE_BUF_IS_FD)) return Status::Ok();
+  Pipe& pipe = *pipes_[index];
+  if (pipe.Pending() == 0) return Status::Ok();
+  auto dropped = pipe.Discard();
+  if (!dropped.ok()) return Status::IoError(EIO, "request pipe: " + dropped.status().ToString());
+  return Status::Ok();
+}
+
+}  // namespace dnvme::fs
