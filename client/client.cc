@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <utility>
 
 namespace dnvme {
@@ -14,9 +16,10 @@ namespace {
 
 using nlohmann::json;
 
-Status ErrorFromAnswer(const json& a) {
+// The error an answer (or one outcome of a wait) carries; DEFAULT_MESSAGE when it names none.
+Status ErrorFromAnswer(const json& a, const char* default_message) {
   int err = EIO;
-  std::string msg = "control request failed";
+  std::string msg = default_message;
   if (a.contains("error") && a["error"].is_object()) {
     const json& e = a["error"];
     if (e.contains("errno") && e["errno"].is_number_integer()) err = e["errno"].get<int>();
@@ -40,6 +43,27 @@ Result<int64_t> IntField(const json& j, const char* key) {
     return Status::IoError(EPROTO, std::string("the answer has no integer '") + key + "'");
   }
   return j[key].get<int64_t>();
+}
+
+// The answer to a request for OP, parsed: "ok": false becomes the daemon's error, named after the
+// op so that a caller juggling several requests (or reading a log) sees which one was refused.
+Result<json> Answer(const std::string& text, std::string_view op) {
+  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+  if (!a.contains("ok") || !a["ok"].is_boolean()) {
+    return Status::IoError(EPROTO, "the control file's answer has no 'ok'");
+  }
+  if (!a["ok"].get<bool>()) {
+    Status st = ErrorFromAnswer(a, "control request failed");
+    return op.empty() ? st : st.WithContext(op);
+  }
+  return a;
+}
+
+// The "op" of a raw request, for naming its error ("" when the text does not say).
+std::string OpOf(const std::string& request_json) {
+  json r = json::parse(request_json, nullptr, false);
+  if (r.is_object() && r.contains("op") && r["op"].is_string()) return r["op"].get<std::string>();
+  return "";
 }
 
 }  // namespace
@@ -103,7 +127,15 @@ std::string SharedBuffer::source() const { return "/dev/shm/" + name_; }
 Result<CtlClient> CtlClient::Open(const std::string& mountpoint) {
   const std::string path = mountpoint + "/.dnvme/ctl";
   int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  if (fd < 0) {
+    const int err = errno;
+    Status st = Status::FromErrno(err, "open " + path);
+    return err == ENOENT ? st.WithContext("not a dnvmefs mount (no control file)") : st;
+  }
+  return Adopt(fd);
+}
+
+CtlClient CtlClient::Adopt(int fd) {
   CtlClient c;
   c.fd_ = fd;
   return c;
@@ -122,17 +154,17 @@ CtlClient::~CtlClient() {
   fd_ = -1;
 }
 
-Result<std::string> CtlClient::Call(const std::string& request_json) {
+Result<std::string> CtlClient::Send(const std::string& request) {
   if (fd_ < 0) return Status::InvalidArgument("control client is not open");
   // One request is one write(): the daemon answers each write() separately.
   ssize_t n;
   do {
-    n = write(fd_, request_json.data(), request_json.size());
+    n = write(fd_, request.data(), request.size());
   } while (n < 0 && errno == EINTR);
   if (n < 0) return Status::FromErrno(errno, "write to the control file");
-  if (static_cast<size_t>(n) != request_json.size()) {
+  if (static_cast<size_t>(n) != request.size()) {
     return Status::IoError(EIO, "short write of a control request (" + std::to_string(n) + " of " +
-                                    std::to_string(request_json.size()) + " bytes)");
+                                    std::to_string(request.size()) + " bytes)");
   }
   std::string answer;
   char chunk[64 * 1024];
@@ -143,17 +175,29 @@ Result<std::string> CtlClient::Call(const std::string& request_json) {
     if (r == 0) break;  // the whole answer has been read
     answer.append(chunk, static_cast<size_t>(r));
   }
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(answer));
-  if (!a.contains("ok") || !a["ok"].is_boolean()) {
-    return Status::IoError(EPROTO, "the control file's answer has no 'ok'");
-  }
-  if (!a["ok"].get<bool>()) return ErrorFromAnswer(a);
   return answer;
 }
 
+Result<std::string> CtlClient::Call(const std::string& request_json) {
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(request_json));
+  DNVME_RETURN_IF_ERROR(Answer(text, OpOf(request_json)).status());
+  return text;
+}
+
+Result<std::string> CtlClient::Hello() {
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(R"({"op":"hello"})"));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "hello"));
+  if (!a.contains("protocol") || a["protocol"] != kProtocol) {
+    const std::string said = a.contains("protocol") ? a["protocol"].dump() : "none";
+    return Status::IoError(EPROTO, "unsupported control protocol " + said +
+                                       " (this client speaks " + std::to_string(kProtocol) + ")");
+  }
+  return text;
+}
+
 Result<HandleConfig> CtlClient::ConfigGet() {
-  DNVME_ASSIGN_OR_RETURN(std::string text, Call(R"({"op":"config.get"})"));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(R"({"op":"config.get"})"));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "config.get"));
   return HandleConfig::FromJson(a["config"].dump());
 }
 
@@ -163,28 +207,37 @@ Result<HandleConfig> CtlClient::ConfigSet(const std::string& config_json) {
     return Status::InvalidArgument("the configuration must be one JSON object");
   }
   DNVME_ASSIGN_OR_RETURN(std::string text,
-                         Call(json{{"op", "config.set"}, {"config", cfg}}.dump()));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+                         Send(json{{"op", "config.set"}, {"config", cfg}}.dump()));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "config.set"));
   return HandleConfig::FromJson(a["config"].dump());
 }
 
 Result<std::string> CtlClient::Stats() {
-  DNVME_ASSIGN_OR_RETURN(std::string text, Call(R"({"op":"stats"})"));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(R"({"op":"stats"})"));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "stats"));
   return a["stats"].dump();
 }
 
 Result<int64_t> CtlClient::OpenHandle(const HandleConfig& config) {
-  json req = json::parse(config.ToJson());
+  return OpenHandle(config.ToJson());
+}
+
+Result<int64_t> CtlClient::OpenHandle(const std::string& config_json) {
+  json req = json::parse(config_json, nullptr, false);
+  if (req.is_discarded() || !req.is_object()) {
+    return Status::InvalidArgument("the handle configuration must be one JSON object");
+  }
   req["op"] = "handle.open";
-  DNVME_ASSIGN_OR_RETURN(std::string text, Call(req.dump()));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(req.dump()));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "handle.open"));
   return IntField(a, "handle");
 }
 
-Status CtlClient::CloseHandle(int64_t handle) {
-  auto r = Call(json{{"op", "handle.close"}, {"handle", handle}}.dump());
-  return r.ok() ? Status::Ok() : r.status();
+Result<int64_t> CtlClient::CloseHandle(int64_t handle) {
+  DNVME_ASSIGN_OR_RETURN(std::string text,
+                         Send(json{{"op", "handle.close"}, {"handle", handle}}.dump()));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "handle.close"));
+  return IntField(a, "uncollected");
 }
 
 Result<int64_t> CtlClient::RegisterShm(const std::string& shm_name, int64_t offset, int64_t size) {
@@ -198,14 +251,39 @@ Result<int64_t> CtlClient::RegisterSource(const std::string& source, int64_t off
 Result<int64_t> CtlClient::RegisterAs(const char* key, const std::string& name, int64_t offset,
                                       int64_t size) {
   json req = {{"op", "buffer.register"}, {key, name}, {"offset", offset}, {"size", size}};
-  DNVME_ASSIGN_OR_RETURN(std::string text, Call(req.dump()));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(req.dump()));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "buffer.register"));
   return IntField(a, "buffer");
 }
 
+Result<CtlBuffer> CtlClient::RegisterCudaIpc(const std::string& ipc_handle_hex, int device,
+                                             int64_t offset, int64_t size) {
+  if (size <= 0) return Status::InvalidArgument("CUDA memory to lend needs a size above 0");
+  json req = {{"op", "buffer.register"},
+              {"cuda_ipc", ipc_handle_hex},
+              {"device", device},
+              {"offset", offset},
+              {"size", size}};
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(req.dump()));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "buffer.register"));
+  CtlBuffer b;
+  DNVME_ASSIGN_OR_RETURN(b.buffer, IntField(a, "buffer"));
+  // The daemon may not shrink the region quietly: transfers past its end would be refused later,
+  // far from the cause.
+  b.size = a.contains("size") && a["size"].is_number_integer() ? a["size"].get<int64_t>() : size;
+  if (b.size != size) {
+    return Status::IoError(EPROTO, "buffer.register of " + std::to_string(size) +
+                                       " bytes of CUDA memory answered size " +
+                                       std::to_string(b.size));
+  }
+  b.writable = a.value("writable", true);
+  return b;
+}
+
 Status CtlClient::Unregister(int64_t buffer) {
-  auto r = Call(json{{"op", "buffer.unregister"}, {"buffer", buffer}}.dump());
-  return r.ok() ? Status::Ok() : r.status();
+  DNVME_ASSIGN_OR_RETURN(std::string text,
+                         Send(json{{"op", "buffer.unregister"}, {"buffer", buffer}}.dump()));
+  return Answer(text, "buffer.unregister").status();
 }
 
 Result<int64_t> CtlClient::Transfer(const char* op, int64_t handle, int64_t buffer,
@@ -219,8 +297,8 @@ Result<int64_t> CtlClient::Transfer(const char* op, int64_t handle, int64_t buff
               {"path", path},
               {"file_offset", file_offset},
               {"async", async}};
-  DNVME_ASSIGN_OR_RETURN(std::string text, Call(req.dump()));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(req.dump()));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, op));
   return IntField(a, async ? "op_id" : "bytes");
 }
 
@@ -237,8 +315,8 @@ Result<int64_t> CtlClient::Pwrite(int64_t handle, int64_t buffer, int64_t buffer
 }
 
 Result<std::vector<CtlOpOutcome>> CtlClient::Wait(int64_t handle) {
-  DNVME_ASSIGN_OR_RETURN(std::string text, Call(json{{"op", "wait"}, {"handle", handle}}.dump()));
-  DNVME_ASSIGN_OR_RETURN(json a, Parse(text));
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(json{{"op", "wait"}, {"handle", handle}}.dump()));
+  DNVME_ASSIGN_OR_RETURN(json a, Answer(text, "wait"));
   std::vector<CtlOpOutcome> out;
   if (!a.contains("ops") || !a["ops"].is_array()) {
     return Status::IoError(EPROTO, "the wait answer has no 'ops' list");
@@ -251,15 +329,15 @@ Result<std::vector<CtlOpOutcome>> CtlClient::Wait(int64_t handle) {
     c.file_offset = o.value("file_offset", int64_t{0});
     c.length = o.value("length", int64_t{0});
     c.bytes = o.value("bytes", int64_t{0});
-    if (!o.value("ok", false)) c.status = ErrorFromAnswer(o);
+    if (!o.value("ok", false)) c.status = ErrorFromAnswer(o, "transfer failed");
     out.push_back(std::move(c));
   }
   return out;
 }
 
 Status CtlClient::Fsync(const std::string& path) {
-  auto r = Call(json{{"op", "fsync"}, {"path", path}}.dump());
-  return r.ok() ? Status::Ok() : r.status();
+  DNVME_ASSIGN_OR_RETURN(std::string text, Send(json{{"op", "fsync"}, {"path", path}}.dump()));
+  return Answer(text, "fsync").status();
 }
 
 }  // namespace dnvme

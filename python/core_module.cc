@@ -16,6 +16,8 @@
 //   HostBuffer  page-aligned host memory, page-locked (pinned) or not, exported through the
 //               buffer protocol so torch.frombuffer / numpy.frombuffer view it without a copy.
 //   FastWriter  dnvme::FastWriter (include/dnvme/fast_writer.h) as a write-only binary stream.
+//   CtlClient   dnvme::CtlClient (include/dnvme/client.h), the session under deepnvme.Mount
+//               (ctl_client.cc).
 //
 // CUDA is touched only by the GPU calls (GdsHandle, export_cuda_ipc, cuda_unavailable_reason):
 // importing the module or moving host memory never initialises it, so a process that only uses
@@ -44,22 +46,14 @@
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
+#include "python/module.h"
 
 namespace py = pybind11;
 
 namespace {
 
-// An I/O failure on its way to Python (thrown with the GIL released, translated with it held).
-struct IoFailure {
-  int err;
-  std::string message;
-  std::string path;
-  int64_t offset;
-};
-
-[[noreturn]] void ThrowStatus(const dnvme::Status& st, const std::string& path, int64_t offset) {
-  throw IoFailure{st.error_number(), st.message(), path, offset};
-}
+using dnvme::python::IoFailure;
+using dnvme::python::ThrowStatus;
 
 void* ToPointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
@@ -656,4 +650,6 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("address"));
   m.def("memlock_limit_bytes", &dnvme::MemlockLimitBytes);
+
+  dnvme::python::BindCtlClient(m);
 }

@@ -18,15 +18,20 @@ lent through CUDA IPC:
     m.register_cuda(t)                      # buffer.register with the allocation's IPC handle
     m.pread(t, "ckpt/w.bin")                # the daemon reads the file into this tensor
 
+The protocol itself is spoken by the native client deepnvme._C.CtlClient, which is
+dnvme::CtlClient (include/dnvme/client.h), the same code as `dnvme ctl`; it waits for the daemon
+with the GIL released. This module adds what only Python knows: which tensor or array lies in which
+registered memory.
+
 Failures the daemon reports raise OSError with its errno and message (PermissionError for
 EACCES, ...); the session stays usable. Thread safety: a Mount is one ctl session and is used by
-one thread at a time (answers are read back in order); open one Mount per thread.
+one thread at a time (its memory bookkeeping is not locked; the native client serialises calls
+only so that a misuse cannot swap answers); open one Mount per thread.
 """
 
 import collections
 import errno
 import itertools
-import json
 import mmap
 import os
 import threading
@@ -119,59 +124,30 @@ class Mount:
 
     def __init__(self, mountpoint):
         self.mountpoint = os.path.abspath(_path(mountpoint))
-        ctl = os.path.join(self.mountpoint, ".dnvme", "ctl")
-        try:
-            self._fd = os.open(ctl, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "not a dnvmefs mount (no control file)",
-                                    ctl) from None
-        self._init_session_state()
-        try:
-            self.hello = self.call("hello")
-        except BaseException:
-            os.close(self._fd)
-            raise
-        if self.hello.get("protocol") != 1:
-            os.close(self._fd)
-            raise OSError(errno.EPROTO, "unsupported control protocol %r" %
-                          self.hello.get("protocol"), ctl)
+        self._attach(_C.CtlClient(self.mountpoint))
 
-    def _init_session_state(self):
-        self._ids = itertools.count(1)
+    def _attach(self, client):
+        """Makes `client` (a _C.CtlClient) this Mount's session and says hello; the client is
+        closed when hello fails (not a dnvmefs mount, another protocol)."""
+        self._client = client
         self._handle = None
         self._regions = []  # _Region: registered by this session
         self._shm_regs = {}  # (name, offset, size) -> buffer id
+        try:
+            self.hello = client.hello()
+        except BaseException:
+            client.close()
+            raise
 
     # --- the session ------------------------------------------------------------------------
     def call(self, op, **fields):
         """One request; returns the answer (a dict) or raises OSError for "ok": false."""
-        if self._fd < 0:
-            raise ValueError("Mount session is closed")
-        request = dict(fields, op=op, id=next(self._ids))
-        data = json.dumps(request).encode()
-        written = os.write(self._fd, data)
-        if written != len(data):
-            raise OSError(errno.EIO, "short write of a control request (%d of %d bytes)" %
-                          (written, len(data)))
-        chunks = []
-        while True:
-            chunk = os.read(self._fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        answer = json.loads(b"".join(chunks))
-        if answer.get("id") != request["id"]:
-            raise OSError(errno.EPROTO, "control answer for request %r, expected %r" %
-                          (answer.get("id"), request["id"]))
-        if not answer.get("ok"):
-            e = answer.get("error", {})
-            raise OSError(e.get("errno", errno.EIO), "%s: %s" % (op, e.get("message", "failed")))
-        return answer
+        return self._client.call(dict(fields, op=op))
 
     def close(self):
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        client = getattr(self, "_client", None)  # None: __init__ failed before the session
+        if client is not None and not client.closed:
+            client.close()
             self._regions.clear()
             self._shm_regs.clear()
 
@@ -190,26 +166,27 @@ class Mount:
 
     # --- configuration and statistics ---------------------------------------------------------
     def config(self):
-        return self.call("config.get")["config"]
+        return self._client.config()
 
     def set_config(self, config=None, **keys):
         """Applies HandleConfig keys (a dict and/or keywords) to the live mount; returns the
         resulting configuration."""
-        merged = dict(config or {}, **keys)
-        return self.call("config.set", config=merged)["config"]
+        return self._client.set_config(dict(config or {}, **keys))
 
     def stats(self):
-        return self.call("stats")["stats"]
+        return self._client.stats()
 
     # --- handles ------------------------------------------------------------------------------
     def open_handle(self, **config):
         """A daemon-side engine handle (unspecified keys from the live configuration)."""
-        return self.call("handle.open", **config)["handle"]
+        return self._client.open_handle(config)
 
     def close_handle(self, handle):
+        """Closes a handle (after its transfers); returns the answer: "uncollected" counts the
+        async outcomes no wait() collected."""
         if handle == self._handle:
             self._handle = None
-        return self.call("handle.close", handle=handle)
+        return {"ok": True, "uncollected": self._client.close_handle(handle)}
 
     def _default_handle(self):
         if self._handle is None:
@@ -239,11 +216,11 @@ class Mount:
 
     def register_shm(self, name, offset=0, size=0, keepalive=None, address=None, nbytes=None):
         """buffer.register of /dev/shm/NAME (a page-aligned part, or all of it); returns its id."""
-        answer = self.call("buffer.register", shm=name, offset=offset, size=size)
+        buffer_id = self._client.register_shm(name, offset, size)
         if address is not None:
             # The daemon answers EACCES for a pread into a read-only object itself.
-            self._regions.append(_Region(address, nbytes, answer["buffer"], keepalive, True))
-        return answer["buffer"]
+            self._regions.append(_Region(address, nbytes, buffer_id, keepalive, True))
+        return buffer_id
 
     def register(self, buffer):
         """(buffer id, buffer offset) of a tensor/array/buffer in shared memory, registering the
@@ -271,22 +248,17 @@ class Mount:
         if reason:
             raise OSError(errno.ENODEV, "register_cuda: no usable CUDA device: %s" % reason)
         ipc = _C.export_cuda_ipc(mem.address)
-        answer = self.call("buffer.register", cuda_ipc=ipc["handle"], device=ipc["device"],
-                           offset=ipc["offset"], size=mem.nbytes)
-        size = answer.get("size", mem.nbytes)
-        if size != mem.nbytes:
-            raise OSError(errno.EPROTO, "buffer.register of %d bytes of CUDA memory answered size "
-                          "%r" % (mem.nbytes, size))
-        writable = bool(writable) and answer.get("writable", True)
-        self._regions.append(_Region(mem.address, mem.nbytes, answer["buffer"], buffer,
-                                     writable))
-        return answer["buffer"], 0
+        buffer_id, daemon_writable = self._client.register_cuda_ipc(
+            ipc["handle"], ipc["device"], ipc["offset"], mem.nbytes)
+        self._regions.append(_Region(mem.address, mem.nbytes, buffer_id, buffer,
+                                     bool(writable) and daemon_writable))
+        return buffer_id, 0
 
     def unregister(self, buffer):
         """buffer.unregister of a registration (its id, or the (id, offset) pair register and
         register_cuda return); drops this session's hold on the memory."""
         buffer_id = buffer[0] if isinstance(buffer, tuple) else buffer
-        self.call("buffer.unregister", buffer=buffer_id)
+        self._client.unregister(buffer_id)
         self._regions = [r for r in self._regions if r.buffer_id != buffer_id]
         self._shm_regs = {k: v for k, v in self._shm_regs.items() if v != buffer_id}
 
@@ -311,49 +283,41 @@ class Mount:
         key = (name, reg_offset, reg_end - reg_offset)
         buffer_id = self._shm_regs.get(key)
         if buffer_id is None:
-            buffer_id = self.call("buffer.register", shm=name, offset=reg_offset,
-                                  size=reg_end - reg_offset)["buffer"]
+            buffer_id = self._client.register_shm(name, reg_offset, reg_end - reg_offset)
             self._shm_regs[key] = buffer_id
         return buffer_id, object_offset - reg_offset
 
     # --- transfers ----------------------------------------------------------------------------
-    def _transfer(self, op, buffer, path, file_offset, async_op, handle, length):
-        mem = _buffer(buffer, writable=(op == "pread"))
+    def _transfer(self, read, buffer, path, file_offset, async_op, handle, length):
+        mem = _buffer(buffer, writable=read)
         nbytes = mem.nbytes
-        buffer_id, buffer_offset = self._locate(mem, writable=(op == "pread"))
+        buffer_id, buffer_offset = self._locate(mem, writable=read)
         if mem.sync is not None:
             mem.sync()  # the daemon's copies do not follow this process's CUDA streams
         if length is None:
             length = nbytes
         if not 0 <= length <= nbytes:
             raise ValueError("length %d is outside the buffer's %d bytes" % (length, nbytes))
-        answer = self.call(op, handle=self._default_handle() if handle is None else handle,
-                           buffer=buffer_id, buffer_offset=buffer_offset, length=length,
-                           path=_path(path), file_offset=file_offset, **{"async": bool(async_op)})
-        return answer["op_id"] if async_op else answer["bytes"]
+        transfer = self._client.pread if read else self._client.pwrite
+        return transfer(self._default_handle() if handle is None else handle, buffer_id,
+                        buffer_offset, length, _path(path), file_offset, bool(async_op))
 
     def pread(self, buffer, path, file_offset=0, async_op=False, handle=None, length=None):
         """Daemon reads the file (path relative to the mount) into `buffer`; returns bytes read
         (or the op id when async_op; collect with wait)."""
-        return self._transfer("pread", buffer, path, file_offset, async_op, handle, length)
+        return self._transfer(True, buffer, path, file_offset, async_op, handle, length)
 
     def pwrite(self, buffer, path, file_offset=0, async_op=False, handle=None, length=None):
         """Daemon writes `buffer` to the file (created if missing, never truncated)."""
-        return self._transfer("pwrite", buffer, path, file_offset, async_op, handle, length)
+        return self._transfer(False, buffer, path, file_offset, async_op, handle, length)
 
     def wait(self, handle=None):
         """Outcomes of the handle's async transfers since the last wait (a list of dicts); raises
         OSError for the first failure after collecting all."""
-        ops = self.call("wait", handle=self._default_handle() if handle is None else handle)["ops"]
-        for op in ops:
-            if not op.get("ok"):
-                e = op.get("error", {})
-                raise OSError(e.get("errno", errno.EIO), e.get("message", "transfer failed"),
-                              op.get("path"))
-        return ops
+        return self._client.wait(self._default_handle() if handle is None else handle)
 
     def fsync(self, path):
-        self.call("fsync", path=_path(path))
+        self._client.fsync(_path(path))
 
 
 __all__ = ["Mount", "SharedBuffer"]

@@ -14,11 +14,13 @@ Two kinds of tests:
 
 import ctypes
 import errno
+import itertools
 import os
 
 import pytest
 
 from tests.fs import mount_harness as mh
+from tests.python import ctl_standin
 
 
 def file_bytes(path):
@@ -283,30 +285,37 @@ def test_cuda_memory_without_a_device_is_refused_with_the_reason(deepnvme, scrat
 
 
 class RecordingMount:
-    """Builds a deepnvme.Mount subclass with no control file: records the requests, answers like
-    the daemon does."""
+    """Builds a deepnvme.Mount whose session is a stand-in daemon (tests/python/ctl_standin.py):
+    `requests` are the requests the native client sent, answered like the daemon does."""
 
     @staticmethod
     def make(deepnvme):
+        buffers = itertools.count(8)
+
+        def answer(request):
+            op = request["op"]
+            if op == "hello":
+                return {"protocol": 1, "version": "stand-in", "mountpoint": "/recording"}
+            if op == "buffer.register":
+                return {"buffer": next(buffers), "size": request["size"], "writable": True,
+                        "sealed": False}
+            if op == "handle.open":
+                return {"handle": 3}
+            if op in ("pread", "pwrite"):
+                return {"bytes": request["length"], "op_id": len(daemon.requests)}
+            return {}
+
+        daemon = ctl_standin.StandInDaemon(answer)
+
         class Recording(deepnvme.Mount):
             def __init__(self):
                 self.mountpoint = "/recording"
-                self._fd = -1
-                self._init_session_state()
-                self.requests = []
-                self.next_buffer = 7
+                self._attach(daemon.client(deepnvme._C))
+                daemon.requests.clear()  # the hello
 
-            def call(self, op, **fields):
-                self.requests.append(dict(fields, op=op))
-                if op == "buffer.register":
-                    self.next_buffer += 1
-                    return {"ok": True, "buffer": self.next_buffer, "size": fields["size"],
-                            "writable": True, "sealed": False}
-                if op == "handle.open":
-                    return {"ok": True, "handle": 3}
-                if op in ("pread", "pwrite"):
-                    return {"ok": True, "bytes": fields["length"], "op_id": len(self.requests)}
-                return {"ok": True}
+            @property
+            def requests(self):
+                return daemon.requests
 
         return Recording()
 
