@@ -63,24 +63,6 @@ json RecordJson(const CtlOpRecord& r) {
 
 }  // namespace
 
-Caller CallerOf(fuse_req_t req) {
-  Caller c;
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  c.uid = ctx->uid;
-  c.gid = ctx->gid;
-  c.pid = ctx->pid;
-  gid_t groups[64];
-  int n = fuse_req_getgroups(req, 64, groups);
-  if (n > 64) {
-    c.groups.resize(static_cast<size_t>(n));
-    n = fuse_req_getgroups(req, n, c.groups.data());
-  }
-  if (n > 0 && c.groups.empty()) c.groups.assign(groups, groups + n);
-  if (n < 0) c.groups.clear();  // unknown (the process is gone): no supplementary groups
-  if (n >= 0 && static_cast<size_t>(n) < c.groups.size()) c.groups.resize(static_cast<size_t>(n));
-  return c;
-}
-
 CtlSession::CtlSession(ControlCore& core, uid_t owner) : fs_(core), owner_(owner) {
   fs_.ctl_counters().sessions_open.fetch_add(1, std::memory_order_relaxed);
 }

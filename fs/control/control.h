@@ -19,7 +19,7 @@
 // thread, never in a callback, so a callback never waits for a FUSE reply.
 #pragma once
 
-#include <fuse_lowlevel.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -40,14 +40,14 @@ namespace dnvme::fs {
 
 struct Inode;
 
-// Who sent a request (from fuse_req_ctx and fuse_req_getgroups).
+// Who sent a request: the FUSE edge fills it in from the request (ops::CallerOf in
+// fs/fuse/ops_common.h); the control plane never sees the request itself.
 struct Caller {
   uid_t uid = 0;
   gid_t gid = 0;
   pid_t pid = 0;
   std::vector<gid_t> groups;
 };
-Caller CallerOf(fuse_req_t req);
 
 // The daemon's version (the hello answer and the stats).
 std::string DaemonVersion();

@@ -4,9 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/common/log.h"
 #include "fs/fs.h"
@@ -19,10 +23,6 @@ namespace dnvme::fs {
 namespace {
 
 using nlohmann::json;
-
-constexpr double kVirtualTimeout = 1.0;
-
-Fs& FsOf(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req)); }
 
 // Control nodes' inode numbers as the kernel shows them: far from any real ext4/xfs number.
 constexpr ino_t kVirtualInoBase = 0x7fffffff00000000ULL;
@@ -86,6 +86,12 @@ std::string Snapshot(Fs& fs, VirtualNode kind) {
   return json::parse(fs.EngineConfig().ToJson()).dump(2) + "\n";
 }
 
+// Only root and the mount's owner may change the live configuration (Fs::MayReconfigure).
+Status ConfigRefused(uid_t uid) {
+  return CtlError(EACCES,
+                  "uid " + std::to_string(uid) + " may not write " + kCtlDirName + "/config");
+}
+
 }  // namespace
 
 bool IsVirtual(fuse_ino_t ino) { return KindOf(ino) != VirtualNode::kNone; }
@@ -94,84 +100,58 @@ bool IsHiddenName(fuse_ino_t parent, const char* name) {
   return parent == FUSE_ROOT_ID && std::strcmp(name, kCtlDirName) == 0;
 }
 
-bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err) {
-  if (!IsVirtual(ino)) return false;
-  fuse_reply_err(req, err);
-  return true;
+bool IsVirtualName(fuse_ino_t parent, const char* name) {
+  return IsVirtual(parent) || IsHiddenName(parent, name);
 }
 
-bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err) {
-  if (!IsVirtual(parent) && !IsHiddenName(parent, name)) return false;
-  fuse_reply_err(req, err);
-  return true;
-}
-
-bool VirtualLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  Fs& fs = FsOf(req);
+std::optional<Result<fuse_entry_param>> VirtualLookup(Fs& fs, fuse_ino_t parent, const char* name) {
   const struct timespec t = Now();
-  if (IsHiddenName(parent, name)) {
-    fuse_entry_param e = EntryOf(fs, VirtualNode::kCtlDir, t);
-    fuse_reply_entry(req, &e);
-    return true;
-  }
-  if (KindOf(parent) != VirtualNode::kCtlDir) return false;
+  if (IsHiddenName(parent, name)) return EntryOf(fs, VirtualNode::kCtlDir, t);
+  if (KindOf(parent) != VirtualNode::kCtlDir) return std::nullopt;
   for (const NodeInfo& f : kFiles) {
-    if (std::strcmp(name, f.name) == 0) {
-      fuse_entry_param e = EntryOf(fs, f.kind, t);
-      fuse_reply_entry(req, &e);
-      return true;
-    }
+    if (std::strcmp(name, f.name) == 0) return EntryOf(fs, f.kind, t);
   }
-  fuse_reply_err(req, ENOENT);
-  return true;
+  return Status::NotFound(std::string("no '") + name + "' in " + kCtlDirName);
 }
 
-bool VirtualGetattr(fuse_req_t req, fuse_ino_t ino) {
+std::optional<Result<struct stat>> VirtualGetattr(fuse_ino_t ino) {
   const VirtualNode kind = KindOf(ino);
-  if (kind == VirtualNode::kNone) return false;
+  if (kind == VirtualNode::kNone) return std::nullopt;
   struct stat st {};
   FillStat(kind, &st, Now());
-  fuse_reply_attr(req, &st, kVirtualTimeout);
-  return true;
+  return st;
 }
 
-bool VirtualSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid) {
-  (void)attr;
+std::optional<Result<struct stat>> VirtualSetattr(fuse_ino_t ino, int valid) {
   const VirtualNode kind = KindOf(ino);
-  if (kind == VirtualNode::kNone) return false;
+  if (kind == VirtualNode::kNone) return std::nullopt;
   // `echo '{...}' > config` truncates first and `touch` sets times: harmless no-ops on a control
   // file. Ownership and modes are fixed.
   const int allowed = FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |
                       FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME;
   if (kind == VirtualNode::kCtlDir || (valid & ~allowed) != 0) {
-    fuse_reply_err(req, EPERM);
-    return true;
+    return CtlError(EPERM, std::string("the attributes of ") + kCtlDirName + " are fixed");
   }
-  return VirtualGetattr(req, ino);
+  return VirtualGetattr(ino);
 }
 
-bool VirtualOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Fs& fs = FsOf(req);
+std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse_file_info* fi) {
   const VirtualNode kind = KindOf(ino);
-  if (kind == VirtualNode::kNone) return false;
+  if (kind == VirtualNode::kNone) return std::nullopt;
   const int acc = fi->flags & O_ACCMODE;
   if (kind == VirtualNode::kCtlDir) {
-    fuse_reply_err(req, EISDIR);
-    return true;
+    return CtlError(EISDIR, std::string(kCtlDirName) + " is a directory");
   }
   if (kind == VirtualNode::kStats && acc != O_RDONLY) {
-    fuse_reply_err(req, EACCES);
-    return true;
+    return CtlError(EACCES, std::string(kCtlDirName) + "/stats is read-only");
   }
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  if (kind == VirtualNode::kConfig && acc != O_RDONLY && !fs.MayReconfigure(ctx->uid)) {
-    fuse_reply_err(req, EACCES);
-    return true;
+  if (kind == VirtualNode::kConfig && acc != O_RDONLY && !fs.MayReconfigure(caller_uid)) {
+    return ConfigRefused(caller_uid);
   }
   auto vf = std::make_unique<VirtualFile>();
   vf->kind = kind;
   if (kind == VirtualNode::kCtl) {
-    vf->session = std::make_unique<CtlSession>(fs, ctx->uid);
+    vf->session = std::make_unique<CtlSession>(fs, caller_uid);
   } else {
     vf->snapshot = Snapshot(fs, kind);
   }
@@ -183,30 +163,23 @@ bool VirtualOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   VirtualFile* raw = vf.release();
   fs.Track(raw);
   fi->fh = reinterpret_cast<uint64_t>(raw);
-  if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(raw);
-  return true;
+  return Status::Ok();
 }
 
-bool VirtualRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
-  if (KindOf(ino) == VirtualNode::kNone) return false;
+std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_t off,
+                                       fuse_file_info* fi) {
+  if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
-  if (vf->kind == VirtualNode::kCtl) {
-    std::string part = vf->session->ReadAnswer(size);
-    fuse_reply_buf(req, part.data(), part.size());
-    return true;
-  }
+  if (vf->kind == VirtualNode::kCtl) return vf->session->ReadAnswer(size);
   std::lock_guard lock(vf->m);
   // Reading from the start again (pread at 0, or a rewind) gets fresh numbers.
-  if (off == 0) vf->snapshot = Snapshot(FsOf(req), vf->kind);
+  if (off == 0) vf->snapshot = Snapshot(fs, vf->kind);
   const size_t from = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), vf->snapshot.size());
   const size_t n = std::min(size, vf->snapshot.size() - from);
-  fuse_reply_buf(req, vf->snapshot.data() + from, n);
-  return true;
+  return vf->snapshot.substr(from, n);
 }
 
-bool VirtualWrite(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, fuse_file_info* fi) {
-  Fs& fs = FsOf(req);
-  if (KindOf(ino) == VirtualNode::kNone) return false;
+Result<size_t> VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi) {
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
   const size_t size = fuse_buf_size(bufv);
   std::string text(size, '\0');
@@ -214,96 +187,83 @@ bool VirtualWrite(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, fuse_file_i
   dst.buf[0].mem = text.data();
   const ssize_t got = fuse_buf_copy(&dst, bufv, static_cast<fuse_buf_copy_flags>(0));
   if (got < 0) {
-    fuse_reply_err(req, static_cast<int>(-got));
-    return true;
+    return Status::FromErrno(static_cast<int>(-got), "reading a write to a control file");
   }
   text.resize(static_cast<size_t>(got));
   if (vf->kind == VirtualNode::kCtl) {
-    vf->session->Request(text, CallerOf(req));
-    fuse_reply_write(req, size);
-    return true;
+    vf->session->Request(text, caller);
+    return size;
   }
   if (vf->kind != VirtualNode::kConfig) {
-    fuse_reply_err(req, EBADF);
-    return true;
+    return CtlError(EBADF, std::string(kCtlDirName) + "/stats is read-only");
   }
-  if (!fs.MayReconfigure(fuse_req_ctx(req)->uid)) {
-    fuse_reply_err(req, EACCES);
-    return true;
+  if (!fs.MayReconfigure(caller.uid)) {
+    return ConfigRefused(caller.uid);
   }
   auto applied = fs.SetEngineConfig(text);
   if (!applied.ok()) {
     Logger().warn("write to {}/config refused: {}", kCtlDirName, applied.status().ToString());
-    fuse_reply_err(req, EINVAL);
-    return true;
+    // EINVAL whatever the cause (a bad document, or an engine the new values could not create):
+    // the old configuration stays in force.
+    return CtlError(EINVAL, "config refused: " + applied.status().message());
   }
-  fuse_reply_write(req, size);
-  return true;
+  return size;
 }
 
-bool VirtualNoop(fuse_req_t req, fuse_ino_t ino) {
-  if (KindOf(ino) == VirtualNode::kNone) return false;
-  fuse_reply_err(req, 0);
-  return true;
+std::optional<Status> VirtualNoop(fuse_ino_t ino) {
+  if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
+  return Status::Ok();
 }
 
-bool VirtualRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (KindOf(ino) == VirtualNode::kNone) return false;
-  // A ctl session waits here for its in-flight transfers, then unmaps its buffers.
-  FsOf(req).Dispose(reinterpret_cast<VirtualFile*>(fi->fh));
-  fuse_reply_err(req, 0);
-  return true;
+std::optional<Status> VirtualRelease(Fs& fs, fuse_ino_t ino, fuse_file_info* fi) {
+  if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
+  // A ctl session waits here for its in-flight transfers, then unmaps its buffers. The control
+  // dir's open has no VirtualFile (fh 0).
+  if (fi->fh != 0) fs.Dispose(reinterpret_cast<VirtualFile*>(fi->fh));
+  return Status::Ok();
 }
 
-bool VirtualOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+std::optional<Status> VirtualOpendir(fuse_ino_t ino, fuse_file_info* fi) {
   const VirtualNode kind = KindOf(ino);
-  if (kind == VirtualNode::kNone) return false;
+  if (kind == VirtualNode::kNone) return std::nullopt;
   if (kind != VirtualNode::kCtlDir) {
-    fuse_reply_err(req, ENOTDIR);
-    return true;
+    return CtlError(ENOTDIR, std::string("a file in ") + kCtlDirName + " is not a directory");
   }
   fi->fh = 0;
   fi->cache_readdir = 0;
-  fuse_reply_open(req, fi);
-  return true;
+  return Status::Ok();
 }
 
-bool VirtualReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
-  Fs& fs = FsOf(req);
-  if (KindOf(ino) != VirtualNode::kCtlDir) return false;
-  std::string buf(size, '\0');
-  size_t used = 0;
+std::optional<std::vector<VirtualDirEntry>> VirtualReaddir(Fs& fs, fuse_ino_t ino, off_t off,
+                                                           bool plus) {
+  if (KindOf(ino) != VirtualNode::kCtlDir) return std::nullopt;
+  std::vector<VirtualDirEntry> entries;
   const struct timespec t = Now();
   // Entries 0 and 1 are "." and ".."; 2.. the files. `off` is the index of the next entry.
   const int total = 2 + static_cast<int>(std::size(kFiles));
   for (int i = static_cast<int>(off); i < total; ++i) {
-    const char* name = i == 0 ? "." : i == 1 ? ".." : kFiles[i - 2].name;
-    size_t need;
+    VirtualDirEntry d{};
+    d.name = i == 0 ? "." : i == 1 ? ".." : kFiles[i - 2].name;
+    d.next = i + 1;
     if (plus) {
-      fuse_entry_param e{};
+      // The dots carry no inode for the kernel to look up: only their number and type.
       if (i >= 2) {
-        e = EntryOf(fs, kFiles[i - 2].kind, t);
+        d.entry = EntryOf(fs, kFiles[i - 2].kind, t);
       } else {
-        e.attr.st_ino = kVirtualInoBase;
-        e.attr.st_mode = S_IFDIR;
+        d.entry.attr.st_ino = kVirtualInoBase;
+        d.entry.attr.st_mode = S_IFDIR;
       }
-      need = fuse_add_direntry_plus(req, &buf[used], size - used, name, &e, i + 1);
     } else {
-      struct stat st {};
-      FillStat(i >= 2 ? kFiles[i - 2].kind : VirtualNode::kCtlDir, &st, t);
-      need = fuse_add_direntry(req, &buf[used], size - used, name, &st, i + 1);
+      FillStat(i >= 2 ? kFiles[i - 2].kind : VirtualNode::kCtlDir, &d.entry.attr, t);
     }
-    if (need > size - used) break;  // the kernel never counted it (the lookup is not taken)
-    used += need;
+    entries.push_back(d);
   }
-  fuse_reply_buf(req, buf.data(), used);
-  return true;
+  return entries;
 }
 
-bool VirtualReleasedir(fuse_req_t req, fuse_ino_t ino) {
-  if (KindOf(ino) == VirtualNode::kNone) return false;
-  fuse_reply_err(req, 0);
-  return true;
+std::optional<Status> VirtualReleasedir(fuse_ino_t ino) {
+  if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
+  return Status::Ok();
 }
 
 // ---- Fs: the control plane's side of the filesystem state ----

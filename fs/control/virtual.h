@@ -1,6 +1,9 @@
-// The FUSE side of the control directory `<mount>/.dnvme/` (ctl, stats, config): called first by
-// the operations in fs/fuse/ops_*.cc. Each Virtual* function returns true when the request
-// concerned a control node and has been answered, false when the caller should go on as usual.
+// The control directory `<mount>/.dnvme/` (ctl, stats, config) as the FUSE operations in
+// fs/fuse/ops_*.cc see it: each Virtual* function is asked first and says what happened as a
+// value -- std::nullopt when the request does not concern a control node (the op goes on as
+// usual), otherwise the outcome (a Status or a Result). Nothing here replies: the op answers,
+// and a Status becomes an errno only there (ErrnoOf, fs/fuse/fuse_status.h). The refusals keep
+// the errno they always had (EPERM, EACCES, EISDIR, ENOTDIR, EBADF, ENOENT, EINVAL).
 //
 // The directory is never stored in BACKING_DIR and does not appear in the root's listing (so
 // `cp -r`, `du` and `rm -rf` of the mount never touch it); it is found by name. A BACKING_DIR
@@ -10,28 +13,68 @@
 #pragma once
 
 #include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dnvme/status.h"
 
 namespace dnvme::fs {
 
+class Fs;
+struct Caller;
+
+// Attribute and entry cache time of the control nodes, for replies built from them.
+inline constexpr double kVirtualTimeout = 1.0;
+
 bool IsVirtual(fuse_ino_t ino);
-// Answers `err` when `ino` is a control node.
-bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err);
-// Answers `err` when (parent, name) names a control node or an entry inside the control dir.
-bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err);
 // True when `name` under `parent` is the control dir's name at the root (hidden in listings).
 bool IsHiddenName(fuse_ino_t parent, const char* name);
+// True when (parent, name) names the control dir or an entry inside it: no create, link,
+// unlink or rename may touch it.
+bool IsVirtualName(fuse_ino_t parent, const char* name);
 
-bool VirtualLookup(fuse_req_t req, fuse_ino_t parent, const char* name);
-bool VirtualGetattr(fuse_req_t req, fuse_ino_t ino);
-bool VirtualSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid);
-bool VirtualOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
-bool VirtualRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
-bool VirtualWrite(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, fuse_file_info* fi);
-// flush and fsync: nothing to do.
-bool VirtualNoop(fuse_req_t req, fuse_ino_t ino);
-bool VirtualRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
-bool VirtualOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
-bool VirtualReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus);
-bool VirtualReleasedir(fuse_req_t req, fuse_ino_t ino);
+// The control dir (under its name at the root) or a file in it; ENOENT for any other name in it.
+std::optional<Result<fuse_entry_param>> VirtualLookup(Fs& fs, fuse_ino_t parent, const char* name);
+// Always a stat when `ino` is a control node.
+std::optional<Result<struct stat>> VirtualGetattr(fuse_ino_t ino);
+// Size and times are accepted and ignored (`echo > config` truncates first); the rest is EPERM.
+std::optional<Result<struct stat>> VirtualSetattr(fuse_ino_t ino, int valid);
+
+// On success `fi` is filled in (fh is a VirtualFile tracked by `fs`, direct_io, ...) and the op
+// answers with it; if that reply fails, VirtualRelease(fs, ino, fi) undoes the open.
+// `caller_uid` decides who may write config and owns a ctl session.
+std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse_file_info* fi);
+// The bytes to answer: the ctl session's pending answer (consumed), or up to `size` bytes of the
+// stats/config snapshot at `off` (refreshed when reading from 0). Never fails.
+std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_t off,
+                                       fuse_file_info* fi);
+// A write to an open control file (call only when IsVirtual(ino): gathering the caller's groups
+// reads /proc, which no data write should pay for): a ctl request, run at once, or a config
+// patch. Returns the byte count to acknowledge, all of `bufv` (a refused ctl request still
+// counts: its error is the answer read next).
+Result<size_t> VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi);
+// flush and fsync: nothing to do, always OK.
+std::optional<Status> VirtualNoop(fuse_ino_t ino);
+// Disposes of the open's VirtualFile; a ctl session waits for its in-flight transfers first.
+std::optional<Status> VirtualRelease(Fs& fs, fuse_ino_t ino, fuse_file_info* fi);
+
+// ENOTDIR for a control file; for the control dir, `fi` is filled in for the op's open reply.
+std::optional<Status> VirtualOpendir(fuse_ino_t ino, fuse_file_info* fi);
+// One entry of the control dir's listing: `entry` is what readdirplus sends (readdir sends
+// `entry.attr`), `next` the offset of the entry after it.
+struct VirtualDirEntry {
+  const char* name;
+  fuse_entry_param entry;
+  off_t next;
+};
+// The control dir's entries from offset `off` on ("." and ".." first), for readdir or (`plus`)
+// readdirplus; the op packs as many as fit its reply.
+std::optional<std::vector<VirtualDirEntry>> VirtualReaddir(Fs& fs, fuse_ino_t ino, off_t off,
+                                                           bool plus);
+std::optional<Status> VirtualReleasedir(fuse_ino_t ino);
 
 }  // namespace dnvme::fs

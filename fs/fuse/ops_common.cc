@@ -27,6 +27,62 @@
 
 namespace dnvme::fs::ops {
 
+Caller CallerOf(fuse_req_t req) {
+  Caller c;
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  c.uid = ctx->uid;
+  c.gid = ctx->gid;
+  c.pid = ctx->pid;
+  gid_t groups[64];
+  int n = fuse_req_getgroups(req, 64, groups);
+  if (n > 64) {
+    c.groups.resize(static_cast<size_t>(n));
+    n = fuse_req_getgroups(req, n, c.groups.data());
+  }
+  if (n > 0 && c.groups.empty()) c.groups.assign(groups, groups + n);
+  if (n < 0) c.groups.clear();  // unknown (the process is gone): no supplementary groups
+  if (n >= 0 && static_cast<size_t>(n) < c.groups.size()) c.groups.resize(static_cast<size_t>(n));
+  return c;
+}
+
+void ReplyStatus(fuse_req_t req, const Status& st) { fuse_reply_err(req, ErrnoOf(st)); }
+
+void ReplyEntry(fuse_req_t req, const Result<fuse_entry_param>& e) {
+  if (!e.ok()) return ReplyStatus(req, e.status());
+  fuse_reply_entry(req, &e.value());
+}
+
+void ReplyAttr(fuse_req_t req, const Result<struct stat>& st, double timeout) {
+  if (!st.ok()) return ReplyStatus(req, st.status());
+  fuse_reply_attr(req, &st.value(), timeout);
+}
+
+void ReplyBuf(fuse_req_t req, const std::string& bytes) {
+  fuse_reply_buf(req, bytes.data(), bytes.size());
+}
+
+void ReplyWritten(fuse_req_t req, const Result<size_t>& written) {
+  if (!written.ok()) return ReplyStatus(req, written.status());
+  fuse_reply_write(req, written.value());
+}
+
+void ReplyVirtualOpen(fuse_req_t req, fuse_ino_t ino, const Status& st, fuse_file_info* fi) {
+  if (!st.ok()) return ReplyStatus(req, st);
+  if (fuse_reply_open(req, fi) == -ENOENT) (void)VirtualRelease(FsOf(req), ino, fi);
+}
+
+bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err) {
+  if (!IsVirtual(ino)) return false;
+  fuse_reply_err(req, err);
+  return true;
+}
+
+bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err) {
+  if (!IsVirtualName(parent, name)) return false;
+  fuse_reply_err(req, err);
+  return true;
+}
+
 // Gives the object just created (and looked up into `e`) to the caller: the daemon runs as root
 // for many users and creates everything as root. Acts on the inode's own fd, not the name, which
 // another request may already have renamed. Under a set-group-ID directory the group stays the

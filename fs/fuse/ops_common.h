@@ -1,6 +1,8 @@
-// What the FUSE op files (fs/fuse/ops_*.cc) share: the request's Fs and FileHandle, the
-// caller's umask for creates, handing a new object to its caller, the set-user-ID rules of writes
-// and truncates, and each loop thread's pinned scratch buffer.
+// What the FUSE op files (fs/fuse/ops_*.cc) share: the request's Fs, FileHandle and Caller, the
+// replies made from a Status or a Result (with ErrnoOf, the one place an error becomes an errno),
+// the control directory's refusals, the caller's umask for creates, handing a new object to its
+// caller, the set-user-ID rules of writes and truncates, and each loop thread's pinned scratch
+// buffer.
 //
 // Thread contract: called on FUSE loop threads, inside a request's handler.
 #pragma once
@@ -11,8 +13,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <string>
 
+#include "dnvme/status.h"
+#include "fs/control/control.h"
 #include "fs/fs.h"
 
 namespace dnvme::fs::ops {
@@ -25,6 +30,27 @@ inline Fs& FsOf(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req
 inline std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
 inline FileHandle& Fh(fuse_file_info* fi) { return *reinterpret_cast<FileHandle*>(fi->fh); }
+
+// Who sent `req`: uid, gid, pid (fuse_req_ctx) and the supplementary groups, which libfuse reads
+// from /proc/PID/task/TID/status -- a file read, so only for requests that need them (ctl).
+Caller CallerOf(fuse_req_t req);
+
+// Replies made from a Status or a Result: an error is answered with ErrnoOf(status) (EIO when it
+// carries no errno), a value with the matching fuse_reply_*.
+void ReplyStatus(fuse_req_t req, const Status& st);
+void ReplyEntry(fuse_req_t req, const Result<fuse_entry_param>& e);
+void ReplyAttr(fuse_req_t req, const Result<struct stat>& st, double timeout);
+void ReplyBuf(fuse_req_t req, const std::string& bytes);
+void ReplyWritten(fuse_req_t req, const Result<size_t>& written);
+// Answers an open or opendir of a control node with the `fi` VirtualOpen/VirtualOpendir filled
+// in. When the opener was interrupted meanwhile (the reply fails with ENOENT) the kernel never
+// releases the handle, so it is released here.
+void ReplyVirtualOpen(fuse_req_t req, fuse_ino_t ino, const Status& st, fuse_file_info* fi);
+
+// Answers `err` when `ino` is a control node (fs/control/virtual.h); false otherwise.
+bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err);
+// Answers `err` when (parent, name) names the control dir or an entry inside it.
+bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err);
 
 // FUSE_CAP_DONT_MASK (asked for in init) makes the kernel send create/mkdir/mknod modes without
 // the caller's umask and the umask beside them (fuse_ctx::umask). The backing create then runs

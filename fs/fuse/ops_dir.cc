@@ -37,7 +37,7 @@ struct DirHandle : OpenHandle {
 };
 
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (VirtualOpendir(req, ino, fi)) return;
+  if (auto v = VirtualOpendir(ino, fi)) return ReplyVirtualOpen(req, ino, *v, fi);
   Inode& in = FsOf(req).GetInode(ino);
   int fd = openat(in.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
@@ -60,9 +60,25 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(raw);
 }
 
+// Packs the control dir's entries into one reply of at most `size` bytes, as many as fit.
+void ReplyVirtualDir(fuse_req_t req, size_t size, bool plus,
+                     const std::vector<VirtualDirEntry>& entries) {
+  std::string buf(size, '\0');
+  size_t used = 0;
+  for (const VirtualDirEntry& d : entries) {
+    const size_t need =
+        plus ? fuse_add_direntry_plus(req, &buf[used], size - used, d.name, &d.entry, d.next)
+             : fuse_add_direntry(req, &buf[used], size - used, d.name, &d.entry.attr, d.next);
+    if (need > size - used) break;  // the kernel never counted it (the lookup is not taken)
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
 void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
                bool plus) {
-  if (VirtualReaddir(req, ino, size, off, plus)) return;
+  if (auto v = VirtualReaddir(FsOf(req), ino, off, plus))
+    return ReplyVirtualDir(req, size, plus, *v);
   Fs& fs = FsOf(req);
   auto* dh = reinterpret_cast<DirHandle*>(fi->fh);
   std::string buf(size, '\0');
@@ -133,13 +149,13 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_
 }
 
 void OpReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (VirtualReleasedir(req, ino)) return;
+  if (auto v = VirtualReleasedir(ino)) return ReplyStatus(req, *v);
   FsOf(req).Dispose(reinterpret_cast<DirHandle*>(fi->fh));
   fuse_reply_err(req, 0);
 }
 
 void OpFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
-  if (VirtualNoop(req, ino)) return;
+  if (auto v = VirtualNoop(ino)) return ReplyStatus(req, *v);
   int fd = dirfd(reinterpret_cast<DirHandle*>(fi->fh)->dp);
   int rc = datasync ? fdatasync(fd) : fsync(fd);
   fuse_reply_err(req, rc == 0 ? 0 : errno);

@@ -30,7 +30,7 @@
 namespace dnvme::fs::ops {
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  if (VirtualLookup(req, parent, name)) return;
+  if (auto v = VirtualLookup(FsOf(req), parent, name)) return ReplyEntry(req, *v);
   ReplyEntry(req, parent, name);
 }
 
@@ -46,7 +46,7 @@ void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   (void)fi;
-  if (VirtualGetattr(req, ino)) return;
+  if (auto v = VirtualGetattr(ino)) return ReplyAttr(req, *v, kVirtualTimeout);
   Fs& fs = FsOf(req);
   struct stat st {};
   int err = StatInode(fs.GetInode(ino), &st);
@@ -58,7 +58,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
-  if (VirtualSetattr(req, ino, attr, valid)) return;
+  if (auto v = VirtualSetattr(ino, valid)) return ReplyAttr(req, *v, kVirtualTimeout);
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   const std::string proc = ProcPath(in.fd);

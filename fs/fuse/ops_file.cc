@@ -80,7 +80,8 @@ void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (VirtualOpen(req, ino, fi)) return;
+  if (auto v = VirtualOpen(FsOf(req), ino, fuse_req_ctx(req)->uid, fi))
+    return ReplyVirtualOpen(req, ino, *v, fi);
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
@@ -146,7 +147,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
-  if (VirtualRead(req, ino, size, off, fi)) return;
+  if (auto v = VirtualRead(FsOf(req), ino, size, off, fi)) return ReplyBuf(req, *v);
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
   // An O_DIRECT client (libaio at queue depth N) sends N reads at once: with async_reply they are
@@ -177,7 +178,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 }
 
 void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
-  if (VirtualWrite(req, ino, bufv, fi)) return;
+  if (IsVirtual(ino)) return ReplyWritten(req, VirtualWrite(FsOf(req), CallerOf(req), bufv, fi));
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
   Transport* const transport = fs.transport();
@@ -205,7 +206,7 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
 }
 
 void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (VirtualNoop(req, ino)) return;
+  if (auto v = VirtualNoop(ino)) return ReplyStatus(req, *v);
   // close(2): hand the writer any write-behind error; the data need not be durable yet.
   FileHandle& fh = Fh(fi);
   int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
@@ -213,7 +214,7 @@ void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (VirtualRelease(req, ino, fi)) return;
+  if (auto v = VirtualRelease(FsOf(req), ino, fi)) return ReplyStatus(req, *v);
   FileHandle* fh = &Fh(fi);
   if (S_ISREG(fh->inode->type)) {
     Status st = fh->inode->wb.Drain(/*take_error=*/false);
@@ -228,7 +229,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
-  if (VirtualNoop(req, ino)) return;
+  if (auto v = VirtualNoop(ino)) return ReplyStatus(req, *v);
   FileHandle& fh = Fh(fi);
   int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
   if (!err) {
