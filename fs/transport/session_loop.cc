@@ -58,9 +58,7 @@ SessionLoop::~SessionLoop() {
   }
 }
 
-Result<SessionLoop::Received> SessionLoop::ReadRequest(Receiver& r, fuse_buf* buf) {
-  char* const mem = r.buffer.data() + kRequestReadOffset;
-  ssize_t n = read(fuse_session_fd(se_), mem, RequestReceiveBytes());
+std::optional<Result<SessionLoop::Received>> SessionLoop::NoRequest(ssize_t n) {
   if (n < 0) {
     const int err = errno;
     // EINTR: a signal (maybe our wake-up); ENOENT: the request was interrupted before we got
@@ -72,6 +70,13 @@ Result<SessionLoop::Received> SessionLoop::ReadRequest(Receiver& r, fuse_buf* bu
   if (static_cast<size_t>(n) < sizeof(fuse_in_header)) {
     return Status::IoError(EIO, "short FUSE request (" + std::to_string(n) + " bytes)");
   }
+  return std::nullopt;
+}
+
+Result<SessionLoop::Received> SessionLoop::ReadRequest(Receiver& r, fuse_buf* buf) {
+  char* const mem = r.buffer.data() + kRequestReadOffset;
+  ssize_t n = read(fuse_session_fd(se_), mem, RequestReceiveBytes());
+  if (auto no = NoRequest(n)) return *no;
   requests_read_.fetch_add(1, std::memory_order_relaxed);
   const auto w = WriteHeaderOf(mem, static_cast<size_t>(n));
   r.write_flags = w ? std::optional<uint32_t>(w->write_flags) : std::nullopt;

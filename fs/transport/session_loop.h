@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +76,9 @@ class SessionLoop : public Transport {
   virtual Result<Received> Receive(size_t index, Receiver& r, fuse_buf* buf) = 0;
   // After the handler returned: anything left of the request must be dropped before the next.
   virtual Status AfterDispatch(size_t /*index*/, const fuse_buf& /*buf*/) { return Status::Ok(); }
+  // What a read(2) or splice of /dev/fuse that returned `n` (errno set when negative) means when
+  // it brought no request: kAgain, kEnded or the error; nullopt when it brought one.
+  static std::optional<Result<Received>> NoRequest(ssize_t n);
   // The read(2) receive both forms use: the whole request into `r`'s buffer, write flags noted.
   Result<Received> ReadRequest(Receiver& r, fuse_buf* buf);
 

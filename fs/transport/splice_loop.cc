@@ -83,15 +83,7 @@ Result<SessionLoop::Received> SpliceLoop::Receive(size_t index, Receiver& r, fus
   Pipe& pipe = *pipes_[index];
   ssize_t n =
       splice(fuse_session_fd(se_), nullptr, pipe.write_fd(), nullptr, RequestReceiveBytes(), 0);
-  if (n < 0) {
-    const int err = errno;
-    if (err == EINTR || err == ENOENT || err == EAGAIN) return Received::kAgain;
-    if (err == ENODEV) return Received::kEnded;
-    return Status::FromErrno(err, "receiving a FUSE request");
-  }
-  if (static_cast<size_t>(n) < sizeof(fuse_in_header)) {
-    return Status::IoError(EIO, "short FUSE request (" + std::to_string(n) + " bytes)");
-  }
+  if (auto no = NoRequest(n)) return *no;
   requests_spliced_.fetch_add(1, std::memory_order_relaxed);
   buf->size = static_cast<size_t>(n);
   std::optional<fuse_write_in> w;
