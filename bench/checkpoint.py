@@ -17,10 +17,14 @@ Then the load side, on one file written by deepnvme.save, cold every time (drop_
 each run), the order rotating per round:
   torch.load      torch.load(DIR/x.pt)
   deepnvme.load   deepnvme.load(DIR/x.pt): one parallel O_DIRECT read, then torch.load from memory
+  mount.load      torch.load(MNT/x.pt) of the same file through the mount
   fio read        fio --rw=read, same flags, on that file: the raw read speed
 Before each save run the previous file is removed and `sync` plus drop_caches settle the disk.
 The order of the variants rotates every round so none always gets the same position. Prints every
-run, the median GiB/s per variant and the ratios deepnvme/torch, mount/torch and each/fio.
+run, the median GiB/s per variant and the ratios deepnvme/torch, mount/torch and each/fio, and
+the machine's CPU seconds per GiB of each variant (every process and kernel thread: user, nice,
+system, irq and softirq of /proc/stat's cpu line, around the timed call; median over rounds).
+Pass --dir on a fast device (bench/fastdev.sh) as well as on the disk.
 GiB = 2^30 bytes. The whole time of the call is measured (serialization included), as a
 training loop would see it.
 """
@@ -75,6 +79,16 @@ def fsync_path(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def machine_busy_s():
+    """CPU seconds every CPU has worked so far (processes and kernel threads)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    if fields[0] != "cpu":
+        die("unexpected first line of /proc/stat: %r" % fields[0])
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def make_state(size, tensors):
@@ -157,7 +171,8 @@ def main():
     state = make_state(args.size, args.tensors)
     handle = deepnvme.aio_handle()  # DeepSpeed's defaults, as deepnvme.save uses
     results = {"torch": [], "deepnvme": [], "mount": [], "fio": [], "torch.load": [],
-               "deepnvme.load": [], "fio read": []}
+               "deepnvme.load": [], "mount.load": [], "fio read": []}
+    cpu = {k: [] for k in results}  # machine CPU seconds per GiB
     mount = DnvmeMount(backing, mnt, args.mount_options)
     try:
         def torch_save(path):
@@ -177,27 +192,35 @@ def main():
                     if os.path.exists(leftover):
                         os.unlink(leftover)
                 settle()
+                c0 = machine_busy_s()
                 if name == "fio":
                     rate = run_fio(os.path.join(work, "fio.dat"), args.size) / GiB
+                    moved = args.size
                 else:
                     t0 = time.perf_counter()
                     variants[name]()
                     dt = time.perf_counter() - t0
-                    written = os.path.getsize(os.path.join(backing if name == "mount" else work,
-                                                           "x.pt"))
-                    rate = written / GiB / dt
+                    moved = os.path.getsize(os.path.join(backing if name == "mount" else work,
+                                                         "x.pt"))
+                    rate = moved / GiB / dt
+                cpu[name].append((machine_busy_s() - c0) / (moved / GiB))
                 results[name].append(rate)
                 print("  round %d %-8s %6.3f GiB/s" % (r + 1, name, rate), flush=True)
 
         # Load: one file, read cold by each variant in turn.
         ckpt = os.path.join(work, "x.pt")
         size = deepnvme.save(state, ckpt, handle)
+        # The same bytes in the backing directory, for the load through the mount.
+        if deepnvme.save(state, os.path.join(backing, "x.pt"), handle) != size:
+            die("the two saves of one state dict differ in size")
         loaders = {"torch.load": lambda: torch.load(ckpt),
-                   "deepnvme.load": lambda: deepnvme.load(ckpt)}  # its default read handle
-        order = ["torch.load", "deepnvme.load", "fio read"]
+                   "deepnvme.load": lambda: deepnvme.load(ckpt),  # its default read handle
+                   "mount.load": lambda: torch.load(os.path.join(mnt, "x.pt"))}
+        order = ["torch.load", "deepnvme.load", "mount.load", "fio read"]
         for r in range(args.runs):
             for name in order[r % len(order):] + order[:r % len(order)]:
                 settle()
+                c0 = machine_busy_s()
                 if name == "fio read":
                     rate = run_fio(ckpt, size, "read") / GiB
                 else:
@@ -207,6 +230,7 @@ def main():
                     if not torch.equal(loaded["layer00.weight"], state["layer00.weight"]):
                         die("%s returned different data" % name)
                     del loaded
+                cpu[name].append((machine_busy_s() - c0) / (size / GiB))
                 results[name].append(rate)
                 print("  round %d %-13s %6.3f GiB/s" % (r + 1, name, rate), flush=True)
     finally:
@@ -214,24 +238,30 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in results.items()}
-    print("\nmedian GiB/s over %d rounds:" % args.runs)
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    print("\nmedian GiB/s over %d rounds (machine CPU s/GiB):" % args.runs)
     for k in ("fio", "torch", "deepnvme", "mount"):
-        print("  %-8s %6.3f   (%.2f of fio raw)" % (k, med[k], med[k] / med["fio"]))
-    for k in ("fio read", "torch.load", "deepnvme.load"):
-        print("  %-13s %6.3f   (%.2f of fio raw read)" % (k, med[k], med[k] / med["fio read"]))
+        print("  %-13s %6.3f   (%.2f of fio raw)   %6.3f" % (k, med[k], med[k] / med["fio"],
+                                                          med_cpu[k]))
+    for k in ("fio read", "torch.load", "deepnvme.load", "mount.load"):
+        print("  %-13s %6.3f   (%.2f of fio raw read)   %6.3f" % (
+            k, med[k], med[k] / med["fio read"], med_cpu[k]))
     ratios = {"deepnvme_vs_torch": med["deepnvme"] / med["torch"],
               "mount_vs_torch": med["mount"] / med["torch"],
               "ceiling_fio_vs_torch": med["fio"] / med["torch"],
-              "load_deepnvme_vs_torch": med["deepnvme.load"] / med["torch.load"]}
+              "load_deepnvme_vs_torch": med["deepnvme.load"] / med["torch.load"],
+              "load_mount_vs_torch": med["mount.load"] / med["torch.load"]}
     print("ratios (goal >= 4): deepnvme.save / torch.save = %.2fx, mount / torch.save = %.2fx "
           "(fio raw / torch.save, the most any writer can reach on this disk: %.2fx)" %
           (ratios["deepnvme_vs_torch"], ratios["mount_vs_torch"],
            ratios["ceiling_fio_vs_torch"]))
-    print("load: deepnvme.load / torch.load = %.2fx" % ratios["load_deepnvme_vs_torch"])
+    print("load: deepnvme.load / torch.load = %.2fx, mount.load / torch.load = %.2fx" %
+          (ratios["load_deepnvme_vs_torch"], ratios["load_mount_vs_torch"]))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"size": args.size, "runs": results, "median": med, "ratios": ratios}, f,
-                      indent=1)
+            json.dump({"size": args.size, "runs": results, "median": med,
+                       "machine_cpu_s_per_gib": cpu, "median_machine_cpu_s_per_gib": med_cpu,
+                       "ratios": ratios}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bench/ctl_vs_fio.sh [--backing DIR] [--size 1G] [--runs 3] [-o dnvmefs-options]
+# Usage: bench/ctl_vs_fio.sh [--dir|--backing DIR] [--size 1G] [--runs 3] [-o dnvmefs-options]
 #                            [--ctl-args "--queue-depth 32 ..."]
 #
 # Transfers through the control file against fio on the same backing directory, in one run:
@@ -23,7 +23,7 @@ OPTS=
 CTL_ARGS=
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --backing) BACKING=${2:?--backing needs a directory}; shift 2 ;;
+    --backing | --dir) BACKING=${2:?$1 needs a directory}; shift 2 ;;
     --size) SIZE=${2:?--size needs a value}; shift 2 ;;
     --runs) RUNS=${2:?--runs needs a number}; shift 2 ;;
     -o) OPTS=${2:?-o needs options}; shift 2 ;;

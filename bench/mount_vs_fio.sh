@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Usage: bench/mount_vs_fio.sh [--backing DIR] [--size 1G] [--runs 3] [-o dnvmefs-options]
+# Usage: bench/mount_vs_fio.sh [--dir|--backing DIR] [--size 1G] [--runs 3] [-o dnvmefs-options]
 #                              [--no-passthrough] [--settle SECONDS] [--json-out FILE]
 #
 # A dnvmefs mount against fio straight on its backing directory and against libfuse's own
-# passthrough_ll example, all on the same disk in one run. Every round runs four variants, each a
+# passthrough_ll example, all on the same disk in one run. Every round runs five variants, each a
 # write then a cold read (sync + drop caches before the read) of SIZE with bs=1M; the order of
 # the variants is reversed every other round so none always gets the warmer disk:
 #   raw       fio on BACKING itself:   ioengine=libaio direct=1 iodepth=32
+#   ext_buf   fio on BACKING itself:   ioengine=psync (buffered): the dnv_buf client without the
+#                                      mount (plain ext4)
 #   dnv_buf   fio through dnvmefs:     ioengine=psync (buffered), like a program writing a
 #                                      checkpoint with write(2)
 #   dnv_dir   fio through dnvmefs:     ioengine=libaio direct=1 iodepth=32 (the raw job)
@@ -19,11 +21,16 @@
 # before the next write, so no write pays for the previous variant's freed blocks (bench/lib.sh).
 # dnvmefs runs in the foreground (-f) from this script, so its CPU time can be read from
 # /proc/PID/stat (utime + stime, all threads) around each job; the same for passthrough_ll. fio's
-# own CPU is (usr_cpu + sys_cpu)% x job_runtime from its JSON.
+# own CPU is (usr_cpu + sys_cpu)% x job_runtime from its JSON. The machine's CPU (every process
+# and kernel thread: user, nice, system, irq and softirq from /proc/stat's cpu line) is read
+# around each job as well: on a fast device the kernel's share (page cache, FUSE copies, loop
+# device) is most of it.
 #
 # Prints every job, then medians over the rounds and the ratios:
 #   (a) dnv_buf / raw         (b) dnv_dir / raw         (c) dnv_buf / pll_buf      GiB/s
 #   (d) daemon CPU seconds per GiB moved (write + read) / raw fio's CPU seconds per GiB
+#   (e) dnv_buf / ext_buf (the same buffered client through the mount and on plain ext4)
+#   (f) machine CPU seconds per GiB of each variant / raw's
 # GiB = 2^30 bytes. Always unmounts both filesystems and removes its files (trap).
 # Run as root (drop caches; dnvmefs pins buffers). DNVMEFS=path overrides the binary.
 set -euo pipefail
@@ -40,7 +47,7 @@ PASSTHROUGH=1
 JSON_OUT=
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --backing) BACKING=${2:?--backing needs a directory}; shift 2 ;;
+    --backing | --dir) BACKING=${2:?$1 needs a directory}; shift 2 ;;
     --size) SIZE=${2:?--size needs a value}; shift 2 ;;
     --runs) RUNS=${2:?--runs needs a number}; shift 2 ;;
     -o) OPTS=${2:?-o needs options}; shift 2 ;;
@@ -74,7 +81,7 @@ MNT_P=$WORK/mnt-passthrough_ll
 mkdir -p "$MNT_D" "$MNT_P"
 DNV_PID=
 PLL_PID=
-FILES=("$BACKING/mvf_raw.dat" "$BACKING/mvf_dnv_buf.dat" "$BACKING/mvf_dnv_dir.dat"
+FILES=("$BACKING/mvf_raw.dat" "$BACKING/mvf_ext_buf.dat" "$BACKING/mvf_dnv_buf.dat" "$BACKING/mvf_dnv_dir.dat"
   "$BACKING/mvf_pll_buf.dat")
 
 is_mounted() { findmnt -rn -M "$1" >/dev/null 2>&1; }
@@ -161,43 +168,54 @@ cpu_ticks() {  # pid -> utime + stime of the whole process, in clock ticks
   echo $((f[11] + f[12]))
 }
 
+machine_busy_ticks() {  # every CPU's busy time so far (all processes and kernel threads)
+  # Fields: user nice system idle iowait irq softirq steal ...; idle, iowait and steal (time the
+  # hypervisor gave to someone else) are not work done here.
+  local label user nice system irq softirq rest
+  read -r label user nice system _ _ irq softirq rest </proc/stat
+  [[ $label == cpu ]] || die "unexpected first line of /proc/stat: $label"
+  echo $((user + nice + system + irq + softirq))
+}
+
 COMMON=(--bs=1M --size="$BYTES" --numjobs=1 --fallocate=none --output-format=json)
 RAW_ARGS=(--ioengine=libaio --direct=1 --iodepth=32)
 BUF_ARGS=(--ioengine=psync)
-declare -A VFILE=([raw]=$BACKING/mvf_raw.dat [dnv_buf]=$MNT_D/mvf_dnv_buf.dat
+declare -A VFILE=([raw]=$BACKING/mvf_raw.dat [ext_buf]=$BACKING/mvf_ext_buf.dat [dnv_buf]=$MNT_D/mvf_dnv_buf.dat
   [dnv_dir]=$MNT_D/mvf_dnv_dir.dat [pll_buf]=$MNT_P/mvf_pll_buf.dat)
-declare -A VPID=([raw]="" [dnv_buf]=$DNV_PID [dnv_dir]=$DNV_PID [pll_buf]=$PLL_PID)
-RESULTS=$WORK/results.tsv  # run variant op gib_per_s seconds fio_cpu_s daemon_cpu_s
+declare -A VPID=([raw]="" [ext_buf]="" [dnv_buf]=$DNV_PID [dnv_dir]=$DNV_PID [pll_buf]=$PLL_PID)
+RESULTS=$WORK/results.tsv  # run variant op gib_per_s seconds fio_cpu_s daemon_cpu_s machine_cpu_s
 : >"$RESULTS"
 
 run_job() {  # run variant op
-  local run=$1 v=$2 op=$3 args before after out=$WORK/fio.json
+  local run=$1 v=$2 op=$3 args before after m_before m_after out=$WORK/fio.json
   case $v in
     raw | dnv_dir) args=("${RAW_ARGS[@]}") ;;
     *) args=("${BUF_ARGS[@]}") ;;
   esac
   [[ $op == write ]] && args+=(--end_fsync=1)
   before=$(cpu_ticks "${VPID[$v]}")
+  m_before=$(machine_busy_ticks)
   if ! fio --name="mvf_$v" --filename="${VFILE[$v]}" --rw="$op" "${COMMON[@]}" "${args[@]}" \
     >"$out" 2>"$WORK/fio.err"; then
     sed 's/^/  | /' "$WORK/fio.err" >&2
     die "fio $op on $v failed (run $run): fio --filename=${VFILE[$v]} --rw=$op ${COMMON[*]} ${args[*]}"
   fi
   after=$(cpu_ticks "${VPID[$v]}")
-  $PY - "$out" "$run" "$v" "$op" "$((after - before))" "$CLK_TCK" >>"$RESULTS" <<'PYEOF' || die "cannot parse fio's JSON output"
+  m_after=$(machine_busy_ticks)
+  $PY - "$out" "$run" "$v" "$op" "$((after - before))" "$CLK_TCK" "$((m_after - m_before))" >>"$RESULTS" <<'PYEOF' || die "cannot parse fio's JSON output"
 import json, sys
-path, run, variant, rw, ticks, clk = sys.argv[1:7]
+path, run, variant, rw, ticks, clk, machine_ticks = sys.argv[1:8]
 text = open(path).read()
 job = json.loads(text[text.index("{"):])["jobs"][0]
 side = job[rw]
 runtime_ms = job.get("job_runtime") or side["runtime"]
 fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime_ms / 1000.0
 print(f"{run}\t{variant}\t{rw}\t{side['bw_bytes'] / 2**30:.6f}\t{side['runtime'] / 1000:.6f}"
-      f"\t{fio_cpu:.6f}\t{int(ticks) / int(clk):.6f}")
+      f"\t{fio_cpu:.6f}\t{int(ticks) / int(clk):.6f}\t{int(machine_ticks) / int(clk):.6f}")
 PYEOF
 }
 
-VARIANTS=(raw dnv_buf dnv_dir)
+VARIANTS=(raw ext_buf dnv_buf dnv_dir)
 [[ $PASSTHROUGH -eq 1 ]] && VARIANTS+=(pll_buf)
 
 echo "mount_vs_fio: $(date -u +%Y-%m-%dT%H:%M:%SZ) backing=$BACKING size=$BYTES runs=$RUNS" \
@@ -206,7 +224,7 @@ echo "  dnvmefs:        ${DNV_CMD[*]}"
 echo "                  $(findmnt -rn -o FSTYPE,OPTIONS -M "$MNT_D")"
 [[ $PASSTHROUGH -eq 1 ]] && echo "  passthrough_ll: ${PLL_CMD[*]}"
 echo "  fio common:     ${COMMON[*]} (+ --end_fsync=1 on writes)"
-echo "  raw, dnv_dir:   ${RAW_ARGS[*]}      dnv_buf, pll_buf: ${BUF_ARGS[*]}"
+echo "  raw, dnv_dir:   ${RAW_ARGS[*]}      ext_buf, dnv_buf, pll_buf: ${BUF_ARGS[*]}"
 for ((run = 1; run <= RUNS; run++)); do
   order=("${VARIANTS[@]}")
   if ((run % 2 == 0)); then
@@ -230,17 +248,18 @@ results_path, json_out, size, runs = sys.argv[1:5]
 gib = int(size) / 2**30
 rows = []
 for line in open(results_path):
-    run, v, op, bw, sec, fcpu, dcpu = line.rstrip("\n").split("\t")
+    run, v, op, bw, sec, fcpu, dcpu, mcpu = line.rstrip("\n").split("\t")
     rows.append({"run": int(run), "variant": v, "op": op, "gib_per_s": float(bw),
-                 "seconds": float(sec), "fio_cpu_s": float(fcpu), "daemon_cpu_s": float(dcpu)})
-variants = [v for v in ("raw", "dnv_buf", "dnv_dir", "pll_buf") if any(r["variant"] == v for r in rows)]
+                 "seconds": float(sec), "fio_cpu_s": float(fcpu), "daemon_cpu_s": float(dcpu),
+                 "machine_cpu_s": float(mcpu)})
+variants = [v for v in ("raw", "ext_buf", "dnv_buf", "dnv_dir", "pll_buf") if any(r["variant"] == v for r in rows)]
 
 print()
-print(f"{'run':>3}  {'variant':<8} {'op':<5} {'GiB/s':>7} {'seconds':>8} {'fio cpu s':>9} {'daemon cpu s':>12}")
+print(f"{'run':>3}  {'variant':<8} {'op':<5} {'GiB/s':>7} {'seconds':>8} {'fio cpu s':>9} {'daemon cpu s':>12} {'machine cpu s':>13}")
 for r in rows:
-    d = "-" if r["variant"] == "raw" else f"{r['daemon_cpu_s']:.2f}"
+    d = "-" if r["variant"] in ("raw", "ext_buf") else f"{r['daemon_cpu_s']:.2f}"
     print(f"{r['run']:>3}  {r['variant']:<8} {r['op']:<5} {r['gib_per_s']:>7.3f} {r['seconds']:>8.3f}"
-          f" {r['fio_cpu_s']:>9.2f} {d:>12}")
+          f" {r['fio_cpu_s']:>9.2f} {d:>12} {r['machine_cpu_s']:>13.2f}")
 
 def med(v, op, key="gib_per_s"):
     return statistics.median(r[key] for r in rows if r["variant"] == v and r["op"] == op)
@@ -254,16 +273,17 @@ def cpu_per_gib(v, key):  # median over rounds of (write + read CPU) / GiB moved
 
 print()
 print(f"median of {runs} round(s), {gib:.2f} GiB per job; CPU s/GiB over write + read")
-print(f"{'variant':<8} {'write GiB/s':>11} {'read GiB/s':>10} {'fio cpu s/GiB':>13} {'daemon cpu s/GiB':>16}")
+print(f"{'variant':<8} {'write GiB/s':>11} {'read GiB/s':>10} {'fio cpu s/GiB':>13} {'daemon cpu s/GiB':>16} {'machine cpu s/GiB':>17}")
 summary = {}
 for v in variants:
     s = {"write_gib_per_s": med(v, "write"), "read_gib_per_s": med(v, "read"),
          "fio_cpu_s_per_gib": cpu_per_gib(v, "fio_cpu_s"),
-         "daemon_cpu_s_per_gib": None if v == "raw" else cpu_per_gib(v, "daemon_cpu_s")}
+         "daemon_cpu_s_per_gib": None if v in ("raw", "ext_buf") else cpu_per_gib(v, "daemon_cpu_s"),
+         "machine_cpu_s_per_gib": cpu_per_gib(v, "machine_cpu_s")}
     summary[v] = s
     d = "-" if s["daemon_cpu_s_per_gib"] is None else f"{s['daemon_cpu_s_per_gib']:.3f}"
     print(f"{v:<8} {s['write_gib_per_s']:>11.3f} {s['read_gib_per_s']:>10.3f}"
-          f" {s['fio_cpu_s_per_gib']:>13.3f} {d:>16}")
+          f" {s['fio_cpu_s_per_gib']:>13.3f} {d:>16} {s['machine_cpu_s_per_gib']:>17.3f}")
 
 def ratio(a, b):
     return a / b if b else float("nan")
@@ -283,6 +303,11 @@ if "pll_buf" in summary:
         show(f"c_{op}", f"(c) {op:<5} dnvmefs buffered / passthrough_ll buffered", summary["dnv_buf"][f"{op}_gib_per_s"], summary["pll_buf"][f"{op}_gib_per_s"])
 show("d_buf", "(d) dnvmefs daemon CPU/GiB (a, buffered) / raw fio CPU/GiB", summary["dnv_buf"]["daemon_cpu_s_per_gib"], raw["fio_cpu_s_per_gib"])
 show("d_dir", "(d) dnvmefs daemon CPU/GiB (b, direct) / raw fio CPU/GiB", summary["dnv_dir"]["daemon_cpu_s_per_gib"], raw["fio_cpu_s_per_gib"])
+for op in ("write", "read"):
+    show(f"e_{op}", f"(e) {op:<5} dnvmefs buffered / the same client on plain ext4", summary["dnv_buf"][f"{op}_gib_per_s"], summary["ext_buf"][f"{op}_gib_per_s"])
+for v in variants:
+    if v != "raw":
+        show(f"f_{v}", f"(f) machine CPU/GiB, {v} / raw", summary[v]["machine_cpu_s_per_gib"], raw["machine_cpu_s_per_gib"])
 if "pll_buf" in summary:
     show("d_pll", "    dnvmefs daemon CPU/GiB (a) / passthrough_ll daemon CPU/GiB", summary["dnv_buf"]["daemon_cpu_s_per_gib"], summary["pll_buf"]["daemon_cpu_s_per_gib"])
 
