@@ -38,9 +38,9 @@
 #include "dnvme/status.h"
 #include "fs/data/counters.h"
 #include "fs/data/splice_io.h"
-#include "fs/transport/write_source.h"
 #include "fs/transport/pipe.h"
 #include "fs/transport/request_buffer.h"
+#include "fs/transport/write_source.h"
 
 namespace dnvme::fs {
 
