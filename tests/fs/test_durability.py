@@ -41,6 +41,9 @@ def first_diff(a, b):
 
 class Base(unittest.TestCase):
     NEED_ROOT = False
+    # Options that pick the transport (fs/transport/transport.h): the subclasses at the end run the
+    # crash and disk-sync tests over each form. Empty: the default (splice when it can).
+    TRANSPORT = ()
 
     def setUp(self):
         reason = mh.skip_reason(need_root=self.NEED_ROOT)
@@ -51,7 +54,7 @@ class Base(unittest.TestCase):
         self.backing, self.mnt = self.scratch.backing, self.scratch.mnt
 
     def mount(self, options=(), **kw):
-        m = mh.Mount(self.backing, self.mnt, options=options, **kw)
+        m = mh.Mount(self.backing, self.mnt, options=tuple(self.TRANSPORT) + tuple(options), **kw)
         self.addCleanup(m.stop)  # runs before scratch cleanup (LIFO)
         return m.start()
 
@@ -164,7 +167,7 @@ class CrashTest(Base):
                                  % (f["name"], d))
 
         # Remount and read back through the mount: same bytes as the backing files.
-        m2 = mh.Mount(self.backing, self.mnt)
+        m2 = mh.Mount(self.backing, self.mnt, options=self.TRANSPORT)
         self.addCleanup(m2.stop)
         m2.start()
         for s in states:
@@ -558,6 +561,24 @@ class BadInvocationTest(Base):
                 ([self.backing], "one argument")):
             with self.subTest(case=what):
                 self._expect_usage_error(args, what, one_line=True)
+
+
+# The same crash and disk-sync tests over the other two transports: requests read(2) (write
+# payloads adopted from the receive buffers) and libfuse's own loop (clone_fd: payloads copied).
+class CrashReadTransportTest(CrashTest):
+    TRANSPORT = ("splice_read=0",)
+
+
+class CrashLibfuseTransportTest(CrashTest):
+    TRANSPORT = ("clone_fd=1",)
+
+
+class DiskSyncReadTransportTest(DiskSyncTest):
+    TRANSPORT = ("splice_read=0",)
+
+
+class DiskSyncLibfuseTransportTest(DiskSyncTest):
+    TRANSPORT = ("clone_fd=1",)
 
 
 if __name__ == "__main__":

@@ -554,6 +554,13 @@ class ModelReadReceiveTest(ModelTest):
     BUDGET_FACTOR = 0.5
 
 
+class ModelLibfuseTransportTest(ModelTest):
+    """libfuse's own loop (clone_fd=1, the kLibfuse transport): its buffers, so payloads are
+    copied, never adopted or spliced, and no write_flags reach the handlers."""
+    MOUNT_OPTIONS = ("clone_fd=1",)
+    BUDGET_FACTOR = 0.4
+
+
 class ModelSynchronousTest(ModelTest):
     """No write-behind and no read-ahead: every write is written before its reply, straight from
     the request in memory at any alignment (the engine bounces what O_DIRECT cannot take)."""
