@@ -16,9 +16,11 @@ Run: DNVME_BIN=build/bin/dnvme DNVMEFS_BIN=build/bin/dnvmefs \
 import csv
 import ctypes
 import ctypes.util
+import gzip
 import json
 import mmap
 import os
+import re
 import resource
 import shutil
 import stat
@@ -50,6 +52,20 @@ def scratch_root():
     root = os.path.join(mh.test_root(), "..", "tools")
     os.makedirs(root, exist_ok=True)
     return os.path.realpath(root)
+
+
+def kernel_config():
+    """The running kernel's config text, or None when neither place has it."""
+    try:
+        with open("/boot/config-" + os.uname().release) as f:
+            return f.read()
+    except OSError:
+        pass
+    try:
+        with gzip.open("/proc/config.gz", "rt") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def built_with_cuda():
@@ -405,6 +421,8 @@ class ReportTest(unittest.TestCase):
         "fuse_device": ["present", "mode", "openable", "users_can_mount"],
         "fusermount3": ["path", "setuid_root"],
         "fuse_max_pages": ["max_pages_limit", "libfuse_max_pages", "max_request_bytes"],
+        "fuse_kernel": ["io_uring_offered", "io_uring_enabled", "passthrough_offered",
+                        "writeback_cache_offered", "used"],
         "splice_pipes": ["pipe_max_size", "cap_sys_resource", "request_pipe_bytes"],
         "capabilities": ["uid", "cap_ipc_lock", "cap_sys_admin", "cap_setuid", "cap_dac_override"],
         "gpu": ["built_with_cuda", "cuda_runtime_version", "nvidia_driver", "device_count",
@@ -503,6 +521,28 @@ class ReportTest(unittest.TestCase):
                 self.assertEqual(m["max_pages_limit"], int(fh.read()))
         self.assertEqual(m["max_request_bytes"],
                          min(m["max_pages_limit"] or 256, 256) * os.sysconf("SC_PAGE_SIZE"))
+
+    def test_fuse_kernel(self):
+        # What the kernel offers, read here independently: the module parameter and the config.
+        k = self.checks["fuse_kernel"]
+        self.assertTrue(k["ok"], "informational, never [NO]")
+        param = "/sys/module/fuse/parameters/enable_uring"
+        config = kernel_config()
+        if os.path.exists(param):
+            with open(param) as fh:
+                self.assertEqual(k["io_uring_enabled"], fh.read().strip() in ("Y", "1"))
+            self.assertTrue(k["io_uring_offered"])
+            self.assertIn("enable_uring" if not k["io_uring_enabled"] else "enabled",
+                          k["summary"])
+        else:
+            self.assertFalse(k["io_uring_enabled"])
+        if config is None:
+            self.assertIsNone(k["passthrough_offered"])
+        else:
+            self.assertEqual(k["passthrough_offered"],
+                             re.search(r"^CONFIG_FUSE_PASSTHROUGH=[ym]$", config, re.M) is not None)
+        self.assertEqual(k["used"], {"io_uring": False, "passthrough": False,
+                                     "writeback_cache": False})
 
     def test_splice_pipes(self):
         s = self.checks["splice_pipes"]

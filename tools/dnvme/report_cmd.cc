@@ -16,13 +16,16 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -359,6 +362,68 @@ Check CheckFuseMaxPages() {
   return c;
 }
 
+// "y"/"m" for a CONFIG_ option of the running kernel, "n" when the config says it is not set, ""
+// when there is no config to read (/boot/config-RELEASE, or /proc/config.gz through gzip).
+std::string KernelConfig(const std::string& option) {
+  struct utsname u {};
+  std::string text;
+  if (uname(&u) == 0) {
+    std::ifstream boot(std::string("/boot/config-") + u.release);
+    if (boot) text.assign(std::istreambuf_iterator<char>(boot), {});
+  }
+  if (text.empty() && ::access("/proc/config.gz", R_OK) == 0) {
+    if (FILE* p = ::popen("gzip -dc /proc/config.gz 2>/dev/null", "r"); p != nullptr) {
+      char buf[65536];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
+      ::pclose(p);
+    }
+  }
+  if (text.empty()) return "";
+  const std::string set = "\n" + option + "=";
+  if (auto at = ("\n" + text).find(set); at != std::string::npos) {
+    return text.substr(at + set.size() - 1, 1);
+  }
+  return "n";
+}
+
+// What the kernel's FUSE offers beyond what the mount uses today, for the fast-NVMe work: FUSE over
+// io_uring, passthrough and the writeback cache (requests above 1 MiB: fuse_max_pages).
+// Informational: never [NO].
+Check CheckFuseKernel() {
+  Check c;
+  c.name = "fuse_kernel";
+  c.ok = true;
+  bool uring_param = false;
+  const std::string uring = ReadTrimmed("/sys/module/fuse/parameters/enable_uring", &uring_param);
+  const std::string uring_config = KernelConfig("CONFIG_FUSE_IO_URING");
+  const std::string passthrough_config = KernelConfig("CONFIG_FUSE_PASSTHROUGH");
+  auto offered = [](const std::string& config) {
+    return config.empty() ? Json(nullptr) : Json(config == "y" || config == "m");
+  };
+  c.values["io_uring_offered"] = uring_param ? Json(true) : offered(uring_config);
+  c.values["io_uring_enabled"] = uring_param && (uring == "Y" || uring == "1");
+  c.values["passthrough_offered"] = offered(passthrough_config);
+  c.values["writeback_cache_offered"] = true;
+  // What a dnvmefs mount asks for today.
+  c.values["used"] = Json{{"io_uring", false}, {"passthrough", false}, {"writeback_cache", false}};
+  auto state = [](const Json& v) {
+    return v.is_null() ? std::string("unknown (no kernel config readable)")
+                       : std::string(v.get<bool>() ? "offered" : "not in this kernel");
+  };
+  std::string uring_text = state(c.values["io_uring_offered"]);
+  if (uring_param) {
+    uring_text += c.values["io_uring_enabled"].get<bool>()
+                      ? ", enabled"
+                      : ", disabled (echo Y > /sys/module/fuse/parameters/enable_uring)";
+  }
+  c.summary = fmt::format(
+      "FUSE over io_uring {}; passthrough {}; writeback cache offered. dnvmefs uses none of them "
+      "yet (the writeback cache measured slower: docs/performance-journal.md)",
+      uring_text, state(c.values["passthrough_offered"]));
+  return c;
+}
+
 bool EffectiveIn(cap_t caps, cap_value_t v) {
   cap_flag_value_t f = CAP_CLEAR;
   return cap_get_flag(caps, v, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
@@ -584,6 +649,7 @@ int RunReport(const std::string& dir, bool json) {
   checks.push_back(CheckFuseDevice());
   checks.push_back(CheckFusermount());
   checks.push_back(CheckFuseMaxPages());
+  checks.push_back(CheckFuseKernel());
   checks.push_back(CheckSplicePipes());
   checks.push_back(std::move(caps));
   // Never fails for want of a GPU: the reasons are the report.
