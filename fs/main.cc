@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
       t.splice = opts.splice_read;
       t.clone_fd = opts.clone_fd;
       t.adoptable = opts.AdoptableRequestBuffers();
+      t.max_request = opts.max_request;
       t.libfuse_max_threads = dnvme::fs::kMaxFuseThreads;
       auto created = dnvme::fs::CreateTransport(se, t);
       if (created.ok()) {

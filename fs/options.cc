@@ -72,6 +72,9 @@ std::string UsageText() {
       "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
       "(0)\n"
       "  loop_threads=N               request-loop threads, 1..64 (32)\n"
+      "  max_request=SIZE             largest READ/WRITE request, 4K..16M in whole pages (1M; "
+      "above\n"
+      "                               it raise fs.fuse.max_pages_limit)\n"
       "  ctl_max_handles=N            control-file handles per uid (8)\n"
       "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
       "  log_level=LEVEL log_file=PATH nonempty\n"
@@ -164,6 +167,12 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       }
     } else if (k == "ctl_max_bytes") {
       DNVME_ASSIGN_OR_RETURN(o.ctl_max_bytes, ParseSizeOption(k, v));
+    } else if (k == "max_request") {
+      DNVME_ASSIGN_OR_RETURN(o.max_request, ParseSizeOption(k, v));
+      if (o.max_request < 4096 || o.max_request > kMaxRequestLimit || o.max_request % 4096 != 0) {
+        return Status::InvalidArgument(
+            "option 'max_request' must be whole 4 KiB pages from 4K to 16M");
+      }
     } else if (k == "read_ahead") {
       DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOption(k, v));
     } else if (k == "log_level") {
@@ -197,6 +206,11 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
   if (o.write_behind != 0 && o.write_behind < 2 * o.write_chunk) {
     return Status::InvalidArgument(
         "option 'write_behind' must hold at least two write_chunk buffers (or be 0 to disable)");
+  }
+  if (o.clone_fd && o.max_request > kMaxFuseRequestBytes) {
+    return Status::InvalidArgument(
+        "option 'max_request' above 1M needs the daemon's own request loop, not clone_fd=1 "
+        "(libfuse 3.14 reads requests into 1 MiB buffers)");
   }
   if (o.read_ahead < 0 || o.read_ahead % 4096 != 0) {
     return Status::InvalidArgument("option 'read_ahead' must be a multiple of 4096");

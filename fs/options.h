@@ -20,9 +20,12 @@ namespace dnvme::fs {
 inline constexpr int kMaxFuseThreads = 64;
 // The read-ahead pool holds this many readers' windows; more readers share what is free.
 inline constexpr int kReadAheadWindows = 4;
-// The largest FUSE read/write request (max_write, 256 pages): the size of each FUSE thread's
-// pinned request buffer and of each async-reply buffer.
+// The largest FUSE read/write request by default (max_write, 256 pages: libfuse 3.14's own
+// limit): the size of each async-reply buffer. -o max_request raises the mount's.
 inline constexpr int64_t kMaxFuseRequestBytes = int64_t{1} << 20;
+// -o max_request at most: 4096 pages, far above what the kernel allows by default
+// (fs.fuse.max_pages_limit 256).
+inline constexpr int64_t kMaxRequestLimit = int64_t{16} << 20;
 // async_reply: one 1 MiB buffer per read an O_DIRECT client can have in flight at the kernel's
 // limit.
 inline constexpr int kAsyncReplyBuffers = 64;
@@ -70,6 +73,11 @@ struct MountOptions {
   // (docs/performance-journal.md); each thread that reads or writes synchronously pins a 1 MiB
   // buffer.
   int loop_threads = 32;
+  // The largest READ/WRITE request the kernel may send (max_write, and max_pages in INIT). Above
+  // 1 MiB it needs fs.fuse.max_pages_limit raised (the kernel clamps to it) and our own loop:
+  // libfuse's (clone_fd) reads requests into 1 MiB buffers. Fewer, larger requests mean fewer
+  // round trips per GiB (docs/performance-journal.md).
+  int64_t max_request = kMaxFuseRequestBytes;
   int64_t ctl_max_handles = 8;
   int64_t ctl_max_bytes = int64_t{64} << 30;
   std::string log_level = "info";
@@ -87,11 +95,9 @@ struct MountOptions {
   // Request buffers (1 MiB each, not pinned) write-behind may hold instead of copying their
   // WRITE payloads into chunks (fs/transport/request_buffer.h): as many as the write-behind budget
   // has bytes, on top of one per loop thread.
-  size_t AdoptableRequestBuffers() const {
-    return static_cast<size_t>(write_behind / kMaxFuseRequestBytes);
-  }
+  size_t AdoptableRequestBuffers() const { return static_cast<size_t>(write_behind / max_request); }
   int64_t PinnedPeak() const {
-    return PinnedAtStart() + (clone_fd ? kMaxFuseThreads : loop_threads) * kMaxFuseRequestBytes +
+    return PinnedAtStart() + (clone_fd ? kMaxFuseThreads : loop_threads) * max_request +
            engine.bounce_bytes_per_worker * engine.intra_op_parallelism;
   }
 };

@@ -19,6 +19,8 @@ std::string MountCounters::ToJson() const {
       {"bytes_written_spliced", r(bytes_written_spliced)},
       {"bytes_splice_fallback", r(bytes_splice_fallback)},
       {"bytes_written_adopted", r(bytes_written_adopted)},
+      {"largest_write", r(largest_write)},
+      {"largest_read", r(largest_read)},
   };
   return j.dump();
 }

@@ -26,6 +26,15 @@ struct MountCounters {
   // Part of bytes_written_behind written by the engine straight from the request buffer it was
   // received in (fs/transport/request_buffer.h), without a copy into a chunk.
   std::atomic<uint64_t> bytes_written_adopted{0};
+  // The largest WRITE and READ the kernel sent (bounded by max_request and the kernel's
+  // fs.fuse.max_pages_limit): shows whether larger requests are in effect.
+  std::atomic<uint64_t> largest_write{0}, largest_read{0};
+  // Raises `at_most` to `n` if it is smaller.
+  static void NoteMax(std::atomic<uint64_t>& at_most, uint64_t n) {
+    uint64_t cur = at_most.load(std::memory_order_relaxed);
+    while (cur < n && !at_most.compare_exchange_weak(cur, n, std::memory_order_relaxed)) {
+    }
+  }
   std::string ToJson() const;
 };
 

@@ -200,6 +200,25 @@ bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh, std::optional<uint
   return fuse_req_ctx(req)->uid != 0;
 }
 
+void WarnIfKernelClampsRequests(int64_t request) {
+  const int64_t pages = request / 4096;
+  if (pages <= 256) return;  // every kernel allows 256
+  FILE* f = std::fopen("/proc/sys/fs/fuse/max_pages_limit", "r");
+  long long limit = 256;  // before 6.13 the limit is built in
+  if (f != nullptr) {
+    if (std::fscanf(f, "%lld", &limit) != 1) limit = 256;
+    std::fclose(f);
+  }
+  if (limit < pages) {
+    Logger().warn(
+        "max_request={} asks for {} pages but fs.fuse.max_pages_limit is {}: the kernel sends "
+        "requests of at most {} KiB (sysctl -w fs.fuse.max_pages_limit={} before mounting)",
+        request, pages, limit, limit * 4, pages);
+  } else {
+    Logger().info("requests of up to {} KiB ({} pages)", request / 1024, pages);
+  }
+}
+
 // The kernel reads ahead at most the FUSE bdi's read_ahead_kb (128 KiB by default, whatever
 // max_readahead says), in requests of at most 1 MiB. Raising it lets a sequential reader's
 // requests reach us many at a time. Found through /proc/self/mountinfo, not stat(): a stat of

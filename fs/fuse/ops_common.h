@@ -115,6 +115,9 @@ int KillPrivs(fuse_req_t req, Inode& in);
 // unknown (nullopt): there the caller counts as privileged exactly when it is root.
 bool WriterUnprivileged(fuse_req_t req, const FileHandle& fh, std::optional<uint32_t> write_flags);
 
+// Logs whether the kernel will send requests of `request` bytes (fs.fuse.max_pages_limit).
+void WarnIfKernelClampsRequests(int64_t request);
+
 // The kernel reads ahead at most the FUSE bdi's read_ahead_kb (128 KiB by default, whatever
 // max_readahead says), in requests of at most 1 MiB. Raising it lets a sequential reader's
 // requests reach us many at a time. Found through /proc/self/mountinfo, not stat(): a stat of

@@ -150,6 +150,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   if (auto v = VirtualRead(FsOf(req), ino, size, off, fi)) return ReplyBuf(req, *v);
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
+  MountCounters::NoteMax(fs.counters().largest_read, size);
   // An O_DIRECT client (libaio at queue depth N) sends N reads at once: with async_reply they are
   // answered from the engine's completion, freeing this thread for the next one (measured slower
   // on 2 cores, see options.h, hence off by default).
@@ -189,6 +190,7 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
     }
   }
   const size_t size = fuse_buf_size(bufv);
+  MountCounters::NoteMax(fs.counters().largest_write, size);
   char* scratch = ThreadScratch(size);
   if (scratch == nullptr) {
     fuse_reply_err(req, ENOMEM);

@@ -32,11 +32,17 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   Fs& fs = *static_cast<Fs*>(userdata);
   // Measured on the reference VM (docs/performance-journal.md): 512 KiB-1 MiB is best, 4 MiB and
   // more lose to the daemon's own read-ahead (the kernel then floods us with parallel requests).
-  if (fs.opts().read_ahead > 0) RaiseKernelReadAhead(fs.opts().mountpoint, 1 << 20);
-  // 1 MiB requests (libfuse 3.14's buffer limit), parallel reads, async direct I/O so a libaio
-  // client's requests reach us concurrently, splice where the kernel offers it.
-  conn->max_write = kMaxFuseRequestBytes;
-  conn->max_readahead = 1 << 20;
+  // With larger requests the kernel's read-ahead must be as large, or reads stay at its size.
+  const int64_t request = fs.opts().max_request;
+  const unsigned readahead = static_cast<unsigned>(std::max<int64_t>(request, 1 << 20));
+  if (fs.opts().read_ahead > 0) RaiseKernelReadAhead(fs.opts().mountpoint, readahead);
+  // max_request-sized requests (1 MiB by default), parallel reads, async direct I/O so a libaio
+  // client's requests reach us concurrently, splice where the kernel offers it. libfuse 3.14
+  // clamps max_write to its buffer before calling us, not after, and derives max_pages from what
+  // we set here; our transport sizes its own buffers (fs/transport/transport.h).
+  conn->max_write = static_cast<unsigned>(request);
+  conn->max_readahead = readahead;
+  WarnIfKernelClampsRequests(request);
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   if (conn->capable & FUSE_CAP_ASYNC_DIO) conn->want |= FUSE_CAP_ASYNC_DIO;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;

@@ -98,8 +98,17 @@ class PipePool {
   std::vector<Pipe*> free_;  // guarded by mu_
 };
 
-// Bytes a pipe must hold for one FUSE request of the largest size: the request (1 MiB of data
-// plus headers) can span 258 pages, so 512 slots.
-inline constexpr int64_t kRequestPipeBytes = int64_t{2} << 20;
+// Bytes a pipe must hold for one FUSE request of up to `max_request` bytes of data: with its
+// headers it can span max_request / 4 KiB + 2 pages, and a pipe has a power of two of slots
+// (1 MiB: 258 pages, so 512 slots, 2 MiB).
+constexpr int64_t RequestPipeBytes(int64_t max_request) {
+  int64_t pages = max_request / 4096 + 2;
+  int64_t slots = 1;
+  while (slots < pages) slots *= 2;
+  return slots * 4096;
+}
+// For the default 1 MiB requests.
+inline constexpr int64_t kRequestPipeBytes = RequestPipeBytes(int64_t{1} << 20);
+static_assert(kRequestPipeBytes == int64_t{2} << 20);
 
 }  // namespace dnvme::fs

@@ -21,8 +21,6 @@ void WakeHandler(int) {}
 
 }  // namespace
 
-size_t RequestReceiveBytes() { return static_cast<size_t>(kMaxFuseRequestBytes) + 4096; }
-
 std::optional<fuse_write_in> WriteHeaderOf(const char* head, size_t n) {
   if (n < kWriteHeaderBytes) return std::nullopt;
   fuse_in_header in;
@@ -33,13 +31,16 @@ std::optional<fuse_write_in> WriteHeaderOf(const char* head, size_t n) {
   return write;
 }
 
-SessionLoop::SessionLoop(fuse_session* se, int threads, size_t adoptable)
-    : se_(se), threads_(threads), adoptable_(adoptable) {}
+SessionLoop::SessionLoop(fuse_session* se, int threads, size_t adoptable, int64_t max_request)
+    : se_(se),
+      threads_(threads),
+      receive_bytes_(static_cast<size_t>(max_request) + 4096),
+      adoptable_(adoptable) {}
 
 Status SessionLoop::Init() {
   if (threads_ < 1) return Status::InvalidArgument("session loop needs at least one thread");
   // Each buffer takes a request read at kRequestReadOffset.
-  buffers_ = RequestBufferPool::Create(kRequestReadOffset + RequestReceiveBytes(),
+  buffers_ = RequestBufferPool::Create(kRequestReadOffset + receive_bytes_,
                                        static_cast<size_t>(threads_) + adoptable_);
   if (!buffers_) return Status::FromErrno(errno, "reserving the request buffers");
   struct sigaction sa {};
@@ -75,7 +76,7 @@ std::optional<Result<SessionLoop::Received>> SessionLoop::NoRequest(ssize_t n) {
 
 Result<SessionLoop::Received> SessionLoop::ReadRequest(Receiver& r, fuse_buf* buf) {
   char* const mem = r.buffer.data() + kRequestReadOffset;
-  ssize_t n = read(fuse_session_fd(se_), mem, RequestReceiveBytes());
+  ssize_t n = read(fuse_session_fd(se_), mem, receive_bytes_);
   if (auto no = NoRequest(n)) return *no;
   requests_read_.fetch_add(1, std::memory_order_relaxed);
   const auto w = WriteHeaderOf(mem, static_cast<size_t>(n));
@@ -185,9 +186,9 @@ int SessionLoop::Run() {
   return error_.load();
 }
 
-Result<std::unique_ptr<ReadLoop>> ReadLoop::Create(fuse_session* se, int threads,
-                                                   size_t adoptable) {
-  std::unique_ptr<ReadLoop> loop(new ReadLoop(se, threads, adoptable));
+Result<std::unique_ptr<ReadLoop>> ReadLoop::Create(fuse_session* se, int threads, size_t adoptable,
+                                                   int64_t max_request) {
+  std::unique_ptr<ReadLoop> loop(new ReadLoop(se, threads, adoptable, max_request));
   DNVME_RETURN_IF_ERROR(loop->Init());
   return loop;
 }

@@ -38,10 +38,6 @@
 
 namespace dnvme::fs {
 
-// The kernel refuses a read buffer smaller than one request of max_write bytes plus its
-// headers; libfuse sizes its own the same way (max pages + one page for headers).
-size_t RequestReceiveBytes();
-
 // A WRITE's fuse_write_in, when the first `n` bytes of a request at `head` hold one.
 std::optional<fuse_write_in> WriteHeaderOf(const char* head, size_t n);
 
@@ -66,7 +62,8 @@ class SessionLoop : public Transport {
   };
 
   // `threads` loop threads; each thread's buffer plus `adoptable` more may be out at a time.
-  SessionLoop(fuse_session* se, int threads, size_t adoptable);
+  // Requests carry up to `max_request` bytes of data (max_write).
+  SessionLoop(fuse_session* se, int threads, size_t adoptable, int64_t max_request);
   // Installs the wake-up handler and creates the pool: subclasses call it from their factory.
   Status Init();
 
@@ -84,6 +81,9 @@ class SessionLoop : public Transport {
 
   fuse_session* const se_;
   const int threads_;
+  // The kernel refuses a read buffer smaller than one request of max_write bytes plus its
+  // headers; libfuse sizes its own the same way (max pages + one page for headers).
+  const size_t receive_bytes_;
   std::vector<std::unique_ptr<Receiver>> receivers_;  // one per thread, made by Run
   std::atomic<uint64_t> requests_read_{0};
 
@@ -102,7 +102,8 @@ class SessionLoop : public Transport {
 // Every request read(2) into the thread's pool buffer (the kRead transport).
 class ReadLoop final : public SessionLoop {
  public:
-  static Result<std::unique_ptr<ReadLoop>> Create(fuse_session* se, int threads, size_t adoptable);
+  static Result<std::unique_ptr<ReadLoop>> Create(fuse_session* se, int threads, size_t adoptable,
+                                                  int64_t max_request);
   Kind kind() const override { return Kind::kRead; }
   std::string Describe() const override;
 

@@ -32,14 +32,15 @@ void SpliceSteering::Note(const fuse_write_in& w) {
 }
 
 Result<std::unique_ptr<SpliceLoop>> SpliceLoop::Create(fuse_session* se, int threads,
-                                                       size_t adoptable) {
-  std::unique_ptr<SpliceLoop> loop(new SpliceLoop(se, threads, adoptable));
+                                                       size_t adoptable, int64_t max_request) {
+  std::unique_ptr<SpliceLoop> loop(new SpliceLoop(se, threads, adoptable, max_request));
   DNVME_RETURN_IF_ERROR(loop->Init());
-  // 512 slots take any 1 MiB request. Smaller pipes would need a smaller max_write, which
-  // splits 1 MiB client writes in two and costs O_DIRECT clients far more than splicing saves
-  // (measured: docs/performance-journal.md), so without them the caller reads requests instead.
+  // Pipes that take any request of max_request bytes (RequestPipeBytes: 512 slots for 1 MiB).
+  // Smaller pipes would need a smaller max_write, which splits 1 MiB client writes in two and
+  // costs O_DIRECT clients far more than splicing saves (measured:
+  // docs/performance-journal.md), so without them the caller reads requests instead.
   for (int i = 0; i < threads; ++i) {
-    DNVME_ASSIGN_OR_RETURN(auto p, Pipe::Create(kRequestPipeBytes));
+    DNVME_ASSIGN_OR_RETURN(auto p, Pipe::Create(RequestPipeBytes(max_request)));
     DNVME_ASSIGN_OR_RETURN(auto peek, Pipe::Create(static_cast<int64_t>(kWriteHeaderBytes)));
     loop->pipes_.push_back(std::move(p));
     loop->peeks_.push_back(std::move(peek));
@@ -81,8 +82,7 @@ Result<SessionLoop::Received> SpliceLoop::Receive(size_t index, Receiver& r, fus
     return got;
   }
   Pipe& pipe = *pipes_[index];
-  ssize_t n =
-      splice(fuse_session_fd(se_), nullptr, pipe.write_fd(), nullptr, RequestReceiveBytes(), 0);
+  ssize_t n = splice(fuse_session_fd(se_), nullptr, pipe.write_fd(), nullptr, receive_bytes_, 0);
   if (auto no = NoRequest(n)) return *no;
   requests_spliced_.fetch_add(1, std::memory_order_relaxed);
   buf->size = static_cast<size_t>(n);

@@ -40,8 +40,8 @@ class SpliceSteering {
 class SpliceLoop final : public SessionLoop {
  public:
   // EPERM (and friends) when the pipes cannot be sized: the caller falls back to ReadLoop.
-  static Result<std::unique_ptr<SpliceLoop>> Create(fuse_session* se, int threads,
-                                                    size_t adoptable);
+  static Result<std::unique_ptr<SpliceLoop>> Create(fuse_session* se, int threads, size_t adoptable,
+                                                    int64_t max_request);
   Kind kind() const override { return Kind::kSplice; }
   std::string Describe() const override;
   std::string StatsJson() const override;

@@ -64,15 +64,15 @@ Result<std::unique_ptr<Transport>> CreateTransport(fuse_session* se, const Trans
     return std::unique_ptr<Transport>(std::move(t));
   }
   if (o.splice) {
-    auto s = SpliceLoop::Create(se, o.threads, o.adoptable);
+    auto s = SpliceLoop::Create(se, o.threads, o.adoptable, o.max_request);
     if (s.ok()) return std::unique_ptr<Transport>(std::move(s).value());
     Logger().warn(
         "receiving FUSE requests with read(2), not splice: {}. Page-cache writes are then "
         "copied once more; give the daemon CAP_SYS_RESOURCE or raise fs.pipe-max-size to "
         "{} (docs/tuning.md)",
-        s.status().ToString(), kRequestPipeBytes);
+        s.status().ToString(), RequestPipeBytes(o.max_request));
   }
-  DNVME_ASSIGN_OR_RETURN(auto r, ReadLoop::Create(se, o.threads, o.adoptable));
+  DNVME_ASSIGN_OR_RETURN(auto r, ReadLoop::Create(se, o.threads, o.adoptable, o.max_request));
   return std::unique_ptr<Transport>(std::move(r));
 }
 

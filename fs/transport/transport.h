@@ -65,6 +65,7 @@ struct TransportOptions {
   bool splice = true;     // ask for kSplice (falls back to kRead, logged, without the pipes)
   bool clone_fd = false;  // kLibfuse
   size_t adoptable = 0;   // request buffers write-behind may hold beyond one per thread
+  int64_t max_request = int64_t{1} << 20;  // the most data one READ/WRITE carries (max_write)
   int libfuse_max_threads = 64;
 };
 

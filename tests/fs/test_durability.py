@@ -542,7 +542,8 @@ class BadInvocationTest(Base):
                  "direct=sometimes", "log_level=loud", "write_behind=-1", "read_ahead=1X",
                  "config=" + os.path.join(self.scratch.path, "missing.json"), "config=" + badcfg,
                  "no_such_option", "no_such_key=3", "loop_threads=0", "loop_threads=65",
-                 "loop_threads=x", "splice_read=maybe"]
+                 "loop_threads=x", "splice_read=maybe", "max_request=0", "max_request=5000",
+                 "max_request=32M", "max_request=2M,clone_fd=1"]
         for opt in cases:
             for fg in (["-f"], []):
                 with self.subTest(option=opt, mode=fg):

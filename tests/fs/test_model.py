@@ -561,6 +561,71 @@ class ModelLibfuseTransportTest(ModelTest):
     BUDGET_FACTOR = 0.4
 
 
+class ModelLargeRequestsTest(ModelTest):
+    """Requests of up to 4 MiB (-o max_request=4M, the kernel's fs.fuse.max_pages_limit raised to
+    1024 for the test and put back after): larger spliced and read(2) WRITEs, larger READs; the
+    stats must show requests above 1 MiB, or the test is not testing them."""
+    MOUNT_OPTIONS = ("max_request=4M",)
+    BUDGET_FACTOR = 0.4
+    LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
+    PIPE_MAX = "/proc/sys/fs/pipe-max-size"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.saved = {}
+        for path, want in ((cls.LIMIT, 1024), (cls.PIPE_MAX, 8 << 20)):
+            try:
+                with open(path) as f:
+                    cur = int(f.read())
+                if cur < want:
+                    with open(path, "w") as f:
+                        f.write(str(want))
+                    cls.saved[path] = cur
+            except OSError as e:
+                cls.restore()
+                raise unittest.SkipTest("cannot raise %s to %d (%s): the kernel would clamp "
+                                        "requests to 1 MiB" % (path, want, e))
+        try:
+            super().setUpClass()
+        except BaseException:  # a skip or a failed mount: no tearDownClass follows
+            cls.restore()
+            raise
+
+    @classmethod
+    def restore(cls):
+        for path, value in cls.saved.items():
+            with open(path, "w") as f:
+                f.write(str(value))
+        cls.saved = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            cls.restore()
+
+    def test_requests_above_one_mib_arrive(self):
+        path = os.path.join(self.mnt, "large-requests.bin")
+        data = os.urandom(16 << 20)
+        with open(path, "wb") as f:  # one 16 MiB write(2): the kernel cuts it into 4 MiB requests
+            f.write(data)
+            os.fsync(f.fileno())
+        with open(os.path.join(self.backing, "large-requests.bin"), "rb") as f:
+            self.assertTrue(f.read() == data, "BACKING_DIR holds what was written")
+        drop = "/proc/sys/vm/drop_caches"
+        with open(drop, "w") as f:
+            f.write("3\n")
+        with open(path, "rb") as f:
+            self.assertTrue(f.read() == data, "read back through the mount")
+        with open(os.path.join(self.mnt, ".dnvme", "stats")) as f:
+            stats = json.load(f)
+        self.assertEqual(stats["mount"]["max_request"], 4 << 20)
+        self.assertGreater(stats["fuse"]["largest_write"], 1 << 20)
+        self.assertGreater(stats["fuse"]["largest_read"], 1 << 20)
+        self.assertLessEqual(stats["fuse"]["largest_write"], 4 << 20)
+
+
 class ModelSynchronousTest(ModelTest):
     """No write-behind and no read-ahead: every write is written before its reply, straight from
     the request in memory at any alignment (the engine bounces what O_DIRECT cannot take)."""
