@@ -183,7 +183,11 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
   Transport* const transport = fs.transport();
-  if (WriterUnprivileged(req, fh, transport ? transport->WriteFlags(*bufv) : std::nullopt)) {
+  // Only a direct write's flags say who wrote (WriterUnprivileged): a page-cache write's are not
+  // looked up.
+  const std::optional<uint32_t> flags =
+      transport && !fh.page_cache_writes ? transport->WriteFlags(*bufv) : std::nullopt;
+  if (WriterUnprivileged(req, fh, flags)) {
     if (int err = KillPrivs(req, *fh.inode); err != 0) {
       fuse_reply_err(req, err);
       return;
