@@ -196,8 +196,8 @@ Result<CapReport> DropCapabilities(const std::vector<cap_value_t>& keep,
   return report;
 }
 
-std::vector<cap_value_t> DaemonKeepSet() {
-  return {
+std::vector<cap_value_t> DaemonKeepSet(bool passthrough) {
+  std::vector<cap_value_t> keep = {
       // Pinned (mlock'ed) I/O and bounce buffers beyond RLIMIT_MEMLOCK. A daemon serving several
       // clients pins far more than the 8 MiB default limit; without this the engine falls back
       // to smaller pools or fails with kResourceExhausted.
@@ -233,15 +233,24 @@ std::vector<cap_value_t> DaemonKeepSet() {
       // nodev, so the nodes cannot be opened as devices through it.
       CAP_MKNOD,
   };
+  // FUSE passthrough: registering a backing file with the kernel (FUSE_DEV_IOC_BACKING_OPEN and
+  // _CLOSE) needs CAP_SYS_ADMIN. Kept dormant (DaemonDormantSet), raised on one thread around
+  // each ioctl, and only when passthrough is asked for.
+  if (passthrough) keep.push_back(CAP_SYS_ADMIN);
+  return keep;
   // Deliberately dropped:
-  // - CAP_SYS_ADMIN: only the mount needs it, and that has happened before the drop. Unmount is
-  //   done from outside or by auto_unmount (see the top of this file).
+  // - CAP_SYS_ADMIN (unless passthrough is asked for): only the mount needs it, and that has
+  //   happened before the drop. Unmount is done from outside or by auto_unmount (see the top of
+  //   this file).
   // - CAP_SYS_RESOURCE: without it writes on behalf of users stop at the filesystem's
   //   root-reserved blocks (ext4's 5%) like the users' own writes would.
   // - CAP_LINUX_IMMUTABLE, CAP_SETPCAP and the rest: no request needs them.
 }
 
-std::vector<cap_value_t> DaemonDormantSet() { return {CAP_MKNOD}; }
+std::vector<cap_value_t> DaemonDormantSet(bool passthrough) {
+  if (passthrough) return {CAP_MKNOD, CAP_SYS_ADMIN};
+  return {CAP_MKNOD};
+}
 
 Result<ScopedCapability> ScopedCapability::Raise(cap_value_t cap) {
   CapPtr caps(cap_get_proc());

@@ -57,10 +57,11 @@ Result<CapReport> DropCapabilities(const std::vector<cap_value_t>& keep,
                                    const std::vector<cap_value_t>& dormant = {});
 
 // The capabilities the dnvmefs daemon keeps after mounting; caps.cc says why for each one.
-std::vector<cap_value_t> DaemonKeepSet();
+// `passthrough`: FUSE passthrough is asked for (fs/fuse/passthrough.h), which adds CAP_SYS_ADMIN.
+std::vector<cap_value_t> DaemonKeepSet(bool passthrough = false);
 // Of those, the ones kept permitted but not effective: raised only around the one request that
 // needs each (ScopedCapability). caps.cc says why.
-std::vector<cap_value_t> DaemonDormantSet();
+std::vector<cap_value_t> DaemonDormantSet(bool passthrough = false);
 
 // Raises one permitted capability into the calling thread's effective set and lowers it again
 // when destroyed (unless it was effective already). Raise returns kIoError with EPERM when the

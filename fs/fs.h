@@ -41,6 +41,7 @@
 #include "fs/data/write_behind.h"
 #include "fs/options.h"
 #include "fs/transport/pipe.h"
+#include "fs/transport/protocol_ext.h"
 #include "fs/transport/request_buffer.h"
 #include "fs/transport/transport.h"
 #include "fs/transport/write_source.h"
@@ -52,6 +53,14 @@ namespace dnvme::fs {
 enum class VirtualNode : uint8_t { kNone, kCtlDir, kCtl, kStats, kConfig };
 inline constexpr const char* kCtlDirName = ".dnvme";
 
+// How the kernel has this inode open (fs/fuse/passthrough.h): the counts it must agree with.
+struct OpenModes {
+  std::mutex mu;
+  int passthrough = 0;      // opens answered FOPEN_PASSTHROUGH (guarded by mu)
+  int other = 0;            // opens served through the daemon (guarded by mu)
+  int32_t backing_id = -1;  // registered while passthrough > 0 (guarded by mu)
+};
+
 struct Inode {
   int fd = -1;  // O_PATH fd on the backing object; owned (-1 for virtual nodes)
   VirtualNode virt = VirtualNode::kNone;
@@ -60,8 +69,9 @@ struct Inode {
   mode_t type = 0;       // S_IFMT bits
   uint64_t nlookup = 0;  // guarded by Fs::inodes_mu_
 
-  WriteBehind wb;  // data accepted from writers, not yet on disk (fs/data/write_behind.h)
-  ReadAhead ra;    // the window fetched ahead of a sequential reader (fs/data/read_ahead.h)
+  WriteBehind wb;   // data accepted from writers, not yet on disk (fs/data/write_behind.h)
+  ReadAhead ra;     // the window fetched ahead of a sequential reader (fs/data/read_ahead.h)
+  OpenModes modes;  // regular files
 
   Inode(const WriteBehindShared* w, const ReadAheadShared* r) : wb(w), ra(r) {}
   ~Inode();
@@ -89,6 +99,9 @@ struct FileHandle : OpenHandle {
   // The kernel sends this handle's writes from its page cache (not direct_io, not O_DIRECT), so
   // a spliced request carries page-aligned page references the splice writer can use as is.
   bool page_cache_writes = false;
+  // The kernel serves this open from the backing file (fs/fuse/passthrough.h): no READ or
+  // WRITE of it reaches the daemon.
+  bool passthrough = false;
   Inode* inode = nullptr;
 };
 
@@ -133,6 +146,9 @@ class Fs : public ControlCore {
   // it ended): the WRITE handler asks it for the write flags and the payload's pool.
   void set_transport(Transport* t) { transport_ = t; }
   Transport* transport() const { return transport_; }
+  // What the mount negotiates beyond libfuse's protocol (passthrough), and the backing-file
+  // registrations (fs/transport/protocol_ext.h).
+  ProtocolExtensions& protocol() { return protocol_; }
 
   // ---- Control plane (fs/control/virtual.cc) ----
   Inode& VirtualInode(VirtualNode kind);
@@ -201,6 +217,7 @@ class Fs : public ControlCore {
   HandleStats retired_stats_;  // of destroyed engines, for the stats
   fuse_session* se_ = nullptr;
   Transport* transport_ = nullptr;
+  ProtocolExtensions protocol_;
   struct timespec started_ {};
 
   CtlCounters ctl_counters_;
@@ -233,5 +250,9 @@ class Fs : public ControlCore {
 
 // The FUSE low-level operations table (fs/fuse/ops_table.cc; the ops in fs/fuse/ops_*.cc).
 const fuse_lowlevel_ops& Operations();
+// The session's /dev/fuse I/O (fuse_session_custom_io, userdata the Fs): plain read, writev and
+// splice, with the Fs's ProtocolExtensions shown each request libfuse reads itself and given
+// each reply to extend (fs/transport/protocol_ext.h).
+const fuse_custom_io& SessionIo();
 
 }  // namespace dnvme::fs

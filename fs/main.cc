@@ -123,12 +123,30 @@ class StderrCapture {
 
 // Runs while the process is single-threaded (capabilities are per thread): after daemonizing,
 // before the engine's workers and the FUSE loop start.
-dnvme::Status DropCaps() {
-  auto report =
-      dnvme::fs::DropCapabilities(dnvme::fs::DaemonKeepSet(), dnvme::fs::DaemonDormantSet());
+dnvme::Status DropCaps(bool passthrough) {
+  auto report = dnvme::fs::DropCapabilities(dnvme::fs::DaemonKeepSet(passthrough),
+                                            dnvme::fs::DaemonDormantSet(passthrough));
   if (!report.ok()) return report.status();
   dnvme::Logger().info("capabilities: {}", report.value().ToString());
   return dnvme::Status::Ok();
+}
+
+// After the capability drop: asks the kernel for passthrough at INIT only when the daemon can
+// register backing files (CAP_SYS_ADMIN permitted), and says why not otherwise.
+void ChoosePassthrough(dnvme::fs::Fs& fs) {
+  const dnvme::fs::Passthrough p = fs.opts().passthrough;
+  bool want = p != dnvme::fs::Passthrough::kOff;
+  if (want) {
+    auto cap = dnvme::fs::ScopedCapability::Raise(CAP_SYS_ADMIN);
+    if (!cap.ok()) {
+      dnvme::Logger().info(
+          "passthrough={} off: registering backing files needs CAP_SYS_ADMIN ({}); every open "
+          "goes through the daemon",
+          dnvme::fs::PassthroughName(p), cap.status().ToString());
+      want = false;
+    }
+  }
+  fs.protocol().Want({.passthrough = want});
 }
 
 }  // namespace
@@ -197,7 +215,13 @@ int main(int argc, char** argv) {
   } else if (fuse_session_mount(se, opts.mountpoint.c_str()) != 0) {
     std::fprintf(stderr, "dnvmefs: error: mounting %s failed (see messages above)\n",
                  opts.mountpoint.c_str());
+  } else if (int io_rc = fuse_session_custom_io(se, &dnvme::fs::SessionIo(), fuse_session_fd(se));
+             io_rc != 0) {
+    // Our replies go through SessionIo, which negotiates what libfuse 3.14 cannot.
+    std::fprintf(stderr, "dnvmefs: error: fuse_session_custom_io: %s\n", std::strerror(-io_rc));
+    fuse_session_unmount(se);
   } else {
+    fs->protocol().set_device_fd(fuse_session_fd(se));
     // The parent of fuse_daemonize exits once the child is set up; the mount is live already.
     const bool daemonized = fuse_daemonize(opts.foreground ? 1 : 0) == 0;
     // Forked for good: CUDA (and cuFile) may start from now on, on the first GPU registration
@@ -215,6 +239,7 @@ int main(int argc, char** argv) {
       t.adoptable = opts.AdoptableRequestBuffers();
       t.max_request = opts.max_request;
       t.libfuse_max_threads = dnvme::fs::kMaxFuseThreads;
+      t.protocol = &fs->protocol();
       auto created = dnvme::fs::CreateTransport(se, t);
       if (created.ok()) {
         transport = std::move(created).value();
@@ -243,11 +268,12 @@ int main(int argc, char** argv) {
       Logger().error("daemonize failed");
     } else if (!loop_st.ok()) {
       Logger().error("session loop set-up failed: {}", loop_st.ToString());
-    } else if (auto caps = DropCaps(); !caps.ok()) {
+    } else if (auto caps = DropCaps(opts.passthrough != dnvme::fs::Passthrough::kOff); !caps.ok()) {
       Logger().error("dropping capabilities failed: {}", caps.ToString());
     } else if (dnvme::Status st = fs->Start(); !st.ok()) {
       Logger().error("start-up failed: {}", st.ToString());
     } else {
+      ChoosePassthrough(*fs);  // before the loop runs: INIT is its first request
       Logger().info("mounted {} at {} (engine {}; transport {}: {})", opts.backing, opts.mountpoint,
                     opts.engine.ToJson(), dnvme::fs::TransportKindName(transport->kind()),
                     transport->Describe());

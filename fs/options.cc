@@ -75,11 +75,29 @@ std::string UsageText() {
       "  max_request=SIZE             largest READ/WRITE request, 4K..16M in whole pages (1M; "
       "above\n"
       "                               it raise fs.fuse.max_pages_limit)\n"
+      "  passthrough=off|direct|read|all  opens the kernel serves from the backing file "
+      "itself:\n"
+      "                               none, read-only O_DIRECT (default), read-only, all; "
+      "kernel 6.9+, root\n"
       "  ctl_max_handles=N            control-file handles per uid (8)\n"
       "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
       "  log_level=LEVEL log_file=PATH nonempty\n"
       "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
   return text;
+}
+
+const char* PassthroughName(Passthrough p) {
+  switch (p) {
+    case Passthrough::kOff:
+      return "off";
+    case Passthrough::kDirect:
+      return "direct";
+    case Passthrough::kRead:
+      return "read";
+    case Passthrough::kAll:
+      return "all";
+  }
+  return "?";
 }
 
 Result<MountOptions> ParseMountOptions(int argc, char** argv) {
@@ -172,6 +190,20 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       if (o.max_request < 4096 || o.max_request > kMaxRequestLimit || o.max_request % 4096 != 0) {
         return Status::InvalidArgument(
             "option 'max_request' must be whole 4 KiB pages from 4K to 16M");
+      }
+    } else if (k == "passthrough") {
+      const std::string p = v.value_or("");
+      if (p == "off" || p == "0") {
+        o.passthrough = Passthrough::kOff;
+      } else if (p == "direct") {
+        o.passthrough = Passthrough::kDirect;
+      } else if (p == "read") {
+        o.passthrough = Passthrough::kRead;
+      } else if (p == "all") {
+        o.passthrough = Passthrough::kAll;
+      } else {
+        return Status::InvalidArgument("option 'passthrough': '" + p +
+                                       "' is not one of off, direct, read, all");
       }
     } else if (k == "read_ahead") {
       DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOption(k, v));

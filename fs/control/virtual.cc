@@ -370,7 +370,8 @@ std::string Fs::StatsJson() {
         {"async_reply", opts_.async_reply},
         {"splice_read", opts_.splice_read},
         {"clone_fd", opts_.clone_fd},
-        {"max_request", opts_.max_request}}},
+        {"max_request", opts_.max_request},
+        {"passthrough", PassthroughName(opts_.passthrough)}}},
       {"config", json::parse(EngineConfig().ToJson())},
       {"fuse", json::parse(counters_.ToJson())},
       {"engine", json::parse(engine_total.ToJson())},
@@ -393,6 +394,8 @@ std::string Fs::StatsJson() {
   j["mount"]["splice_pipes"] = wb_pipes_ ? wb_pipes_->count() : 0;
   // How requests arrive (fs/transport/transport.h); null before the session runs.
   j["transport"] = transport_ ? json::parse(transport_->StatsJson()) : json(nullptr);
+  // What was negotiated with the kernel beyond libfuse's 7.38 (fs/transport/protocol_ext.h).
+  j["kernel"] = json::parse(protocol_.StatsJson());
   return j.dump();
 }
 

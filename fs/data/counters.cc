@@ -21,6 +21,9 @@ std::string MountCounters::ToJson() const {
       {"bytes_written_adopted", r(bytes_written_adopted)},
       {"largest_write", r(largest_write)},
       {"largest_read", r(largest_read)},
+      {"passthrough_opens", r(passthrough_opens)},
+      {"passthrough_refused", r(passthrough_refused)},
+      {"backing_files", backing_files.load(std::memory_order_relaxed)},
   };
   return j.dump();
 }

@@ -29,6 +29,11 @@ struct MountCounters {
   // The largest WRITE and READ the kernel sent (bounded by max_request and the kernel's
   // fs.fuse.max_pages_limit): shows whether larger requests are in effect.
   std::atomic<uint64_t> largest_write{0}, largest_read{0};
+  // FUSE passthrough (fs/fuse/passthrough.h): opens the kernel served from the backing file,
+  // backing files registered now, and registrations the kernel refused (those opens went
+  // through the daemon).
+  std::atomic<uint64_t> passthrough_opens{0}, passthrough_refused{0};
+  std::atomic<int64_t> backing_files{0};
   // Raises `at_most` to `n` if it is smaller.
   static void NoteMax(std::atomic<uint64_t>& at_most, uint64_t n) {
     uint64_t cur = at_most.load(std::memory_order_relaxed);

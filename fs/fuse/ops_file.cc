@@ -27,6 +27,7 @@
 #include "fs/fuse/fuse_status.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
+#include "fs/fuse/passthrough.h"
 
 namespace dnvme::fs::ops {
 
@@ -79,6 +80,16 @@ void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   fh->page_cache_writes = !fi->direct_io && !fh->client_direct;
 }
 
+// Counts a regular file's open (BeginOpen) into the handle.
+void NoteOpenMode(FileHandle* fh, const OpenMode& mode) { fh->passthrough = mode.passthrough; }
+
+// The open's handle goes away without a RELEASE: the reply failed (the opener was interrupted)
+// or the open did.
+void AbandonOpen(Fs& fs, FileHandle* fh) {
+  if (S_ISREG(fh->inode->type)) EndOpen(fs, *fh->inode, fh->passthrough);
+  fs.Dispose(fh);
+}
+
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualOpen(FsOf(req), ino, fuse_req_ctx(req)->uid, fi))
     return ReplyVirtualOpen(req, ino, *v, fi);
@@ -95,7 +106,11 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fs, fi, fh);
-  if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(fh);  // the opener was interrupted
+  const OpenMode mode = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
+  NoteOpenMode(fh, mode);
+  const int rc =
+      mode.passthrough ? ReplyOpenPassthrough(req, *fi, mode.backing_id) : fuse_reply_open(req, fi);
+  if (rc == -ENOENT) AbandonOpen(fs, fh);  // the opener was interrupted
 }
 
 void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -143,7 +158,14 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fs, fi, fh);
-  if (fuse_reply_create(req, &e, fi) == -ENOENT) fs.Dispose(fh);
+  // A new file has no other open; an existing one reached by CREATE (made outside the mount,
+  // or a hard link the kernel has not looked up) may be passthrough already.
+  Inode& in = *fh->inode;
+  const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
+  NoteOpenMode(fh, how);
+  const int rc = how.passthrough ? ReplyCreatePassthrough(req, e, *fi, how.backing_id)
+                                 : fuse_reply_create(req, &e, fi);
+  if (rc == -ENOENT) AbandonOpen(fs, fh);
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -229,6 +251,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     }
     // Read-ahead in flight uses the inode, which may be forgotten once no file is open.
     fh->inode->ra.Quiesce();
+    EndOpen(FsOf(req), *fh->inode, fh->passthrough);
   }
   FsOf(req).Dispose(fh);
   fuse_reply_err(req, 0);

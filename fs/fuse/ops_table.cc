@@ -124,4 +124,34 @@ const fuse_lowlevel_ops& Operations() {
   return table;
 }
 
+namespace {
+
+ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
+  ssize_t n = read(fd, buf, len);
+  if (n > 0) static_cast<Fs*>(userdata)->protocol().ObserveRequest(buf, static_cast<size_t>(n));
+  return n;
+}
+
+ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
+  return static_cast<Fs*>(userdata)->protocol().WriteReply(fd, iov, count);
+}
+
+ssize_t IoSpliceSend(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,
+                     unsigned int flags, void*) {
+  return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+}  // namespace
+
+const fuse_custom_io& SessionIo() {
+  static const fuse_custom_io io = [] {
+    fuse_custom_io i{};
+    i.read = IoRead;
+    i.writev = IoWritev;
+    i.splice_send = IoSpliceSend;  // replies from pipes, as libfuse does without custom io
+    return i;
+  }();
+  return io;
+}
+
 }  // namespace dnvme::fs

@@ -139,6 +139,9 @@ void SessionLoop::Worker(size_t index) {
       fuse_session_exit(se_);
       break;
     }
+    if (protocol_ != nullptr && !(buf.flags & FUSE_BUF_IS_FD)) {
+      protocol_->ObserveRequest(buf.mem, buf.size);  // INIT is small: always in memory
+    }
     fuse_session_process_buf(se_, &buf);
     if (Status st = AfterDispatch(index, buf); !st.ok()) {
       Logger().error("{}", st.ToString());

@@ -43,21 +43,8 @@ class LibfuseTransport final : public Transport {
   const int max_threads_;
 };
 
-}  // namespace
-
-const char* TransportKindName(Transport::Kind kind) {
-  switch (kind) {
-    case Transport::Kind::kSplice:
-      return "splice";
-    case Transport::Kind::kRead:
-      return "read";
-    case Transport::Kind::kLibfuse:
-      return "libfuse";
-  }
-  return "?";
-}
-
-Result<std::unique_ptr<Transport>> CreateTransport(fuse_session* se, const TransportOptions& o) {
+Result<std::unique_ptr<Transport>> CreateTransportKind(fuse_session* se,
+                                                       const TransportOptions& o) {
   if (o.clone_fd) {
     auto t = std::make_unique<LibfuseTransport>(se, o.libfuse_max_threads);
     Logger().warn("-o clone_fd=1: {}", t->Describe());
@@ -74,6 +61,26 @@ Result<std::unique_ptr<Transport>> CreateTransport(fuse_session* se, const Trans
   }
   DNVME_ASSIGN_OR_RETURN(auto r, ReadLoop::Create(se, o.threads, o.adoptable, o.max_request));
   return std::unique_ptr<Transport>(std::move(r));
+}
+
+}  // namespace
+
+const char* TransportKindName(Transport::Kind kind) {
+  switch (kind) {
+    case Transport::Kind::kSplice:
+      return "splice";
+    case Transport::Kind::kRead:
+      return "read";
+    case Transport::Kind::kLibfuse:
+      return "libfuse";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<Transport>> CreateTransport(fuse_session* se, const TransportOptions& o) {
+  DNVME_ASSIGN_OR_RETURN(auto t, CreateTransportKind(se, o));
+  t->set_protocol(o.protocol);
+  return t;
 }
 
 }  // namespace dnvme::fs

@@ -32,6 +32,7 @@
 #include <string>
 
 #include "dnvme/status.h"
+#include "fs/transport/protocol_ext.h"
 #include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
@@ -56,6 +57,13 @@ class Transport {
   // The pool WRITE payloads are received into, whose buffers may change hands (Adopt); null when
   // payloads are not ours to keep.
   virtual RequestBufferPool* payload_pool() = 0;
+
+  // Shown every request the loop receives before libfuse handles it (our loops; libfuse's own
+  // shows them through the session's custom io): what INIT offers (fs/transport/protocol_ext.h).
+  void set_protocol(ProtocolExtensions* p) { protocol_ = p; }
+
+ protected:
+  ProtocolExtensions* protocol_ = nullptr;
 };
 
 const char* TransportKindName(Transport::Kind kind);
@@ -67,6 +75,7 @@ struct TransportOptions {
   size_t adoptable = 0;   // request buffers write-behind may hold beyond one per thread
   int64_t max_request = int64_t{1} << 20;  // the most data one READ/WRITE carries (max_write)
   int libfuse_max_threads = 64;
+  ProtocolExtensions* protocol = nullptr;  // set_protocol
 };
 
 // Creates the transport for `se`. Call before the daemon drops its capabilities: the splice

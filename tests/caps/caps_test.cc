@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -303,6 +304,26 @@ TEST(CapsTest, ReportToString) {
   EXPECT_EQ(r.ToString(),
             "kept [cap_chown] dropped 2 [cap_sys_admin, cap_net_raw]; bounding set left unchanged "
             "(no cap_setpcap)");
+}
+
+}  // namespace
+}  // namespace dnvme::fs
+
+namespace dnvme::fs {
+namespace {
+
+// Passthrough (fs/fuse/passthrough.h) adds CAP_SYS_ADMIN, dormant: the backing-file ioctls raise
+// it on one thread; without passthrough it stays out of every set.
+TEST(CapsTest, PassthroughKeepsCapSysAdminDormantOnly) {
+  auto has = [](const std::vector<cap_value_t>& set, cap_value_t cap) {
+    return std::find(set.begin(), set.end(), cap) != set.end();
+  };
+  EXPECT_FALSE(has(DaemonKeepSet(), CAP_SYS_ADMIN));
+  EXPECT_FALSE(has(DaemonDormantSet(), CAP_SYS_ADMIN));
+  EXPECT_TRUE(has(DaemonKeepSet(true), CAP_SYS_ADMIN));
+  EXPECT_TRUE(has(DaemonDormantSet(true), CAP_SYS_ADMIN));
+  for (cap_value_t cap : DaemonDormantSet(true)) EXPECT_TRUE(has(DaemonKeepSet(true), cap)) << cap;
+  EXPECT_EQ(DaemonKeepSet(true).size(), DaemonKeepSet().size() + 1);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ Environment:
 import atexit
 import contextlib
 import errno
+import json
 import os
 import shutil
 import signal
@@ -588,6 +589,25 @@ def drop_caches():
         return True
     except OSError:
         return False
+
+
+def stats(mnt):
+    """The mount's .dnvme/stats document."""
+    with open(os.path.join(mnt, ".dnvme", "stats")) as f:
+        return json.load(f)
+
+
+def passthrough_skip_reason(mnt):
+    """Why FUSE passthrough cannot be on at `mnt` (a kernel before 6.9, no CAP_SYS_ADMIN), from
+    what the daemon negotiated; None when it is on."""
+    k = stats(mnt)["kernel"]
+    p = k["passthrough"]
+    if not p["offered"]:
+        return "the kernel does not offer FUSE passthrough (protocol %s; needs 6.9+ with " \
+               "CONFIG_FUSE_PASSTHROUGH)" % (k["kernel_protocol"] or "?")
+    if not p["on"]:
+        return "the daemon cannot register backing files (needs root with CAP_SYS_ADMIN)"
+    return None
 
 
 def errno_name(e):

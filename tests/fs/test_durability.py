@@ -582,5 +582,15 @@ class DiskSyncLibfuseTransportTest(DiskSyncTest):
     TRANSPORT = ("clone_fd=1",)
 
 
+# The passthrough policy that bypasses the daemon most (fs/fuse/passthrough.h): writes then go to
+# the backing file through the kernel, fsync through the daemon's FSYNC.
+class CrashPassthroughAllTest(CrashTest):
+    TRANSPORT = ("passthrough=all",)
+
+
+class DiskSyncPassthroughAllTest(DiskSyncTest):
+    TRANSPORT = ("passthrough=all",)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

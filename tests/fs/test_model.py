@@ -173,6 +173,8 @@ class ModelRun:
             flags = os.O_RDWR | os.O_DIRECT
         elif kind < 0.35:
             flags = os.O_RDWR | os.O_APPEND
+        elif kind < 0.4:
+            flags = os.O_RDONLY | os.O_DIRECT  # passthrough under the default policy
         elif kind < 0.45:
             flags = os.O_RDONLY
         elif kind < 0.55:
@@ -624,6 +626,27 @@ class ModelLargeRequestsTest(ModelTest):
         self.assertGreater(stats["fuse"]["largest_write"], 1 << 20)
         self.assertGreater(stats["fuse"]["largest_read"], 1 << 20)
         self.assertLessEqual(stats["fuse"]["largest_write"], 4 << 20)
+
+
+class ModelPassthroughReadTest(ModelTest):
+    """-o passthrough=read (fs/fuse/passthrough.h): every read-only open is served by the kernel
+    from the backing file, and writers that open such a file join it; the daemon's write-behind
+    and read-ahead must stay coherent across the switches."""
+    MOUNT_OPTIONS = ("passthrough=read",)
+    BUDGET_FACTOR = 0.4
+
+    def test_random_ops_match_plain_directory(self):
+        reason = mh.passthrough_skip_reason(self.mnt)
+        if reason:
+            self.skipTest(reason)
+        super().test_random_ops_match_plain_directory()
+        self.assertGreater(mh.stats(self.mnt)["fuse"]["passthrough_opens"], 0,
+                           "no open went passthrough: the policy was not exercised")
+
+
+class ModelPassthroughAllTest(ModelPassthroughReadTest):
+    """-o passthrough=all: every open of an inode nobody else has open goes passthrough."""
+    MOUNT_OPTIONS = ("passthrough=all",)
 
 
 class ModelSynchronousTest(ModelTest):

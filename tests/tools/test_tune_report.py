@@ -541,8 +541,16 @@ class ReportTest(unittest.TestCase):
         else:
             self.assertEqual(k["passthrough_offered"],
                              re.search(r"^CONFIG_FUSE_PASSTHROUGH=[ym]$", config, re.M) is not None)
-        self.assertEqual(k["used"], {"io_uring": False, "passthrough": False,
+        with open("/proc/self/status") as fh:
+            prm = [int(l.split()[1], 16) for l in fh if l.startswith("CapPrm:")][0]
+        self.assertEqual(k["cap_sys_admin"], bool(prm & (1 << 21)))  # CAP_SYS_ADMIN
+        # A mount's default: passthrough for read-only O_DIRECT opens where offered and allowed.
+        want_pt = None if k["passthrough_offered"] is None else \
+            (k["passthrough_offered"] and k["cap_sys_admin"])
+        self.assertEqual(k["used"], {"io_uring": False, "passthrough": want_pt,
                                      "writeback_cache": False})
+        if want_pt:
+            self.assertIn("passthrough=off|direct|read|all", k["summary"])
 
     def test_splice_pipes(self):
         s = self.checks["splice_pipes"]

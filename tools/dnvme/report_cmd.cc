@@ -405,8 +405,21 @@ Check CheckFuseKernel() {
   c.values["io_uring_enabled"] = uring_param && (uring == "Y" || uring == "1");
   c.values["passthrough_offered"] = offered(passthrough_config);
   c.values["writeback_cache_offered"] = true;
-  // What a dnvmefs mount asks for today.
-  c.values["used"] = Json{{"io_uring", false}, {"passthrough", false}, {"writeback_cache", false}};
+  // What a dnvmefs mount started here by this user asks for with its defaults: passthrough for
+  // read-only O_DIRECT opens (-o passthrough=direct, fs/fuse/passthrough.h) where the kernel
+  // offers it and the daemon holds CAP_SYS_ADMIN (it keeps it dormant for the backing-file
+  // ioctls); unknown (null) when the kernel config cannot be read.
+  bool sys_admin = false;
+  if (cap_t caps = cap_get_proc(); caps != nullptr) {
+    cap_flag_value_t f = CAP_CLEAR;
+    sys_admin = cap_get_flag(caps, CAP_SYS_ADMIN, CAP_PERMITTED, &f) == 0 && f == CAP_SET;
+    cap_free(caps);
+  }
+  c.values["cap_sys_admin"] = sys_admin;
+  const Json& pt = c.values["passthrough_offered"];
+  const Json pt_used = pt.is_null() ? Json(nullptr) : Json(pt.get<bool>() && sys_admin);
+  c.values["used"] =
+      Json{{"io_uring", false}, {"passthrough", pt_used}, {"writeback_cache", false}};
   auto state = [](const Json& v) {
     return v.is_null() ? std::string("unknown (no kernel config readable)")
                        : std::string(v.get<bool>() ? "offered" : "not in this kernel");
@@ -417,10 +430,17 @@ Check CheckFuseKernel() {
                       ? ", enabled"
                       : ", disabled (echo Y > /sys/module/fuse/parameters/enable_uring)";
   }
+  std::string pt_text = state(pt);
+  if (!pt.is_null() && pt.get<bool>()) {
+    pt_text += sys_admin
+                   ? ", used for read-only O_DIRECT opens (-o passthrough=off|direct|read|all)"
+                   : ", unused: the daemon needs root (CAP_SYS_ADMIN) to register backing "
+                     "files";
+  }
   c.summary = fmt::format(
-      "FUSE over io_uring {}; passthrough {}; writeback cache offered. dnvmefs uses none of them "
-      "yet (the writeback cache measured slower: docs/performance-journal.md)",
-      uring_text, state(c.values["passthrough_offered"]));
+      "FUSE over io_uring {} (dnvmefs does not use it yet); passthrough {}; writeback cache "
+      "offered, not used (measured slower: docs/performance-journal.md)",
+      uring_text, pt_text);
   return c;
 }
 

@@ -1,0 +1,163 @@
+#include "fs/fuse/passthrough.h"
+
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <sys/capability.h>
+#include <sys/uio.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "engine/common/log.h"
+#include "fs/caps.h"
+#include "fs/transport/protocol_ext.h"
+
+namespace dnvme::fs::ops {
+namespace {
+
+bool Wants(const MountOptions& o, int flags) {
+  switch (o.passthrough) {
+    case Passthrough::kOff:
+      return false;
+    case Passthrough::kDirect:
+      return (flags & O_ACCMODE) == O_RDONLY && (flags & O_DIRECT);
+    case Passthrough::kRead:
+      return (flags & O_ACCMODE) == O_RDONLY;
+    case Passthrough::kAll:
+      return true;
+  }
+  return false;
+}
+
+// Registers the inode's backing file. nullopt (logged) when the kernel or the capability says
+// no: the open then goes through the daemon.
+std::optional<int32_t> OpenBacking(Fs& fs, Inode& in) {
+  auto cap = ScopedCapability::Raise(CAP_SYS_ADMIN);
+  if (!cap.ok()) {
+    Logger().warn("passthrough open of inode {}: {}", in.ino, cap.status().ToString());
+    return std::nullopt;
+  }
+  auto id = fs.protocol().OpenBacking(in.fd);
+  if (!id.ok()) {
+    Logger().debug("passthrough open of inode {}: {}", in.ino, id.status().ToString());
+    return std::nullopt;
+  }
+  return id.value();
+}
+
+void CloseBacking(Fs& fs, Inode& in, int32_t id) {
+  auto cap = ScopedCapability::Raise(CAP_SYS_ADMIN);
+  Status st = cap.ok() ? fs.protocol().CloseBacking(id) : cap.status();
+  // The kernel keeps the backing file while an inode uses it; a leaked id only holds one file
+  // open until the session ends.
+  if (!st.ok()) Logger().warn("closing backing id {} of inode {}: {}", id, in.ino, st.ToString());
+}
+
+uint64_t TimeoutSec(double t) { return t <= 0 ? 0 : static_cast<uint64_t>(t); }
+uint32_t TimeoutNsec(double t) {
+  if (t <= 0) return 0;
+  return static_cast<uint32_t>((t - std::floor(t)) * 1e9);
+}
+
+fuse_attr AttrOf(const struct stat& s) {
+  fuse_attr a{};
+  a.ino = s.st_ino;
+  a.mode = s.st_mode;
+  a.nlink = static_cast<uint32_t>(s.st_nlink);
+  a.uid = s.st_uid;
+  a.gid = s.st_gid;
+  a.rdev = static_cast<uint32_t>(s.st_rdev);
+  a.size = static_cast<uint64_t>(s.st_size);
+  a.blksize = static_cast<uint32_t>(s.st_blksize);
+  a.blocks = static_cast<uint64_t>(s.st_blocks);
+  a.atime = static_cast<uint64_t>(s.st_atim.tv_sec);
+  a.mtime = static_cast<uint64_t>(s.st_mtim.tv_sec);
+  a.ctime = static_cast<uint64_t>(s.st_ctim.tv_sec);
+  a.atimensec = static_cast<uint32_t>(s.st_atim.tv_nsec);
+  a.mtimensec = static_cast<uint32_t>(s.st_mtim.tv_nsec);
+  a.ctimensec = static_cast<uint32_t>(s.st_ctim.tv_nsec);
+  return a;
+}
+
+wire::OpenOut OpenOutOf(const fuse_file_info& fi, int32_t backing_id) {
+  wire::OpenOut o{};
+  o.fh = fi.fh;
+  // Not FOPEN_DIRECT_IO (it would override passthrough) nor KEEP_CACHE: reads and mmap go to
+  // the backing file's page cache, not the FUSE inode's.
+  o.open_flags = wire::kOpenPassthrough;
+  o.backing_id = backing_id;
+  return o;
+}
+
+}  // namespace
+
+OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
+  OpenModes& m = in.modes;
+  std::lock_guard lock(m.mu);
+  if (m.passthrough > 0) {
+    // The kernel requires every open of a passthrough inode to be passthrough (EIO otherwise).
+    ++m.passthrough;
+    fs.counters().passthrough_opens.fetch_add(1, std::memory_order_relaxed);
+    return {true, m.backing_id};
+  }
+  if (m.other > 0 || !Wants(fs.opts(), flags) || !fs.protocol().passthrough()) {
+    ++m.other;
+    return {};
+  }
+  // A passthrough reader must see every byte written so far, and nothing the daemon read ahead
+  // may survive writes it does not see.
+  if (Status st = in.wb.Drain(/*take_error=*/false); !st.ok()) {
+    Logger().debug("inode {} opened through the daemon: write-behind {}", in.ino, st.ToString());
+    ++m.other;
+    return {};
+  }
+  in.ra.Invalidate();
+  std::optional<int32_t> id = OpenBacking(fs, in);
+  if (!id) {
+    fs.counters().passthrough_refused.fetch_add(1, std::memory_order_relaxed);
+    ++m.other;
+    return {};
+  }
+  m.backing_id = *id;
+  m.passthrough = 1;
+  fs.counters().passthrough_opens.fetch_add(1, std::memory_order_relaxed);
+  fs.counters().backing_files.fetch_add(1, std::memory_order_relaxed);
+  return {true, *id};
+}
+
+void EndOpen(Fs& fs, Inode& in, bool passthrough) {
+  OpenModes& m = in.modes;
+  std::lock_guard lock(m.mu);
+  if (!passthrough) {
+    --m.other;
+    return;
+  }
+  if (--m.passthrough > 0) return;
+  CloseBacking(fs, in, m.backing_id);
+  m.backing_id = -1;
+  fs.counters().backing_files.fetch_sub(1, std::memory_order_relaxed);
+}
+
+int ReplyOpenPassthrough(fuse_req_t req, const fuse_file_info& fi, int32_t backing_id) {
+  wire::OpenOut o = OpenOutOf(fi, backing_id);
+  iovec iov{&o, sizeof(o)};
+  return fuse_reply_iov(req, &iov, 1);
+}
+
+int ReplyCreatePassthrough(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,
+                           int32_t backing_id) {
+  fuse_entry_out entry{};
+  entry.nodeid = e.ino;
+  entry.generation = e.generation;
+  entry.entry_valid = TimeoutSec(e.entry_timeout);
+  entry.entry_valid_nsec = TimeoutNsec(e.entry_timeout);
+  entry.attr_valid = TimeoutSec(e.attr_timeout);
+  entry.attr_valid_nsec = TimeoutNsec(e.attr_timeout);
+  entry.attr = AttrOf(e.attr);
+  wire::OpenOut o = OpenOutOf(fi, backing_id);
+  iovec iov[2] = {{&entry, sizeof(entry)}, {&o, sizeof(o)}};
+  return fuse_reply_iov(req, iov, 2);
+}
+
+}  // namespace dnvme::fs::ops

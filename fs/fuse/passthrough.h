@@ -1,0 +1,61 @@
+// FUSE passthrough per open: whether the kernel serves an open file from the backing file itself
+// (read, write, splice and mmap with no request to the daemon and no copy through /dev/fuse) or
+// through the daemon (the engine's write-behind and read-ahead).
+//
+// Why per open, and which: a read through the daemon pays the kernel's reply copy
+// (docs/performance-journal.md, "Fast device: where the time goes"); through passthrough it is
+// the backing filesystem's own read. An O_DIRECT reader then gets the device's O_DIRECT speed
+// (measured 1.4-1.7x the daemon's on both reference devices). A buffered reader gets ext4's
+// page-cache read, which for files written with O_DIRECT -- every file the mount wrote -- was
+// slower than the daemon's engine read-ahead on the RAM device (docs/performance.md). A writer
+// gains from the daemon (write-behind from pinned buffers in parallel O_DIRECT). Hence
+// -o passthrough=direct (the default where the kernel and the daemon's capabilities allow it):
+// read-only O_DIRECT opens; =read every read-only open; =all every open; =off none.
+// An O_DIRECT reader through passthrough gets ext4's O_DIRECT rules: buffers, offsets and sizes
+// aligned to the logical block size (EINVAL otherwise), where the daemon took any.
+//
+// What the kernel requires (fs/fuse/iomode.c, 6.9+), and how the per-inode counts keep to it:
+//   - while one open of an inode is passthrough, every new open of it must be passthrough too,
+//     with the same backing file, or it fails with EIO: so once an inode has passthrough opens,
+//     writers get passthrough as well (their writes then bypass the engine);
+//   - a passthrough open fails while the inode has page-cache opens. The daemon also refuses it
+//     while any other open exists (direct_io ones included): their writes wait in write-behind,
+//     which a passthrough reader would not see.
+//   The kernel drops its own count before it sends RELEASE, so counting down at RELEASE keeps
+//   ours at or above its own: never a decision it refuses.
+// Before the first passthrough open, the inode's write-behind is landed (a reader must see every
+// byte written before) and its read-ahead dropped (passthrough writers would make it stale).
+//
+// Capability: FUSE_DEV_IOC_BACKING_OPEN/CLOSE need CAP_SYS_ADMIN. The daemon keeps it only when
+// passthrough is asked for, out of the effective set, raised on the one thread around the ioctl
+// (fs/caps.h); the backing file is then opened by the kernel with the daemon's credentials.
+//
+// Thread contract: BeginOpen/EndOpen from any FUSE handler; an inode's counts are guarded by its
+// OpenModes::mu (lock order: after Fs::inodes_mu_, before the inode's WriteBehind/ReadAhead).
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <cstdint>
+
+#include "fs/fs.h"
+
+namespace dnvme::fs::ops {
+
+struct OpenMode {
+  bool passthrough = false;
+  int32_t backing_id = -1;
+};
+
+// Decides how the kernel opens `in` (regular files) for open(2) flags `flags`, and counts the
+// open; every BeginOpen is matched by one EndOpen with the same `passthrough`.
+OpenMode BeginOpen(Fs& fs, Inode& in, int flags);
+void EndOpen(Fs& fs, Inode& in, bool passthrough);
+
+// The replies of a passthrough open and create (libfuse 3.14's fuse_reply_open/create have no
+// backing_id). Return what fuse_reply_iov returns (-ENOENT: the opener was interrupted).
+int ReplyOpenPassthrough(fuse_req_t req, const fuse_file_info& fi, int32_t backing_id);
+int ReplyCreatePassthrough(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,
+                           int32_t backing_id);
+
+}  // namespace dnvme::fs::ops

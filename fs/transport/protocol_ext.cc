@@ -1,0 +1,118 @@
+#include "fs/transport/protocol_ext.h"
+
+#include <linux/fuse.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "engine/common/log.h"
+
+namespace dnvme::fs {
+namespace {
+
+// FUSE_DEV_IOC_MAGIC is 229; numbers 1 and 2 are BACKING_OPEN and BACKING_CLOSE (7.40).
+constexpr unsigned long kIocBackingOpen = _IOW(229, 1, wire::BackingMap);
+constexpr unsigned long kIocBackingClose = _IOW(229, 2, uint32_t);
+
+uint32_t Load32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+void Store32(char* p, uint32_t v) { std::memcpy(p, &v, sizeof(v)); }
+
+}  // namespace
+
+void ProtocolExtensions::ObserveRequest(const void* mem, size_t size) {
+  if (init_seen_.load(std::memory_order_relaxed)) return;
+  const char* p = static_cast<const char*>(mem);
+  if (size < sizeof(fuse_in_header) + wire::kInitInFlags2 + 4) return;
+  fuse_in_header h;
+  std::memcpy(&h, p, sizeof(h));
+  if (h.opcode != wire::kOpInit) return;
+  const char* in = p + sizeof(fuse_in_header);
+  kernel_minor_.store(Load32(in + 4));
+  uint64_t flags = Load32(in + wire::kInitInFlags);
+  if (flags & wire::kInitExt) flags |= uint64_t{Load32(in + wire::kInitInFlags2)} << 32;
+  offered_.store(flags);
+  init_seen_.store(true);
+}
+
+ssize_t ProtocolExtensions::WriteReply(int fd, iovec* iov, int count) {
+  // The first reply of a session answers INIT: the kernel sends nothing else before it.
+  if (!init_replied_.load(std::memory_order_relaxed) && !init_replied_.exchange(true)) {
+    fuse_out_header h{};
+    if (count == 2 && iov[0].iov_len == sizeof(h) && iov[1].iov_len == wire::kInitOutBytes) {
+      std::memcpy(&h, iov[0].iov_base, sizeof(h));
+      char* out = static_cast<char*>(iov[1].iov_base);
+      const uint64_t offered = offered_.load();
+      const uint32_t our_flags = Load32(out + wire::kInitOutFlags);
+      const bool writeback = our_flags & wire::kWritebackCache;
+      if (h.error == 0 && wanted_.passthrough && (offered & wire::kPassthrough) && !writeback) {
+        // flags2 is read only with FUSE_INIT_EXT set in flags (the kernel offered it, as it
+        // offered passthrough in flags2).
+        Store32(out + wire::kInitOutFlags, our_flags | static_cast<uint32_t>(wire::kInitExt));
+        Store32(out + wire::kInitOutFlags2, Load32(out + wire::kInitOutFlags2) |
+                                                static_cast<uint32_t>(wire::kPassthrough >> 32));
+        // One filesystem below us (the backing ext4/xfs): files on a stacked backing
+        // filesystem (overlayfs, another FUSE mount) are refused by BACKING_OPEN (ELOOP).
+        Store32(out + wire::kInitOutMaxStackDepth, 1);
+        passthrough_.store(true);
+      } else if (wanted_.passthrough) {
+        Logger().info("passthrough not asked for: the kernel {} (protocol 7.{}){}",
+                      (offered & wire::kPassthrough) ? "offers it" : "does not offer it",
+                      kernel_minor_.load(), writeback ? ", and the writeback cache is on" : "");
+      }
+    }
+  }
+  return writev(fd, iov, count);
+}
+
+Result<int32_t> ProtocolExtensions::OpenBacking(int fd) {
+  if (!passthrough_.load()) return Status::FromErrno(EOPNOTSUPP, "passthrough is off");
+  wire::BackingMap map{};
+  map.fd = fd;
+  int id;
+  do {
+    id = ioctl(device_fd_, kIocBackingOpen, &map);
+  } while (id < 0 && errno == EINTR);
+  if (id < 0) {
+    const int err = errno;
+    // EPERM: no CAP_SYS_ADMIN, or the kernel did not take FUSE_PASSTHROUGH from our INIT reply;
+    // ENOTTY: a kernel older than 6.9. Either way no open of this session can use it.
+    if (err == EPERM || err == ENOTTY) {
+      if (passthrough_.exchange(false)) {
+        Logger().warn("passthrough turned off for this mount: FUSE_DEV_IOC_BACKING_OPEN: {}",
+                      std::strerror(err));
+      }
+    }
+    return Status::FromErrno(err, "FUSE_DEV_IOC_BACKING_OPEN");
+  }
+  return id;
+}
+
+Status ProtocolExtensions::CloseBacking(int32_t id) {
+  uint32_t arg = static_cast<uint32_t>(id);
+  int rc;
+  do {
+    rc = ioctl(device_fd_, kIocBackingClose, &arg);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) return Status::FromErrno(errno, "FUSE_DEV_IOC_BACKING_CLOSE");
+  return Status::Ok();
+}
+
+std::string ProtocolExtensions::StatsJson() const {
+  const uint32_t minor = kernel_minor_.load();
+  return nlohmann::json{{"kernel_protocol", minor ? "7." + std::to_string(minor) : std::string()},
+                        {"passthrough",
+                         {{"wanted", wanted_.passthrough},
+                          {"offered", passthrough_offered()},
+                          {"on", passthrough()}}}}
+      .dump();
+}
+
+}  // namespace dnvme::fs

@@ -1,0 +1,105 @@
+// What the kernel offers beyond libfuse 3.14's protocol 7.38, negotiated by us on the wire.
+//
+// libfuse 3.14 answers INIT itself and knows nothing newer than 7.38, so features of later
+// protocol versions never reach a filesystem built on it. The reply is still ours to write: the
+// session's replies go through fuse_custom_io (installed by the composition root), and this class
+// adds to the INIT reply what libfuse leaves out. Today that is FUSE passthrough (7.40,
+// CONFIG_FUSE_PASSTHROUGH): the FUSE_PASSTHROUGH bit of flags2 and max_stack_depth. With it the
+// daemon may register a backing file (FUSE_DEV_IOC_BACKING_OPEN, CAP_SYS_ADMIN) and answer an
+// OPEN with FOPEN_PASSTHROUGH and its backing_id: the kernel then serves that open's read, write,
+// splice and mmap from the backing file itself, with no request to the daemon and no copy through
+// /dev/fuse (fs/fuse/passthrough.h decides per open).
+//
+// The kernel agrees to passthrough only when it offered it (the INIT request's flags2), the reply
+// has max_stack_depth in 1..FILESYSTEM_MAX_STACK_DEPTH and no writeback cache. Whether it really
+// did shows at the first BACKING_OPEN: EPERM there means it did not (OpenBacking then turns the
+// feature off for the session, logged).
+//
+// Thread contract: Want and set_device_fd before the session loop starts. ObserveRequest and
+// WriteReply may run on any loop thread at once (atomics; before INIT is answered the kernel sends
+// nothing else). OpenBacking/CloseBacking from any handler. Accessors any time.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dnvme/status.h"
+
+namespace dnvme::fs {
+
+// The parts of the 7.40 protocol Debian 12's <linux/fuse.h> (7.38) does not declare.
+namespace wire {
+inline constexpr uint32_t kOpInit = 26;                      // FUSE_INIT
+inline constexpr uint64_t kInitExt = uint64_t{1} << 30;      // FUSE_INIT_EXT: flags2 is valid
+inline constexpr uint64_t kPassthrough = uint64_t{1} << 37;  // FUSE_PASSTHROUGH (in flags2)
+inline constexpr uint64_t kWritebackCache = uint64_t{1} << 16;
+inline constexpr uint32_t kOpenPassthrough = 1u << 7;  // FOPEN_PASSTHROUGH
+inline constexpr uint32_t kOpenDirectIo = 1u << 0;     // FOPEN_DIRECT_IO
+// Byte offsets in fuse_init_in / fuse_init_out (7.36+ layouts; both 64 bytes from 7.36 on).
+inline constexpr size_t kInitInFlags = 12, kInitInFlags2 = 16;
+inline constexpr size_t kInitOutMinor = 4, kInitOutFlags = 12, kInitOutFlags2 = 32;
+inline constexpr size_t kInitOutMaxStackDepth = 36, kInitOutBytes = 64;
+// fuse_open_out from 7.40: the old padding is the backing id.
+struct OpenOut {
+  uint64_t fh;
+  uint32_t open_flags;
+  int32_t backing_id;
+};
+static_assert(sizeof(OpenOut) == 16);
+struct BackingMap {  // FUSE_DEV_IOC_BACKING_OPEN's argument
+  int32_t fd;
+  uint32_t flags;
+  uint64_t padding;
+};
+}  // namespace wire
+
+class ProtocolExtensions {
+ public:
+  struct Wanted {
+    bool passthrough = false;
+  };
+  ProtocolExtensions() = default;
+  // What to ask for at INIT; call before the session loop runs (the daemon knows only after its
+  // capability drop whether it may use passthrough).
+  void Want(Wanted wanted) { wanted_ = wanted; }
+
+  // The /dev/fuse descriptor the backing-file ioctls go to (after the mount).
+  void set_device_fd(int fd) { device_fd_ = fd; }
+
+  // Looks at a request before libfuse does; remembers what the kernel offers at INIT. Cheap for
+  // every other request (one compare).
+  void ObserveRequest(const void* mem, size_t size);
+  // Writes one reply or notification to /dev/fuse (fuse_custom_io::writev): writev(2) after
+  // adding our extensions to the INIT reply. Returns what writev returns (errno set on -1).
+  ssize_t WriteReply(int fd, iovec* iov, int count);
+
+  // Registers the file `fd` refers to (an O_PATH descriptor is enough) as a backing file;
+  // returns its id. Needs CAP_SYS_ADMIN in the calling thread's effective set. EPERM from a
+  // kernel that did not agree to passthrough turns passthrough() off for good.
+  Result<int32_t> OpenBacking(int fd);
+  Status CloseBacking(int32_t id);
+
+  bool passthrough_wanted() const { return wanted_.passthrough; }
+  // The kernel offered it at INIT.
+  bool passthrough_offered() const { return offered_.load() & wire::kPassthrough; }
+  // Asked for in the INIT reply, and not refused since.
+  bool passthrough() const { return passthrough_.load(); }
+  uint32_t kernel_minor() const { return kernel_minor_.load(); }
+  // {"kernel_protocol": "7.N", "passthrough": {"wanted","offered","on"}}
+  std::string StatsJson() const;
+
+ private:
+  Wanted wanted_;
+  int device_fd_ = -1;
+  std::atomic<uint64_t> offered_{0};
+  std::atomic<uint32_t> kernel_minor_{0};
+  std::atomic<bool> init_seen_{false};
+  std::atomic<bool> init_replied_{false};
+  std::atomic<bool> passthrough_{false};
+};
+
+}  // namespace dnvme::fs
