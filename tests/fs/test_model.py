@@ -633,7 +633,7 @@ class ModelPassthroughReadTest(ModelTest):
     from the backing file, and writers that open such a file join it; the daemon's write-behind
     and read-ahead must stay coherent across the switches."""
     MOUNT_OPTIONS = ("passthrough=read",)
-    BUDGET_FACTOR = 0.4
+    BUDGET_FACTOR = 0.3  # two policies: together they add 0.6 of the main run to the suite
 
     def test_random_ops_match_plain_directory(self):
         reason = mh.passthrough_skip_reason(self.mnt)
