@@ -146,7 +146,9 @@ void ChoosePassthrough(dnvme::fs::Fs& fs) {
       want = false;
     }
   }
-  fs.protocol().Want({.passthrough = want});
+  const dnvme::fs::Transport* t = fs.transport();
+  fs.protocol().Want({.passthrough = want,
+                      .io_uring = t != nullptr && t->kind() == dnvme::fs::Transport::Kind::kUring});
 }
 
 }  // namespace
@@ -240,6 +242,8 @@ int main(int argc, char** argv) {
       t.max_request = opts.max_request;
       t.libfuse_max_threads = dnvme::fs::kMaxFuseThreads;
       t.protocol = &fs->protocol();
+      t.io_uring = opts.io_uring;
+      t.uring_threads = opts.uring_threads;
       auto created = dnvme::fs::CreateTransport(se, t);
       if (created.ok()) {
         transport = std::move(created).value();

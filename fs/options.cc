@@ -72,6 +72,8 @@ std::string UsageText() {
       "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
       "(0)\n"
       "  loop_threads=N               request-loop threads, 1..64 (32)\n"
+      "  io_uring=0|1                 FUSE over io_uring where the kernel enables it (0)\n"
+      "  uring_threads=N              io_uring: threads per queue (CPU), 1..64 (4)\n"
       "  max_request=SIZE             largest READ/WRITE request, 4K..16M in whole pages (1M; "
       "above\n"
       "                               it raise fs.fuse.max_pages_limit)\n"
@@ -170,6 +172,13 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       DNVME_ASSIGN_OR_RETURN(o.splice_read, ParseBoolOption(k, v));
     } else if (k == "async_reply") {
       DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBoolOption(k, v));
+    } else if (k == "io_uring") {
+      DNVME_ASSIGN_OR_RETURN(o.io_uring, ParseBoolOption(k, v));
+    } else if (k == "uring_threads") {
+      DNVME_ASSIGN_OR_RETURN(o.uring_threads, ParseIntOption(k, v));
+      if (o.uring_threads < 1 || o.uring_threads > 64) {
+        return Status::InvalidArgument("option 'uring_threads' must be 1..64");
+      }
     } else if (k == "clone_fd") {
       DNVME_ASSIGN_OR_RETURN(o.clone_fd, ParseBoolOption(k, v));
     } else if (k == "loop_threads") {
@@ -243,6 +252,14 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     return Status::InvalidArgument(
         "option 'max_request' above 1M needs the daemon's own request loop, not clone_fd=1 "
         "(libfuse 3.14 reads requests into 1 MiB buffers)");
+  }
+  if (o.io_uring && o.clone_fd) {
+    return Status::InvalidArgument("options 'io_uring' and 'clone_fd' pick different transports");
+  }
+  if (o.io_uring && o.async_reply) {
+    return Status::InvalidArgument(
+        "option 'async_reply' needs /dev/fuse: a ring entry's reply must come from the thread "
+        "that serves it (io_uring=1)");
   }
   if (o.read_ahead < 0 || o.read_ahead % 4096 != 0) {
     return Status::InvalidArgument("option 'read_ahead' must be a multiple of 4096");

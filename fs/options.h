@@ -88,6 +88,10 @@ struct MountOptions {
   // files the mount wrote were not (docs/performance.md). Needs kernel 6.9+ and CAP_SYS_ADMIN
   // (kept dormant only then); where either is missing the mount logs it and serves every open.
   Passthrough passthrough = Passthrough::kDirect;
+  // FUSE over io_uring (fs/transport/uring_loop.h), when the kernel has it enabled
+  // (/sys/module/fuse/parameters/enable_uring); otherwise logged and /dev/fuse is used.
+  bool io_uring = false;
+  int uring_threads = 4;  // ring threads per queue (one queue per possible CPU)
   int64_t ctl_max_handles = 8;
   int64_t ctl_max_bytes = int64_t{64} << 30;
   std::string log_level = "info";

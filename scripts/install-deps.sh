@@ -16,6 +16,8 @@ PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-de
   # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and
   # pkg-config to find both.
   libfuse3-dev fuse3 libcap-dev pkg-config
+  # FUSE over io_uring (fs/transport/uring_loop.h).
+  liburing-dev
   # The libFuzzer target of the control-file parser (tests/fuzz/run.sh): clang and its runtime.
   clang libclang-rt-14-dev)
 

@@ -370,6 +370,7 @@ std::string Fs::StatsJson() {
         {"async_reply", opts_.async_reply},
         {"splice_read", opts_.splice_read},
         {"clone_fd", opts_.clone_fd},
+        {"io_uring", opts_.io_uring},
         {"max_request", opts_.max_request},
         {"passthrough", PassthroughName(opts_.passthrough)}}},
       {"config", json::parse(EngineConfig().ToJson())},

@@ -133,7 +133,12 @@ ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
 }
 
 ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
-  return static_cast<Fs*>(userdata)->protocol().WriteReply(fd, iov, count);
+  Fs& fs = *static_cast<Fs*>(userdata);
+  ssize_t written;
+  if (Transport* t = fs.transport(); t != nullptr && t->TakeReply(iov, count, &written)) {
+    return written;
+  }
+  return fs.protocol().WriteReply(fd, iov, count);
 }
 
 ssize_t IoSpliceSend(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,

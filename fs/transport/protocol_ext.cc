@@ -67,7 +67,22 @@ ssize_t ProtocolExtensions::WriteReply(int fd, iovec* iov, int count) {
                       (offered & wire::kPassthrough) ? "offers it" : "does not offer it",
                       kernel_minor_.load(), writeback ? ", and the writeback cache is on" : "");
       }
+      if (h.error == 0 && wanted_.io_uring && (offered & wire::kOverIoUring)) {
+        Store32(out + wire::kInitOutFlags,
+                Load32(out + wire::kInitOutFlags) | static_cast<uint32_t>(wire::kInitExt));
+        Store32(out + wire::kInitOutFlags2, Load32(out + wire::kInitOutFlags2) |
+                                                static_cast<uint32_t>(wire::kOverIoUring >> 32));
+        uring_.store(true);
+      } else if (wanted_.io_uring) {
+        Logger().warn(
+            "FUSE over io_uring not asked for: the kernel does not offer it "
+            "(protocol 7.{}; enable_uring off?); requests go through /dev/fuse",
+            kernel_minor_.load());
+      }
     }
+    const ssize_t n = writev(fd, iov, count);
+    init_done_.store(true);
+    return n;
   }
   return writev(fd, iov, count);
 }
@@ -111,7 +126,11 @@ std::string ProtocolExtensions::StatsJson() const {
                         {"passthrough",
                          {{"wanted", wanted_.passthrough},
                           {"offered", passthrough_offered()},
-                          {"on", passthrough()}}}}
+                          {"on", passthrough()}}},
+                        {"io_uring",
+                         {{"wanted", wanted_.io_uring},
+                          {"offered", (offered_.load() & wire::kOverIoUring) != 0},
+                          {"on", uring()}}}}
       .dump();
 }
 

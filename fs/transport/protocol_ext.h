@@ -36,6 +36,7 @@ namespace wire {
 inline constexpr uint32_t kOpInit = 26;                      // FUSE_INIT
 inline constexpr uint64_t kInitExt = uint64_t{1} << 30;      // FUSE_INIT_EXT: flags2 is valid
 inline constexpr uint64_t kPassthrough = uint64_t{1} << 37;  // FUSE_PASSTHROUGH (in flags2)
+inline constexpr uint64_t kOverIoUring = uint64_t{1} << 41;  // FUSE_OVER_IO_URING (7.42)
 inline constexpr uint64_t kWritebackCache = uint64_t{1} << 16;
 inline constexpr uint32_t kOpenPassthrough = 1u << 7;  // FOPEN_PASSTHROUGH
 inline constexpr uint32_t kOpenDirectIo = 1u << 0;     // FOPEN_DIRECT_IO
@@ -61,6 +62,7 @@ class ProtocolExtensions {
  public:
   struct Wanted {
     bool passthrough = false;
+    bool io_uring = false;  // the transport is FUSE over io_uring (fs/transport/uring_loop.h)
   };
   ProtocolExtensions() = default;
   // What to ask for at INIT; call before the session loop runs (the daemon knows only after its
@@ -88,6 +90,10 @@ class ProtocolExtensions {
   bool passthrough_offered() const { return offered_.load() & wire::kPassthrough; }
   // Asked for in the INIT reply, and not refused since.
   bool passthrough() const { return passthrough_.load(); }
+  // INIT has been answered (with or without our extensions).
+  bool init_replied() const { return init_done_.load(); }
+  // FUSE_OVER_IO_URING was in our INIT reply: ring entries may be registered.
+  bool uring() const { return uring_.load(); }
   uint32_t kernel_minor() const { return kernel_minor_.load(); }
   // {"kernel_protocol": "7.N", "passthrough": {"wanted","offered","on"}}
   std::string StatsJson() const;
@@ -100,6 +106,8 @@ class ProtocolExtensions {
   std::atomic<bool> init_seen_{false};
   std::atomic<bool> init_replied_{false};
   std::atomic<bool> passthrough_{false};
+  std::atomic<bool> uring_{false};
+  std::atomic<bool> init_done_{false};
 };
 
 }  // namespace dnvme::fs

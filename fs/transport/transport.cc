@@ -1,11 +1,13 @@
 // CreateTransport, and the kLibfuse transport: libfuse's own multi-threaded loop.
 #include "fs/transport/transport.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "engine/common/log.h"
 #include "fs/transport/session_loop.h"
 #include "fs/transport/splice_loop.h"
+#include "fs/transport/uring_loop.h"
 
 namespace dnvme::fs {
 namespace {
@@ -50,6 +52,11 @@ Result<std::unique_ptr<Transport>> CreateTransportKind(fuse_session* se,
     Logger().warn("-o clone_fd=1: {}", t->Describe());
     return std::unique_ptr<Transport>(std::move(t));
   }
+  if (o.io_uring) {
+    auto u = UringLoop::Create(se, o.uring_threads, std::max(4, o.threads / 8), o.max_request);
+    if (u.ok()) return std::unique_ptr<Transport>(std::move(u).value());
+    Logger().warn("-o io_uring=1: {}; requests go through /dev/fuse", u.status().ToString());
+  }
   if (o.splice) {
     auto s = SpliceLoop::Create(se, o.threads, o.adoptable, o.max_request);
     if (s.ok()) return std::unique_ptr<Transport>(std::move(s).value());
@@ -73,6 +80,8 @@ const char* TransportKindName(Transport::Kind kind) {
       return "read";
     case Transport::Kind::kLibfuse:
       return "libfuse";
+    case Transport::Kind::kUring:
+      return "uring";
   }
   return "?";
 }

@@ -12,7 +12,8 @@
 //   kLibfuse  libfuse's fuse_session_loop_mt with clone_fd: libfuse's buffers, so no adoption,
 //             no splice, and no write_flags. Chosen only by -o clone_fd=1; what it turns off is
 //             logged at start and reported in the stats, never silently.
-// A fourth (FUSE over io_uring) implements the same interface.
+//   kUring    FUSE over io_uring (fs/transport/uring_loop.h): one queue per CPU, requests served
+//             on the CPU that issued them; chosen by -o io_uring=1 where the kernel enables it.
 //
 // The handler names its request by the payload libfuse handed it (the fuse_bufvec of
 // write_buf): the transport finds its own buffer or pipe from that, so ownership moves
@@ -39,7 +40,7 @@ namespace dnvme::fs {
 
 class Transport {
  public:
-  enum class Kind { kSplice, kRead, kLibfuse };
+  enum class Kind { kSplice, kRead, kLibfuse, kUring };
   virtual ~Transport() = default;
 
   // Serves requests until the session ends: 0 for a normal end (unmount, or a signal handled
@@ -61,6 +62,12 @@ class Transport {
   // Shown every request the loop receives before libfuse handles it (our loops; libfuse's own
   // shows them through the session's custom io): what INIT offers (fs/transport/protocol_ext.h).
   void set_protocol(ProtocolExtensions* p) { protocol_ = p; }
+  // Offered every reply the session writes (SessionIo) before it goes to /dev/fuse: true, with
+  // what writev would have returned in `*written`, when the transport delivers it itself (the
+  // io_uring ring's entries).
+  virtual bool TakeReply(const iovec* /*iov*/, int /*count*/, ssize_t* /*written*/) {
+    return false;
+  }
 
  protected:
   ProtocolExtensions* protocol_ = nullptr;
@@ -76,6 +83,8 @@ struct TransportOptions {
   int64_t max_request = int64_t{1} << 20;  // the most data one READ/WRITE carries (max_write)
   int libfuse_max_threads = 64;
   ProtocolExtensions* protocol = nullptr;  // set_protocol
+  bool io_uring = false;                   // ask for kUring
+  int uring_threads = 4;                   // kUring: ring threads per queue (CPU)
 };
 
 // Creates the transport for `se`. Call before the daemon drops its capabilities: the splice

@@ -610,6 +610,29 @@ def passthrough_skip_reason(mnt):
     return None
 
 
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+
+
+def set_kernel_uring(on):
+    """Sets the fuse module's enable_uring (root); returns the previous value ("Y"/"N") for
+    restore_kernel_uring. Raises unittest.SkipTest with the reason when it cannot."""
+    try:
+        with open(URING_PARAM) as f:
+            prev = f.read().strip()
+        with open(URING_PARAM, "w") as f:
+            f.write("Y" if on else "N")
+    except OSError as e:
+        raise unittest.SkipTest("cannot set %s (%s): FUSE over io_uring needs kernel 6.14+ "
+                                "with CONFIG_FUSE_IO_URING, and root" % (URING_PARAM, e))
+    return prev
+
+
+def restore_kernel_uring(prev):
+    if prev is not None:
+        with open(URING_PARAM, "w") as f:
+            f.write(prev)
+
+
 def errno_name(e):
     return errno.errorcode.get(e, str(e))
 

@@ -52,6 +52,12 @@ class Base(unittest.TestCase):
         self.scratch = mh.Scratch(type(self).__name__)
         self.addCleanup(self.scratch.cleanup)
         self.backing, self.mnt = self.scratch.backing, self.scratch.mnt
+        self.setUpTransport()
+
+    def setUpTransport(self):
+        if "io_uring=1" in self.TRANSPORT:
+            prev = mh.set_kernel_uring(True)
+            self.addCleanup(mh.restore_kernel_uring, prev)
 
     def mount(self, options=(), **kw):
         m = mh.Mount(self.backing, self.mnt, options=tuple(self.TRANSPORT) + tuple(options), **kw)
@@ -592,5 +598,15 @@ class DiskSyncPassthroughAllTest(DiskSyncTest):
     TRANSPORT = ("passthrough=all",)
 
 
+# FUSE over io_uring (fs/transport/uring_loop.h), with the module's enable_uring on for the test.
+class CrashUringTest(CrashTest):
+    TRANSPORT = ("io_uring=1",)
+
+
+class DiskSyncUringTest(DiskSyncTest):
+    TRANSPORT = ("io_uring=1",)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
+

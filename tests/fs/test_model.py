@@ -649,6 +649,38 @@ class ModelPassthroughAllTest(ModelPassthroughReadTest):
     MOUNT_OPTIONS = ("passthrough=all",)
 
 
+class ModelUringTest(ModelTest):
+    """FUSE over io_uring (fs/transport/uring_loop.h): requests reach the daemon through ring
+    entries, one queue per CPU; the module's enable_uring is switched on for the class and put
+    back after."""
+    MOUNT_OPTIONS = ("io_uring=1",)
+    BUDGET_FACTOR = 0.3
+    saved = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.saved = mh.set_kernel_uring(True)
+        try:
+            super().setUpClass()
+        except BaseException:
+            mh.restore_kernel_uring(cls.saved)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            mh.restore_kernel_uring(cls.saved)
+
+    def test_random_ops_match_plain_directory(self):
+        super().test_random_ops_match_plain_directory()
+        t = mh.stats(self.mnt)["transport"]
+        self.assertEqual(t["kind"], "uring")
+        self.assertGreater(t["requests_ring"], 1000, "the ring served few requests: %r" % t)
+        self.assertEqual(t["ring_errors"], 0)
+
+
 class ModelSynchronousTest(ModelTest):
     """No write-behind and no read-ahead: every write is written before its reply, straight from
     the request in memory at any alignment (the engine bounces what O_DIRECT cannot take)."""
