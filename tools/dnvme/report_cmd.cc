@@ -387,8 +387,9 @@ std::string KernelConfig(const std::string& option) {
   return "n";
 }
 
-// What the kernel's FUSE offers beyond what the mount uses today, for the fast-NVMe work: FUSE over
-// io_uring, passthrough and the writeback cache (requests above 1 MiB: fuse_max_pages).
+// What the kernel's FUSE offers for the fast-NVMe work, and which of it a mount uses by default:
+// FUSE over io_uring (-o io_uring=1 where enable_uring is on), passthrough (-o passthrough=) and
+// the writeback cache (requests above 1 MiB: fuse_max_pages).
 // Informational: never [NO].
 Check CheckFuseKernel() {
   Check c;
@@ -438,8 +439,9 @@ Check CheckFuseKernel() {
                      "files";
   }
   c.summary = fmt::format(
-      "FUSE over io_uring {} (dnvmefs does not use it yet); passthrough {}; writeback cache "
-      "offered, not used (measured slower: docs/performance-journal.md)",
+      "FUSE over io_uring {} (a mount uses it with -o io_uring=1; off by default: measured "
+      "mixed, docs/performance.md); passthrough {}; writeback cache offered, not used "
+      "(measured slower: docs/performance-journal.md)",
       uring_text, pt_text);
   return c;
 }
