@@ -41,3 +41,15 @@ settle_after_delete() {
   sync
   sleep "$SETTLE"
 }
+
+# machine_busy_ticks: the whole machine's CPU time so far, in clock ticks (getconf CLK_TCK), from
+# /proc/stat's cpu line: what a job costs every process and kernel thread (page cache, FUSE
+# copies, the loop device), read around it.
+machine_busy_ticks() {  # every CPU's busy time so far (all processes and kernel threads)
+  # Fields: user nice system idle iowait irq softirq steal ...; idle, iowait and steal (time the
+  # hypervisor gave to someone else) are not work done here.
+  local label user nice system irq softirq rest
+  read -r label user nice system _ _ irq softirq rest </proc/stat
+  [[ $label == cpu ]] || die "unexpected first line of /proc/stat: $label"
+  echo $((user + nice + system + irq + softirq))
+}

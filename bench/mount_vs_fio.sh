@@ -168,15 +168,6 @@ cpu_ticks() {  # pid -> utime + stime of the whole process, in clock ticks
   echo $((f[11] + f[12]))
 }
 
-machine_busy_ticks() {  # every CPU's busy time so far (all processes and kernel threads)
-  # Fields: user nice system idle iowait irq softirq steal ...; idle, iowait and steal (time the
-  # hypervisor gave to someone else) are not work done here.
-  local label user nice system irq softirq rest
-  read -r label user nice system _ _ irq softirq rest </proc/stat
-  [[ $label == cpu ]] || die "unexpected first line of /proc/stat: $label"
-  echo $((user + nice + system + irq + softirq))
-}
-
 COMMON=(--bs=1M --size="$BYTES" --numjobs=1 --fallocate=none --output-format=json)
 RAW_ARGS=(--ioengine=libaio --direct=1 --iodepth=32)
 BUF_ARGS=(--ioengine=psync)

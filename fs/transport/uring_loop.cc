@@ -52,8 +52,6 @@ struct FreeDeleter {
   void operator()(void* p) const { free(p); }
 };
 
-thread_local UringLoop::Entry* tl_serving = nullptr;
-
 }  // namespace
 
 struct UringLoop::Entry {
@@ -65,9 +63,11 @@ struct UringLoop::Entry {
   io_uring ring{};
   bool ring_ok = false;
   iovec iov[2]{};
-  uint64_t unique = 0;
+  // The request being served (its fuse_in_header::unique), 0 between requests: what names the
+  // entry a reply belongs to (TakeReply) -- the kernel's uniques are distinct while in flight.
+  std::atomic<uint64_t> serving{0};
   uint64_t commit_id = 0;
-  bool replied = false;
+  std::atomic<bool> replied{false};
   std::optional<uint32_t> write_flags;
 
   ~Entry() {
@@ -106,7 +106,10 @@ UringLoop::UringLoop(fuse_session* se, int threads_per_queue, int64_t max_reques
       threads_per_queue_(threads_per_queue),
       queues_(PossibleCpus()),
       // The kernel refuses a payload buffer below max(8 KiB, max_write, max_pages pages).
-      payload_bytes_(static_cast<size_t>(max_request) + 4096) {}
+      payload_bytes_(static_cast<size_t>(max_request) + 4096),
+      entries_(new std::atomic<Entry*>[static_cast<size_t>(queues_ * threads_per_queue)]) {
+  for (int i = 0; i < queues_ * threads_per_queue; ++i) entries_[i].store(nullptr);
+}
 
 UringLoop::~UringLoop() {
   stop_.store(true);
@@ -147,20 +150,34 @@ std::string UringLoop::StatsJson() const {
       .dump();
 }
 
-std::optional<uint32_t> UringLoop::WriteFlags(const fuse_bufvec& bufv) const {
-  Entry* e = tl_serving;
-  if (e == nullptr || bufv.count == 0 || (bufv.buf[0].flags & FUSE_BUF_IS_FD)) {
-    return dev_loop_->WriteFlags(bufv);
+UringLoop::Entry* UringLoop::EntryServing(uint64_t unique) const {
+  if (unique == 0) return nullptr;  // a notification
+  for (int i = 0; i < queues_ * threads_per_queue_; ++i) {
+    Entry* e = entries_[i].load(std::memory_order_acquire);
+    if (e != nullptr && e->serving.load(std::memory_order_acquire) == unique) return e;
   }
-  return e->write_flags;
+  return nullptr;
+}
+
+std::optional<uint32_t> UringLoop::WriteFlags(const fuse_bufvec& bufv) const {
+  if (bufv.count == 0 || (bufv.buf[0].flags & FUSE_BUF_IS_FD)) return std::nullopt;
+  // The payload lies in the entry's buffer it was delivered into.
+  const char* p = static_cast<const char*>(bufv.buf[0].mem);
+  for (int i = 0; i < queues_ * threads_per_queue_; ++i) {
+    Entry* e = entries_[i].load(std::memory_order_acquire);
+    if (e != nullptr && p >= e->buf.get() && p < e->payload + e->payload_bytes) {
+      return e->write_flags;
+    }
+  }
+  return dev_loop_->WriteFlags(bufv);
 }
 
 bool UringLoop::TakeReply(const iovec* iov, int count, ssize_t* written) {
-  Entry* e = tl_serving;
-  if (e == nullptr || count < 1 || iov[0].iov_len != sizeof(fuse_out_header)) return false;
+  if (count < 1 || iov[0].iov_len != sizeof(fuse_out_header)) return false;
   fuse_out_header out;
   std::memcpy(&out, iov[0].iov_base, sizeof(out));
-  if (out.unique != e->unique) return false;  // a notification: /dev/fuse
+  Entry* e = EntryServing(out.unique);
+  if (e == nullptr) return false;  // a notification or a /dev/fuse request's reply
   size_t total = 0;
   for (int i = 1; i < count; ++i) total += iov[i].iov_len;
   if (total > e->payload_bytes) {
@@ -177,7 +194,7 @@ bool UringLoop::TakeReply(const iovec* iov, int count, ssize_t* written) {
   }
   std::memcpy(e->header->in_out, &out, sizeof(out));
   e->header->ent.payload_sz = static_cast<uint32_t>(total);
-  e->replied = true;
+  e->replied.store(true, std::memory_order_release);
   *written = static_cast<ssize_t>(sizeof(out) + total);
   return true;
 }
@@ -187,8 +204,7 @@ bool UringLoop::Serve(Entry& e) {
   std::memcpy(&in, e.header->in_out, sizeof(in));
   const uint32_t payload = e.header->ent.payload_sz;
   e.commit_id = e.header->ent.commit_id;
-  e.unique = in.unique;
-  e.replied = false;
+  e.replied.store(false, std::memory_order_relaxed);
   e.write_flags.reset();
   // The request as the kernel built it: header, the op's own header (in op_in), the payload.
   const bool sane = in.len >= sizeof(in) + payload && payload <= e.payload_bytes &&
@@ -206,21 +222,21 @@ bool UringLoop::Serve(Entry& e) {
     fuse_buf buf{};
     buf.size = in.len;
     buf.mem = start;
-    tl_serving = &e;
+    e.serving.store(in.unique, std::memory_order_release);
     fuse_session_process_buf(se_, &buf);
-    tl_serving = nullptr;
+    e.serving.store(0, std::memory_order_release);
     requests_ring_.fetch_add(1, std::memory_order_relaxed);
   } else {
     Logger().error("malformed ring request {} (opcode {}, len {}, payload {})", in.unique,
                    in.opcode, in.len, payload);
   }
-  if (!e.replied) {
+  if (!e.replied.load(std::memory_order_acquire)) {
     // Every fetched request is committed before the entry fetches again: one libfuse did not
     // answer gets EIO rather than leaving its caller waiting.
     fuse_out_header out{};
     out.len = sizeof(out);
     out.error = -EIO;
-    out.unique = e.unique;
+    out.unique = in.unique;
     std::memcpy(e.header->in_out, &out, sizeof(out));
     e.header->ent.payload_sz = 0;
   }
@@ -266,6 +282,12 @@ void UringLoop::RingThread(int qid, int index) {
     return;
   }
   e.ring_ok = true;
+  const int slot = qid * threads_per_queue_ + index;
+  entries_[slot].store(&e, std::memory_order_release);
+  struct Unlist {  // before `e` goes: TakeReply and WriteFlags must not find it any more
+    std::atomic<Entry*>& at;
+    ~Unlist() { at.store(nullptr, std::memory_order_release); }
+  } unlist{entries_[slot]};
 
   // The ring exists only once INIT is answered with FUSE_OVER_IO_URING.
   while (!stop_.load() && !(protocol_ && protocol_->init_replied())) {

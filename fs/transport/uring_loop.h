@@ -17,15 +17,17 @@
 //     expects -- header, op header, payload -- contiguously without copying the payload, and
 //     hands it to fuse_session_process_buf.
 //   - Replies: the session's writev (fuse_custom_io, SessionIo) offers every reply to
-//     TakeReply first. The reply of the request this thread is serving goes into its entry
+//     TakeReply first. The reply of a request an entry is serving (found by its unique) goes
+//     into that entry
 //     (fuse_out_header into the header buffer, the rest into the payload); the thread then
 //     commits it and fetches the next request with one SQE. Every other write (notifications,
-//     replies to /dev/fuse requests) goes to /dev/fuse as before. A reply from another thread
-//     (async_reply) cannot be matched: that option is refused with io_uring.
+//     replies to /dev/fuse requests) goes to /dev/fuse as before. A reply that comes after its
+//     handler returned (async_reply) would find the entry committed with EIO already: that
+//     option is refused with io_uring.
 //   - Threads are pinned to their queue's CPU.
 //
-// Thread contract: Run on the main thread, as for every Transport; TakeReply and WriteFlags on
-// the thread that runs the request's handler.
+// Thread contract: Run on the main thread, as for every Transport; TakeReply and WriteFlags from
+// the handler of the request (any thread).
 #pragma once
 
 #include <fuse_lowlevel.h>
@@ -72,11 +74,16 @@ class UringLoop final : public Transport {
   void RingThread(int qid, int index);
   // Serves one request delivered into `e`; false when the ring must stop.
   bool Serve(Entry& e);
+  // The entry serving the request `unique`, if one does.
+  Entry* EntryServing(uint64_t unique) const;
 
   fuse_session* const se_;
   const int threads_per_queue_;
   const int queues_;
   const size_t payload_bytes_;
+  // One slot per ring thread (queue * threads_per_queue + index): its entry while it runs. A
+  // reply names its entry by the request's unique, a WRITE's payload by its address.
+  std::unique_ptr<std::atomic<Entry*>[]> entries_;
   std::unique_ptr<ReadLoop> dev_loop_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
