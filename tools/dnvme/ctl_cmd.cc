@@ -30,6 +30,21 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// The machine's busy CPU time so far in seconds (user, nice, system, irq, softirq of /proc/stat's
+// cpu line: every process and kernel thread), as bench/mount_vs_fio.sh counts it; -1 when it
+// cannot be read.
+double MachineCpuSeconds() {
+  std::ifstream f("/proc/stat");
+  std::string label;
+  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0;
+  if (!(f >> label >> user >> nice >> system >> idle >> iowait >> irq >> softirq) ||
+      label != "cpu") {
+    return -1;
+  }
+  const long tick = sysconf(_SC_CLK_TCK);
+  return tick > 0 ? static_cast<double>(user + nice + system + irq + softirq) / tick : -1;
+}
+
 struct CtlOptions {
   std::string mountpoint;
   std::string config_value;
@@ -78,7 +93,7 @@ int RunBench(CtlClient& client, const CtlOptions& o) {
   auto id = client.Register(buf.value());
   if (!id.ok()) return Fail(id.status());
 
-  std::vector<double> wr, rd;
+  std::vector<double> wr, rd, wr_cpu, rd_cpu;  // GiB/s; machine CPU seconds per transfer
   std::vector<char> check;
   for (int loop = 0; loop < o.loops; ++loop) {
     // --no-write still needs the file: written once, untimed, unless it is already big enough
@@ -90,23 +105,29 @@ int RunBench(CtlClient& client, const CtlOptions& o) {
       need_file = stat(path.c_str(), &st) != 0 || st.st_size < *size;
     }
     if (!o.no_write || need_file) {
+      const double cpu0 = MachineCpuSeconds();
       auto t0 = std::chrono::steady_clock::now();
       auto n = client.Pwrite(*handle, *id, 0, *size, o.file, 0);
       if (!n.ok()) return Fail(n.status());
       if (Status s = client.Fsync(o.file); !s.ok()) return Fail(s);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!o.no_write) wr.push_back(static_cast<double>(*size) / kGiB / secs);
+      if (!o.no_write) {
+        wr.push_back(static_cast<double>(*size) / kGiB / secs);
+        wr_cpu.push_back(MachineCpuSeconds() - cpu0);
+      }
     }
     if (!o.no_read) {
       if (loop == 0) check.assign(buf->data(), buf->data() + std::min<int64_t>(*size, 1 << 20));
       std::memset(buf->data(), 0, static_cast<size_t>(std::min<int64_t>(*size, 1 << 20)));
+      const double cpu0 = MachineCpuSeconds();
       auto t0 = std::chrono::steady_clock::now();
       auto n = client.Pread(*handle, *id, 0, *size, o.file, 0);
       if (!n.ok()) return Fail(n.status());
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rd.push_back(static_cast<double>(*size) / kGiB / secs);
+      rd_cpu.push_back(MachineCpuSeconds() - cpu0);
       if (std::memcmp(check.data(), buf->data(), check.size()) != 0) {
         return Fail(Status::DataMismatch("the bytes read back differ from those written"));
       }
@@ -123,6 +144,11 @@ int RunBench(CtlClient& client, const CtlOptions& o) {
         {"size", *size}, {"loops", o.loops}, {"config", nlohmann::json::parse(cfg.ToJson())}};
     if (!wr.empty()) j["write_gibps"] = Median(wr);
     if (!rd.empty()) j["read_gibps"] = Median(rd);
+    // The whole machine's CPU (every process and kernel thread: the daemon, the engine, the
+    // page cache) during the timed transfers only, not the buffer's set-up; -1 when /proc/stat
+    // cannot be read.
+    if (!wr_cpu.empty()) j["write_machine_cpu_s"] = Median(wr_cpu);
+    if (!rd_cpu.empty()) j["read_machine_cpu_s"] = Median(rd_cpu);
     std::cout << j.dump() << "\n";
   } else {
     if (!wr.empty())
