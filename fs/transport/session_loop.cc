@@ -102,15 +102,19 @@ std::string SessionLoop::StatsJson() const {
       .dump();
 }
 
-void SessionLoop::Worker(size_t index) {
-  // Process-directed SIGTERM/SIGINT/SIGHUP go to the main thread (or an engine thread); this
-  // one only takes the targeted wake-up.
+void BlockShutdownSignals() {
   sigset_t block;
   sigemptyset(&block);
   sigaddset(&block, SIGTERM);
   sigaddset(&block, SIGINT);
   sigaddset(&block, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &block, nullptr);
+}
+
+void SessionLoop::Worker(size_t index) {
+  // Process-directed SIGTERM/SIGINT/SIGHUP go to the main thread (or an engine thread); this
+  // one only takes the targeted wake-up.
+  BlockShutdownSignals();
   sigset_t wake;
   sigemptyset(&wake);
   sigaddset(&wake, kWakeSignal);

@@ -38,6 +38,10 @@
 
 namespace dnvme::fs {
 
+// Blocks SIGTERM/SIGINT/SIGHUP in the calling loop thread, so libfuse's handlers see them on the
+// main thread.
+void BlockShutdownSignals();
+
 // A WRITE's fuse_write_in, when the first `n` bytes of a request at `head` hold one.
 std::optional<fuse_write_in> WriteHeaderOf(const char* head, size_t n);
 

@@ -244,12 +244,7 @@ bool UringLoop::Serve(Entry& e) {
 }
 
 void UringLoop::RingThread(int qid, int index) {
-  sigset_t block;
-  sigemptyset(&block);
-  sigaddset(&block, SIGTERM);
-  sigaddset(&block, SIGINT);
-  sigaddset(&block, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &block, nullptr);
+  BlockShutdownSignals();  // they end the session on the main thread
   // Requests of CPU `qid` come to this queue: serve them there.
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
