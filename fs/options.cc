@@ -9,8 +9,10 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "dnvme/mount.h"
 #include "fs/transport/pipe.h"
@@ -88,16 +90,18 @@ std::string UsageText() {
   return text;
 }
 
+namespace {
+// -o passthrough=NAME, both ways (parsing, the stats, the error message).
+constexpr std::pair<Passthrough, const char*> kPassthroughNames[] = {
+    {Passthrough::kOff, "off"},
+    {Passthrough::kDirect, "direct"},
+    {Passthrough::kRead, "read"},
+    {Passthrough::kAll, "all"}};
+}  // namespace
+
 const char* PassthroughName(Passthrough p) {
-  switch (p) {
-    case Passthrough::kOff:
-      return "off";
-    case Passthrough::kDirect:
-      return "direct";
-    case Passthrough::kRead:
-      return "read";
-    case Passthrough::kAll:
-      return "all";
+  for (const auto& [value, name] : kPassthroughNames) {
+    if (value == p) return name;
   }
   return "?";
 }
@@ -202,17 +206,18 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       }
     } else if (k == "passthrough") {
       const std::string p = v.value_or("");
-      if (p == "off" || p == "0") {
+      const auto* it = std::find_if(std::begin(kPassthroughNames), std::end(kPassthroughNames),
+                                    [&](const auto& n) { return p == n.second; });
+      if (p == "0") {
         o.passthrough = Passthrough::kOff;
-      } else if (p == "direct") {
-        o.passthrough = Passthrough::kDirect;
-      } else if (p == "read") {
-        o.passthrough = Passthrough::kRead;
-      } else if (p == "all") {
-        o.passthrough = Passthrough::kAll;
+      } else if (it != std::end(kPassthroughNames)) {
+        o.passthrough = it->first;
       } else {
-        return Status::InvalidArgument("option 'passthrough': '" + p +
-                                       "' is not one of off, direct, read, all");
+        std::string names;
+        for (const auto& [value, name] : kPassthroughNames) {
+          names += std::string(names.empty() ? "" : ", ") + name;
+        }
+        return Status::InvalidArgument("option 'passthrough': '" + p + "' is not one of " + names);
       }
     } else if (k == "read_ahead") {
       DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOption(k, v));

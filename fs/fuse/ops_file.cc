@@ -80,9 +80,6 @@ void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   fh->page_cache_writes = !fi->direct_io && !fh->client_direct;
 }
 
-// Counts a regular file's open (BeginOpen) into the handle.
-void NoteOpenMode(FileHandle* fh, const OpenMode& mode) { fh->passthrough = mode.passthrough; }
-
 // The open's handle goes away without a RELEASE: the reply failed (the opener was interrupted)
 // or the open did.
 void AbandonOpen(Fs& fs, FileHandle* fh) {
@@ -107,7 +104,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fs, fi, fh);
   const OpenMode mode = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
-  NoteOpenMode(fh, mode);
+  fh->passthrough = mode.passthrough;
   const int rc =
       mode.passthrough ? ReplyOpenPassthrough(req, *fi, mode.backing_id) : fuse_reply_open(req, fi);
   if (rc == -ENOENT) AbandonOpen(fs, fh);  // the opener was interrupted
@@ -162,7 +159,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   // or a hard link the kernel has not looked up) may be passthrough already.
   Inode& in = *fh->inode;
   const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
-  NoteOpenMode(fh, how);
+  fh->passthrough = how.passthrough;
   const int rc = how.passthrough ? ReplyCreatePassthrough(req, e, *fi, how.backing_id)
                                  : fuse_reply_create(req, &e, fi);
   if (rc == -ENOENT) AbandonOpen(fs, fh);

@@ -52,12 +52,9 @@ ssize_t ProtocolExtensions::WriteReply(int fd, iovec* iov, int count) {
       const uint64_t offered = offered_.load();
       const uint32_t our_flags = Load32(out + wire::kInitOutFlags);
       const bool writeback = our_flags & wire::kWritebackCache;
+      uint64_t add = 0;  // our flags2 bits (FUSE_INIT_EXT in flags makes the kernel read flags2)
       if (h.error == 0 && wanted_.passthrough && (offered & wire::kPassthrough) && !writeback) {
-        // flags2 is read only with FUSE_INIT_EXT set in flags (the kernel offered it, as it
-        // offered passthrough in flags2).
-        Store32(out + wire::kInitOutFlags, our_flags | static_cast<uint32_t>(wire::kInitExt));
-        Store32(out + wire::kInitOutFlags2, Load32(out + wire::kInitOutFlags2) |
-                                                static_cast<uint32_t>(wire::kPassthrough >> 32));
+        add |= wire::kPassthrough;
         // One filesystem below us (the backing ext4/xfs): files on a stacked backing
         // filesystem (overlayfs, another FUSE mount) are refused by BACKING_OPEN (ELOOP).
         Store32(out + wire::kInitOutMaxStackDepth, 1);
@@ -68,16 +65,18 @@ ssize_t ProtocolExtensions::WriteReply(int fd, iovec* iov, int count) {
                       kernel_minor_.load(), writeback ? ", and the writeback cache is on" : "");
       }
       if (h.error == 0 && wanted_.io_uring && (offered & wire::kOverIoUring)) {
-        Store32(out + wire::kInitOutFlags,
-                Load32(out + wire::kInitOutFlags) | static_cast<uint32_t>(wire::kInitExt));
-        Store32(out + wire::kInitOutFlags2, Load32(out + wire::kInitOutFlags2) |
-                                                static_cast<uint32_t>(wire::kOverIoUring >> 32));
+        add |= wire::kOverIoUring;
         uring_.store(true);
       } else if (wanted_.io_uring) {
         Logger().warn(
             "FUSE over io_uring not asked for: the kernel does not offer it "
             "(protocol 7.{}; enable_uring off?); requests go through /dev/fuse",
             kernel_minor_.load());
+      }
+      if (add != 0) {  // both bits live in flags2, which the kernel offered them in
+        Store32(out + wire::kInitOutFlags, our_flags | static_cast<uint32_t>(wire::kInitExt));
+        Store32(out + wire::kInitOutFlags2,
+                Load32(out + wire::kInitOutFlags2) | static_cast<uint32_t>(add >> 32));
       }
     }
     const ssize_t n = writev(fd, iov, count);

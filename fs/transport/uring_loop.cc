@@ -152,9 +152,17 @@ std::string UringLoop::StatsJson() const {
 
 UringLoop::Entry* UringLoop::EntryServing(uint64_t unique) const {
   if (unique == 0) return nullptr;  // a notification
+  auto match = [&](int slot) {
+    Entry* e = entries_[slot].load(std::memory_order_acquire);
+    return e != nullptr && e->serving.load(std::memory_order_acquire) == unique ? e : nullptr;
+  };
+  // A reply comes from the ring thread serving it, pinned to its queue's CPU: look there first,
+  // so a reply costs threads_per_queue compares, not one per ring thread of the machine.
+  const int cpu = sched_getcpu();
+  const int first = cpu >= 0 && cpu < queues_ ? cpu * threads_per_queue_ : 0;
   for (int i = 0; i < queues_ * threads_per_queue_; ++i) {
-    Entry* e = entries_[i].load(std::memory_order_acquire);
-    if (e != nullptr && e->serving.load(std::memory_order_acquire) == unique) return e;
+    const int slot = (first + i) % (queues_ * threads_per_queue_);
+    if (Entry* e = match(slot)) return e;
   }
   return nullptr;
 }

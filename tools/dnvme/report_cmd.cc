@@ -387,6 +387,12 @@ std::string KernelConfig(const std::string& option) {
   return "n";
 }
 
+// Whether `v` is in the set `set` (effective unless said) of `caps`.
+bool CapIn(cap_t caps, cap_value_t v, cap_flag_t set = CAP_EFFECTIVE) {
+  cap_flag_value_t f = CAP_CLEAR;
+  return cap_get_flag(caps, v, set, &f) == 0 && f == CAP_SET;
+}
+
 // What the kernel's FUSE offers for the fast-NVMe work, and which of it a mount uses by default:
 // FUSE over io_uring (-o io_uring=1 where enable_uring is on), passthrough (-o passthrough=) and
 // the writeback cache (requests above 1 MiB: fuse_max_pages).
@@ -412,8 +418,7 @@ Check CheckFuseKernel() {
   // ioctls); unknown (null) when the kernel config cannot be read.
   bool sys_admin = false;
   if (cap_t caps = cap_get_proc(); caps != nullptr) {
-    cap_flag_value_t f = CAP_CLEAR;
-    sys_admin = cap_get_flag(caps, CAP_SYS_ADMIN, CAP_PERMITTED, &f) == 0 && f == CAP_SET;
+    sys_admin = CapIn(caps, CAP_SYS_ADMIN, CAP_PERMITTED);
     cap_free(caps);
   }
   c.values["cap_sys_admin"] = sys_admin;
@@ -446,11 +451,6 @@ Check CheckFuseKernel() {
   return c;
 }
 
-bool EffectiveIn(cap_t caps, cap_value_t v) {
-  cap_flag_value_t f = CAP_CLEAR;
-  return cap_get_flag(caps, v, CAP_EFFECTIVE, &f) == 0 && f == CAP_SET;
-}
-
 // Spliced requests (fs/transport/session_loop.h): the daemon needs 2 MiB pipes, above the default
 // fs.pipe-max-size unless it holds CAP_SYS_RESOURCE when it starts.
 Check CheckSplicePipes() {
@@ -459,7 +459,7 @@ Check CheckSplicePipes() {
   const int64_t max = ReadInt("/proc/sys/fs/pipe-max-size", -1);
   bool sys_resource = false;
   if (cap_t caps = cap_get_proc(); caps != nullptr) {
-    sys_resource = EffectiveIn(caps, CAP_SYS_RESOURCE);
+    sys_resource = CapIn(caps, CAP_SYS_RESOURCE);
     cap_free(caps);
   }
   c.values["pipe_max_size"] = max >= 0 ? Json(max) : Json(nullptr);
@@ -492,7 +492,7 @@ Check CheckCapabilities(bool* ipc_lock) {
     return c;
   }
   std::unique_ptr<std::remove_pointer_t<cap_t>, int (*)(void*)> owner(caps, cap_free);
-  auto has = [caps](cap_value_t v) { return EffectiveIn(caps, v); };
+  auto has = [caps](cap_value_t v) { return CapIn(caps, v); };
   *ipc_lock = has(CAP_IPC_LOCK);
   const bool sys_admin = has(CAP_SYS_ADMIN);
   c.values["uid"] = static_cast<int64_t>(::geteuid());
