@@ -53,3 +53,31 @@ machine_busy_ticks() {  # every CPU's busy time so far (all processes and kernel
   [[ $label == cpu ]] || die "unexpected first line of /proc/stat: $label"
   echo $((user + nice + system + irq + softirq))
 }
+
+# hold_freed_memory / release_freed_memory (--hold-freed-memory): the reference VM's kernel
+# reports freed memory to the host at once (virtio-balloon free page reporting with
+# /sys/module/page_reporting/parameters/min_free_ms = 0), and the host takes it back, so the
+# next use of such a page faults in the host. A job that fills fresh page cache right after
+# drop_caches then runs up to 10x slower (a cold buffered read of the backing file: 0.5 instead
+# of 7.6 GB/s; docs/performance-journal.md, "Freed memory taken back by the host"); one that
+# reuses resident memory (pinned buffers, O_DIRECT) does not. A real machine has no such cost.
+# hold delays the reporting for the run (5 min after a page is freed, the most the knob
+# takes); release puts the old value back. Where the knob does not exist, both do nothing and say so once.
+PAGE_REPORTING_KNOB=/sys/module/page_reporting/parameters/min_free_ms
+PAGE_REPORTING_SAVED=
+hold_freed_memory() {
+  if [[ ! -w $PAGE_REPORTING_KNOB ]]; then
+    echo "$BENCH_NAME: no $PAGE_REPORTING_KNOB here: freed memory is not reported early" >&2
+    return 0
+  fi
+  PAGE_REPORTING_SAVED=$(<"$PAGE_REPORTING_KNOB")
+  echo 300000 >"$PAGE_REPORTING_KNOB" || die "cannot write $PAGE_REPORTING_KNOB"
+  echo "$BENCH_NAME: freed memory held for 5 min before it is reported to the host" \
+    "(min_free_ms $PAGE_REPORTING_SAVED -> 300000 for this run)" >&2
+}
+release_freed_memory() {
+  [[ -n $PAGE_REPORTING_SAVED ]] || return 0
+  echo "$PAGE_REPORTING_SAVED" >"$PAGE_REPORTING_KNOB" ||
+    echo "$BENCH_NAME: could not put $PAGE_REPORTING_KNOB back to $PAGE_REPORTING_SAVED" >&2
+  PAGE_REPORTING_SAVED=
+}

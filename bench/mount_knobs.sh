@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bench/mount_knobs.sh [--size 1G] [--rounds 2] [--only "default clone_fd=0 ..."]
+# Usage: bench/mount_knobs.sh [--dir DIR] [--hold-freed-memory] [--size 1G] [--rounds 2] [--only "default clone_fd=0 ..."]
 #
 # Measures what each of the mount's knobs is worth: runs bench/mount_vs_fio.sh (one round, no
 # passthrough_ll) once per variant below, ROUNDS times with the variant order reversed every other
@@ -14,13 +14,19 @@
 #   intra_op_parallelism=2  two engine workers
 #   async_reply=1           O_DIRECT reads answered from the engine's completion callback
 #   clone_fd=1              one /dev/fuse fd per loop thread (default: all share one)
+# A variant is one -o string: "splice_reply=1,passthrough=off" sets both. --dir runs every
+# mount_vs_fio round in DIR (e.g. the RAM ext4 of bench/fastdev.sh: --dir /mnt/dnvram/bench).
+# --hold-freed-memory is passed on to mount_vs_fio.sh (bench/lib.sh: a VM's free page reporting).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SIZE=1G
 ROUNDS=2
 ONLY=
+DIR_ARGS=()
 while [[ $# -gt 0 ]]; do
   case $1 in
+    --dir) DIR_ARGS+=(--dir "${2:?--dir needs a directory}"); shift 2 ;;
+    --hold-freed-memory) DIR_ARGS+=(--hold-freed-memory); shift ;;
     --size) SIZE=${2:?--size needs a value}; shift 2 ;;
     --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
     --only) ONLY=${2:?--only needs a list of variants}; shift 2 ;;
@@ -45,7 +51,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     echo "round $r: $v" >&2
     opt=()
     [[ $v != default ]] && opt=(-o "$v")
-    "$ROOT/bench/mount_vs_fio.sh" --runs 1 --size "$SIZE" --no-passthrough "${opt[@]}" \
+    "$ROOT/bench/mount_vs_fio.sh" --runs 1 --size "$SIZE" --no-passthrough "${DIR_ARGS[@]}" "${opt[@]}" \
       >"$OUT/$v.$r.txt" 2>"$OUT/$v.$r.err" || {
       echo "mount_knobs: variant $v failed:" >&2
       tail -5 "$OUT/$v.$r.err" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: bench/mount_vs_fio.sh [--dir|--backing DIR] [--size 1G] [--runs 3] [-o dnvmefs-options]
 #                              [--no-passthrough] [--settle SECONDS] [--json-out FILE]
+#                              [--hold-freed-memory]
 #
 # A dnvmefs mount against fio straight on its backing directory and against libfuse's own
 # passthrough_ll example, all on the same disk in one run. Every round runs five variants, each a
@@ -32,6 +33,9 @@
 #   (e) dnv_buf / ext_buf (the same buffered client through the mount and on plain ext4)
 #   (f) machine CPU seconds per GiB of each variant / raw's
 # GiB = 2^30 bytes. Always unmounts both filesystems and removes its files (trap).
+# --hold-freed-memory: on a VM whose kernel hands freed memory back to the host at once (free
+# page reporting), delay that for the run; fresh page cache then costs what it costs on a real
+# machine (bench/lib.sh, hold_freed_memory). Without the knob it does nothing.
 # Run as root (drop caches; dnvmefs pins buffers). DNVMEFS=path overrides the binary.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,6 +49,7 @@ RUNS=3
 OPTS=
 PASSTHROUGH=1
 JSON_OUT=
+HOLD_FREED=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --backing | --dir) BACKING=${2:?$1 needs a directory}; shift 2 ;;
@@ -54,6 +59,7 @@ while [[ $# -gt 0 ]]; do
     --no-passthrough) PASSTHROUGH=0; shift ;;
     --json-out) JSON_OUT=${2:?--json-out needs a file}; shift 2 ;;
     --settle) SETTLE=${2:?--settle needs seconds}; shift 2 ;;
+    --hold-freed-memory) HOLD_FREED=1; shift ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "mount_vs_fio: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -100,6 +106,7 @@ stop_fs() {  # mountpoint pid
 }
 cleanup() {
   pipe_max_restore
+  release_freed_memory
   stop_fs "$MNT_D" "$DNV_PID"
   stop_fs "$MNT_P" "$PLL_PID"
   rm -f "${FILES[@]}"
@@ -112,6 +119,7 @@ cleanup() {
 }
 trap cleanup EXIT
 pipe_max_raise  # for the whole run: every variant mounts anew
+[[ $HOLD_FREED == 1 ]] && hold_freed_memory  # bench/lib.sh: a VM's host reclaim, not the mount
 
 
 wait_mounted() {  # mountpoint pid log name

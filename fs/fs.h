@@ -110,10 +110,11 @@ class Fs : public ControlCore {
   explicit Fs(MountOptions opts);
   ~Fs();
 
-  // Creates what needs privileges the daemon drops after mounting: the pipes that hold spliced
-  // write-behind extents (sized above pipe-max-size). Call before DropCaps, and only when the
-  // session loop splices requests (`splicing`).
-  Status ReservePrivileged(bool splicing);
+  // Creates what needs privileges the daemon drops after mounting, pipes sized above
+  // pipe-max-size: those that hold spliced write-behind extents, when the session loop splices
+  // requests (`splicing`), and those for spliced replies (-o splice_reply), when replies are
+  // written to /dev/fuse (`replies_to_fd`: not over io_uring). Call before DropCaps.
+  Status ReservePrivileged(bool splicing, bool replies_to_fd);
   // Opens the backing directory and creates the engine; called in the daemon after it forked.
   Status Start();
   // Start() then undo it: run in the parent before mounting, so a configuration the engine
@@ -142,6 +143,8 @@ class Fs : public ControlCore {
   void set_session(fuse_session* se) { se_ = se; }
   // True when page-cache WRITEs can reach the disk without a copy (pipes were reserved).
   bool SplicesWrites() const { return wb_pipes_ != nullptr; }
+  // Pipes for spliced replies (-o splice_reply); null when replies are written.
+  PipePool* reply_pipes() const { return reply_pipes_.get(); }
   // The transport the requests arrive by (set by main.cc before the session runs, cleared after
   // it ended): the WRITE handler asks it for the write flags and the payload's pool.
   void set_transport(Transport* t) { transport_ = t; }
@@ -231,6 +234,7 @@ class Fs : public ControlCore {
   void InitVirtualNodes();
   std::unique_ptr<PinnedPool> wb_pool_;
   std::unique_ptr<PipePool> wb_pipes_;       // spliced write-behind extents (ReservePrivileged)
+  std::unique_ptr<PipePool> reply_pipes_;    // spliced replies (ReservePrivileged)
   std::unique_ptr<SpliceWorkers> splicers_;  // runs spliced flushes; exists iff wb_pipes_ does
   std::unique_ptr<PinnedPool> ra_pool_;
   std::unique_ptr<PinnedPool> reply_pool_;  // 1 MiB buffers for async replies

@@ -247,7 +247,9 @@ int main(int argc, char** argv) {
       auto created = dnvme::fs::CreateTransport(se, t);
       if (created.ok()) {
         transport = std::move(created).value();
-        loop_st = fs->ReservePrivileged(transport->kind() == dnvme::fs::Transport::Kind::kSplice);
+        using Kind = dnvme::fs::Transport::Kind;
+        loop_st = fs->ReservePrivileged(transport->kind() == Kind::kSplice,
+                                        transport->kind() != Kind::kUring);
       } else {
         loop_st = created.status();
       }

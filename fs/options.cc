@@ -70,6 +70,7 @@ std::string UsageText() {
       "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
       "  splice_read=0|1              splice requests; page-cache writes go to disk uncopied "
       "(1)\n"
+      "  splice_reply=0|1             send READ replies by vmsplice + splice, not writev (0)\n"
       "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
       "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
       "(0)\n"
@@ -174,6 +175,8 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       chunk_given = true;
     } else if (k == "splice_read") {
       DNVME_ASSIGN_OR_RETURN(o.splice_read, ParseBoolOption(k, v));
+    } else if (k == "splice_reply") {
+      DNVME_ASSIGN_OR_RETURN(o.splice_reply, ParseBoolOption(k, v));
     } else if (k == "async_reply") {
       DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBoolOption(k, v));
     } else if (k == "io_uring") {

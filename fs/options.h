@@ -34,6 +34,10 @@ inline constexpr int kAsyncReplyBuffers = 64;
 inline constexpr size_t kSpliceThreads = 16;
 // Smallest pipe worth holding an extent in (a small write_chunk gets pipes of its own size).
 inline constexpr int64_t kMinSplicePipeBytes = 64 << 10;
+// -o splice_reply: pipes for replies in flight at once, and the smallest reply worth splicing
+// (below it, pinning the few pages costs less than the two extra system calls).
+inline constexpr int64_t kReplyPipes = 8;
+inline constexpr size_t kMinSplicedReply = 64 << 10;
 
 // Which opens the kernel serves from the backing file itself (FUSE passthrough,
 // fs/fuse/passthrough.h): none, read-only O_DIRECT ones, read-only ones, or all.
@@ -63,6 +67,11 @@ struct MountOptions {
   // data to disk from the kernel's own pages (fs/data/splice_io.h): no copy in the daemon. Needs
   // the daemon's own loop (not clone_fd) and pipes sized before the capability drop.
   bool splice_read = true;
+  // Large replies (READ data) sent with vmsplice + splice from a pipe instead of writev(2): the
+  // kernel then takes the daemon's pages from the pipe instead of pinning them one at a time as
+  // it copies (fs/transport/pipe.h, SpliceMessage). Pipes sized before the capability drop; not
+  // with io_uring (replies go through the ring).
+  bool splice_reply = false;
   // libfuse's multi-threaded loop with one /dev/fuse fd per worker thread (clone_fd), instead of
   // ours (fs/transport/session_loop.h): no spliced requests then. Off by default: on the 2-core
   // reference VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio

@@ -369,6 +369,7 @@ std::string Fs::StatsJson() {
         {"read_ahead", opts_.read_ahead},
         {"async_reply", opts_.async_reply},
         {"splice_read", opts_.splice_read},
+        {"splice_reply", opts_.splice_reply},
         {"clone_fd", opts_.clone_fd},
         {"io_uring", opts_.io_uring},
         {"max_request", opts_.max_request},
@@ -393,6 +394,8 @@ std::string Fs::StatsJson() {
   };
   // Pipes for spliced write-behind (fs/data/splice_io.h); 0 when requests are read, not spliced.
   j["mount"]["splice_pipes"] = wb_pipes_ ? wb_pipes_->count() : 0;
+  // Pipes for spliced replies (-o splice_reply); 0 when replies are written.
+  j["mount"]["reply_pipes"] = reply_pipes_ ? reply_pipes_->count() : 0;
   // How requests arrive (fs/transport/transport.h); null before the session runs.
   j["transport"] = transport_ ? json::parse(transport_->StatsJson()) : json(nullptr);
   // What was negotiated with the kernel beyond libfuse's 7.38 (fs/transport/protocol_ext.h).

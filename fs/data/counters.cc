@@ -24,6 +24,9 @@ std::string MountCounters::ToJson() const {
       {"passthrough_opens", r(passthrough_opens)},
       {"passthrough_refused", r(passthrough_refused)},
       {"backing_files", backing_files.load(std::memory_order_relaxed)},
+      {"replies_spliced", r(replies_spliced)},
+      {"bytes_replied_spliced", r(bytes_replied_spliced)},
+      {"replies_unspliced", r(replies_unspliced)},
   };
   return j.dump();
 }

@@ -34,6 +34,9 @@ struct MountCounters {
   // through the daemon).
   std::atomic<uint64_t> passthrough_opens{0}, passthrough_refused{0};
   std::atomic<int64_t> backing_files{0};
+  // Replies sent by splice (-o splice_reply) and their bytes; large replies that found no free
+  // reply pipe (or did not fit one) were written instead.
+  std::atomic<uint64_t> replies_spliced{0}, bytes_replied_spliced{0}, replies_unspliced{0};
   // Raises `at_most` to `n` if it is smaller.
   static void NoteMax(std::atomic<uint64_t>& at_most, uint64_t n) {
     uint64_t cur = at_most.load(std::memory_order_relaxed);

@@ -68,7 +68,20 @@ void Fs::Dispose(OpenHandle* h) {
   delete h;
 }
 
-Status Fs::ReservePrivileged(bool splicing) {
+Status Fs::ReservePrivileged(bool splicing, bool replies_to_fd) {
+  if (opts_.splice_reply && replies_to_fd) {
+    // A few replies are in flight at once (one per CPU copying); a reply that finds every pipe
+    // taken is written instead. A pipe holds no memory until a reply's page references are in it.
+    const int64_t bytes = RequestPipeBytes(opts_.max_request);
+    auto pool = PipePool::Create(kReplyPipes * bytes, bytes, bytes);
+    if (pool.ok()) {
+      reply_pipes_ = std::move(pool).value();
+      Logger().info("spliced replies: {} pipes of {} bytes", reply_pipes_->count(),
+                    reply_pipes_->capacity());
+    } else {
+      Logger().warn("replies written, not spliced: {}", pool.status().ToString());
+    }
+  }
   if (!splicing) return Status::Ok();
   if (opts_.write_behind > 0) {
     // write_behind bytes of pipes, each holding one write_chunk extent; without

@@ -132,11 +132,38 @@ ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
   return n;
 }
 
+// A large reply by vmsplice + splice (-o splice_reply), as writev(2) would answer (bytes, or -1
+// with errno); nullopt when it was not sent that way and is still to be written.
+std::optional<ssize_t> SpliceReply(Fs& fs, int fd, const iovec* iov, int count) {
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  if (total < kMinSplicedReply) return std::nullopt;
+  MountCounters& c = fs.counters();
+  PipePool::Lease pipe = fs.reply_pipes()->TryAcquire();
+  Result<std::optional<size_t>> sent = std::optional<size_t>();  // no pipe free: written
+  if (pipe) sent = SpliceMessage(*pipe, fd, iov, count);
+  if (!sent.ok()) {  // the device refused the reply (ENOENT: the request was interrupted)
+    errno = ErrnoOf(sent.status());
+    return -1;
+  }
+  if (!sent.value()) {
+    c.replies_unspliced.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  c.replies_spliced.fetch_add(1, std::memory_order_relaxed);
+  c.bytes_replied_spliced.fetch_add(*sent.value(), std::memory_order_relaxed);
+  return static_cast<ssize_t>(*sent.value());
+}
+
 ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
   Fs& fs = *static_cast<Fs*>(userdata);
   ssize_t written;
   if (Transport* t = fs.transport(); t != nullptr && t->TakeReply(iov, count, &written)) {
     return written;
+  }
+  // INIT's reply goes through WriteReply, which amends it; replies after it may be spliced.
+  if (fs.reply_pipes() != nullptr && fs.protocol().init_replied()) {
+    if (std::optional<ssize_t> n = SpliceReply(fs, fd, iov, count)) return *n;
   }
   return fs.protocol().WriteReply(fd, iov, count);
 }

@@ -13,9 +13,12 @@
 // capabilities, before it drops them.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "dnvme/status.h"
@@ -107,6 +110,17 @@ constexpr int64_t RequestPipeBytes(int64_t max_request) {
   while (slots < pages) slots *= 2;
   return slots * 4096;
 }
+// Sends one message (a FUSE reply: header, then data) to `fd` without copying its bytes in user
+// space: vmsplice(2) puts references to the caller's pages into `pipe` (empty), and one splice(2)
+// hands them to `fd`, which must take a message whole from one call, as /dev/fuse does. The
+// kernel copies the pages out before splice returns (no SPLICE_F_MOVE or GIFT), so the caller's
+// memory is free again on return. Result:
+//   - a value: the bytes sent (all of them);
+//   - nullopt: nothing was sent and the pipe is empty again, because the message spans more
+//     pages than the pipe has slots or vmsplice took only part of it: send it another way;
+//   - an error: splice to `fd` failed (its errno); the message was not delivered.
+Result<std::optional<size_t>> SpliceMessage(Pipe& pipe, int fd, const struct iovec* iov, int count);
+
 // For the default 1 MiB requests.
 inline constexpr int64_t kRequestPipeBytes = RequestPipeBytes(int64_t{1} << 20);
 static_assert(kRequestPipeBytes == int64_t{2} << 20);

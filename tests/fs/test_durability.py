@@ -573,9 +573,10 @@ class BadInvocationTest(Base):
 
 
 # The same crash and disk-sync tests over the other two transports: requests read(2) (write
-# payloads adopted from the receive buffers) and libfuse's own loop (clone_fd: payloads copied).
+# payloads adopted from the receive buffers; READ replies spliced, -o splice_reply) and libfuse's
+# own loop (clone_fd: payloads copied).
 class CrashReadTransportTest(CrashTest):
-    TRANSPORT = ("splice_read=0",)
+    TRANSPORT = ("splice_read=0", "splice_reply=1")
 
 
 class CrashLibfuseTransportTest(CrashTest):
@@ -583,7 +584,7 @@ class CrashLibfuseTransportTest(CrashTest):
 
 
 class DiskSyncReadTransportTest(DiskSyncTest):
-    TRANSPORT = ("splice_read=0",)
+    TRANSPORT = ("splice_read=0", "splice_reply=1")
 
 
 class DiskSyncLibfuseTransportTest(DiskSyncTest):

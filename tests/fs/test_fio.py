@@ -5,10 +5,12 @@ is the verdict (a verify mismatch makes fio exit non-zero); sizes are checked ag
 Run: /usr/bin/python3 -m unittest -v tests.fs.test_fio   (skips with a reason when fio is missing)
 """
 
+import mmap
 import os
 import shutil
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,10 +93,56 @@ class FioAsyncReplyTest(FioTest):
 
 
 
-class FioSpliceReadTest(FioTest):
-    """The same fio jobs with write payloads received through a pipe (-o splice_read=1, off by
-    default), so the splice path of the write handler is checked too."""
-    MOUNT_OPTIONS = ("splice_read=1",)
+class FioSplicedReplyTest(FioTest):
+    """The same fio jobs with READ replies sent by vmsplice + splice from a pipe (-o
+    splice_reply=1, off by default; fs/transport/pipe.h, SpliceMessage), passthrough off so that
+    O_DIRECT reads are answered by the daemon too."""
+    MOUNT_OPTIONS = ("splice_reply=1", "passthrough=off")
+
+    def test_replies_spliced_carry_the_right_bytes(self):
+        if mh.stats(self.mnt)["mount"]["reply_pipes"] == 0:
+            self.skipTest("no reply pipes: the daemon could not size 2 MiB pipes (no "
+                          "CAP_SYS_RESOURCE and fs.pipe-max-size < 2 MiB; scripts/pipe-max.sh)")
+        data = os.urandom(8 * MiB + 12345)  # an unaligned tail: a short last reply
+        with open(self.m("spliced"), "wb") as f:
+            f.write(data)
+            os.fsync(f.fileno())
+        before = mh.stats(self.mnt)["fuse"]
+        mh.drop_caches()
+        with open(self.m("spliced"), "rb") as f:  # buffered: the kernel's read-ahead READs
+            self.assertTrue(f.read() == data, "buffered read back through spliced replies")
+        fd = os.open(self.m("spliced"), os.O_RDONLY | os.O_DIRECT)
+        try:  # O_DIRECT: one READ per call, at an offset that is not a multiple of the reply
+            buf = mmap.mmap(-1, 2 * MiB)
+            n = os.preadv(fd, [buf], 3 * MiB + 4096)
+            self.assertEqual(n, 2 * MiB)
+            self.assertTrue(buf[:n] == data[3 * MiB + 4096:5 * MiB + 4096], "O_DIRECT read")
+        finally:
+            os.close(fd)
+        after = mh.stats(self.mnt)
+        self.assertEqual(after["mount"]["reply_pipes"], 8, after["mount"])
+        spliced = after["fuse"]["bytes_replied_spliced"] - before["bytes_replied_spliced"]
+        # Every reply of 64 KiB or more was spliced (one reader: no pipe was ever busy); the
+        # 12345-byte tail was written.
+        self.assertGreaterEqual(spliced, 8 * MiB + 2 * MiB, after["fuse"])
+        self.assertLess(spliced, len(data) + 2 * MiB + 4096, after["fuse"])
+
+    def test_a_reader_killed_mid_reply_leaves_the_mount_serving(self):
+        # Interrupted READs: the kernel may refuse a reply whose request is gone (ENOENT from
+        # splice); the daemon must neither die nor leave a stale page in a reply pipe.
+        data = os.urandom(32 * MiB)
+        with open(self.m("killed"), "wb") as f:
+            f.write(data)
+        for _ in range(3):
+            mh.drop_caches()
+            p = subprocess.Popen(["dd", "if=" + self.m("killed"), "of=/dev/null", "bs=4M",
+                                  "iflag=direct"], stderr=subprocess.DEVNULL)
+            time.sleep(0.02)
+            p.kill()
+            p.wait()
+        mh.drop_caches()
+        with open(self.m("killed"), "rb") as f:
+            self.assertTrue(f.read() == data, "read back after the killed readers")
 
 
 if __name__ == "__main__":

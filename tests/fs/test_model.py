@@ -541,9 +541,9 @@ class ModelTest(mh.MountedTestCase):
 
 class ModelSmallBuffersTest(ModelTest):
     """Small write-behind / read-ahead windows and small engine blocks: many flushes and
-    partial-buffer edges."""
+    partial-buffer edges. No passthrough: read-only opens are read by the daemon too."""
     MOUNT_OPTIONS = ("write_behind=512K", "write_chunk=128K", "read_ahead=64K", "block_size=64K",
-                     "queue_depth=4", "intra_op_parallelism=2")
+                     "queue_depth=4", "intra_op_parallelism=2", "passthrough=off")
     BUDGET_FACTOR = 0.6
 
 
@@ -551,8 +551,10 @@ class ModelReadReceiveTest(ModelTest):
     """Requests read(2) into the daemon instead of spliced (the mode of a daemon that cannot
     size 2 MiB pipes): aligned write payloads are written from the buffers they were received in
     (fs/transport/request_buffer.h), nothing goes through the splice writer. Two loop threads only: no
-    handler may wait for another request to be served."""
-    MOUNT_OPTIONS = ("splice_read=0", "loop_threads=2")
+    handler may wait for another request to be served. READ replies are spliced (-o
+    splice_reply=1) here, written by writev in the other runs; no passthrough, so read-only opens
+    are read by the daemon too."""
+    MOUNT_OPTIONS = ("splice_read=0", "loop_threads=2", "splice_reply=1", "passthrough=off")
     BUDGET_FACTOR = 0.5
 
 
@@ -566,8 +568,10 @@ class ModelLibfuseTransportTest(ModelTest):
 class ModelLargeRequestsTest(ModelTest):
     """Requests of up to 4 MiB (-o max_request=4M, the kernel's fs.fuse.max_pages_limit raised to
     1024 for the test and put back after): larger spliced and read(2) WRITEs, larger READs; the
-    stats must show requests above 1 MiB, or the test is not testing them."""
-    MOUNT_OPTIONS = ("max_request=4M",)
+    stats must show requests above 1 MiB, or the test is not testing them. Replies are spliced
+    (-o splice_reply=1: 4 MiB replies need 8 MiB pipes). No passthrough: the READs must reach
+    the daemon."""
+    MOUNT_OPTIONS = ("max_request=4M", "splice_reply=1", "passthrough=off")
     BUDGET_FACTOR = 0.4
     LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
     PIPE_MAX = "/proc/sys/fs/pipe-max-size"
@@ -626,6 +630,7 @@ class ModelLargeRequestsTest(ModelTest):
         self.assertGreater(stats["fuse"]["largest_write"], 1 << 20)
         self.assertGreater(stats["fuse"]["largest_read"], 1 << 20)
         self.assertLessEqual(stats["fuse"]["largest_write"], 4 << 20)
+        self.assertGreater(stats["fuse"]["replies_spliced"], 0, "no reply was spliced")
 
 
 class ModelPassthroughReadTest(ModelTest):
@@ -683,8 +688,9 @@ class ModelUringTest(ModelTest):
 
 class ModelSynchronousTest(ModelTest):
     """No write-behind and no read-ahead: every write is written before its reply, straight from
-    the request in memory at any alignment (the engine bounces what O_DIRECT cannot take)."""
-    MOUNT_OPTIONS = ("write_behind=0", "read_ahead=0", "splice_read=0")
+    the request in memory at any alignment (the engine bounces what O_DIRECT cannot take); every
+    read read by the engine on demand (no passthrough)."""
+    MOUNT_OPTIONS = ("write_behind=0", "read_ahead=0", "splice_read=0", "passthrough=off")
     BUDGET_FACTOR = 0.4
 
 
