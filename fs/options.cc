@@ -82,7 +82,7 @@ std::string UsageText() {
       "                               it raise fs.fuse.max_pages_limit)\n"
       "  passthrough=off|direct|read|all  opens the kernel serves from the backing file "
       "itself:\n"
-      "                               none, read-only O_DIRECT (default), read-only, all; "
+      "                               none, read-only O_DIRECT, read-only (default), all; "
       "kernel 6.9+, root\n"
       "  ctl_max_handles=N            control-file handles per uid (8)\n"
       "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"

@@ -92,11 +92,15 @@ struct MountOptions {
   // libfuse's (clone_fd) reads requests into 1 MiB buffers. Fewer, larger requests mean fewer
   // round trips per GiB (docs/performance-journal.md).
   int64_t max_request = kMaxFuseRequestBytes;
-  // FUSE passthrough (fs/fuse/passthrough.h) for read-only O_DIRECT opens by default: measured
-  // faster than the daemon's own reads on both reference devices, where buffered readers of
-  // files the mount wrote were not (docs/performance.md). Needs kernel 6.9+ and CAP_SYS_ADMIN
-  // (kept dormant only then); where either is missing the mount logs it and serves every open.
-  Passthrough passthrough = Passthrough::kDirect;
+  // FUSE passthrough (fs/fuse/passthrough.h) for read-only opens by default: the kernel reads
+  // the backing file itself, with no reply copy through /dev/fuse. Measured the fastest for
+  // readers on both reference devices, buffered and O_DIRECT alike: cold buffered reads 1.36x raw
+  // fio on the RAM ext4 against 0.46x through the daemon (docs/performance.md, "The mount on a
+  // fast device, current", with the VM's freed-memory reporting held, bench/lib.sh). Not `all`:
+  // passthrough writes run with the daemon's CAP_FSETID and keep set-gid bits ext4 clears
+  // (docs/tuning.md). Needs kernel 6.9+ and CAP_SYS_ADMIN (kept dormant only then); where either
+  // is missing the mount logs it and serves every open.
+  Passthrough passthrough = Passthrough::kRead;
   // FUSE over io_uring (fs/transport/uring_loop.h), when the kernel has it enabled
   // (/sys/module/fuse/parameters/enable_uring); otherwise logged and /dev/fuse is used.
   bool io_uring = false;

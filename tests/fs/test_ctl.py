@@ -196,6 +196,9 @@ class ControlDirectoryTest(CtlCase):
 
 
 class StatsCountingTest(CtlCase):
+    # The read must reach the daemon (read-ahead, engine): no passthrough for read-only opens.
+    MOUNT_OPTIONS = CtlCase.MOUNT_OPTIONS + ("passthrough=off",)
+
     def test_fuse_and_engine_counters_follow_the_data(self):
         size = 16 * MiB
         data = pattern(size, 11)

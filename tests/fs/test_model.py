@@ -633,11 +633,12 @@ class ModelLargeRequestsTest(ModelTest):
         self.assertGreater(stats["fuse"]["replies_spliced"], 0, "no reply was spliced")
 
 
-class ModelPassthroughReadTest(ModelTest):
-    """-o passthrough=read (fs/fuse/passthrough.h): every read-only open is served by the kernel
-    from the backing file, and writers that open such a file join it; the daemon's write-behind
-    and read-ahead must stay coherent across the switches."""
-    MOUNT_OPTIONS = ("passthrough=read",)
+class ModelPassthroughDirectTest(ModelTest):
+    """-o passthrough=direct (fs/fuse/passthrough.h): read-only O_DIRECT opens are served by the
+    kernel from the backing file, every other open by the daemon (the default, `read`, is the
+    main run); the daemon's write-behind and read-ahead must stay coherent across the
+    switches."""
+    MOUNT_OPTIONS = ("passthrough=direct",)
     BUDGET_FACTOR = 0.3  # two policies: together they add 0.6 of the main run to the suite
 
     def test_random_ops_match_plain_directory(self):
@@ -649,7 +650,7 @@ class ModelPassthroughReadTest(ModelTest):
                            "no open went passthrough: the policy was not exercised")
 
 
-class ModelPassthroughAllTest(ModelPassthroughReadTest):
+class ModelPassthroughAllTest(ModelPassthroughDirectTest):
     """-o passthrough=all: every open of an inode nobody else has open goes passthrough."""
     MOUNT_OPTIONS = ("passthrough=all",)
 

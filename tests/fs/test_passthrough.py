@@ -51,7 +51,9 @@ class PassthroughCase(mh.MountedTestCase):
 
 
 class DirectPolicyTest(PassthroughCase):
-    """The default policy, -o passthrough=direct: read-only O_DIRECT opens."""
+    """-o passthrough=direct: read-only O_DIRECT opens."""
+
+    MOUNT_OPTIONS = ("passthrough=direct",)
 
     def test_reported_in_stats(self):
         s = mh.stats(self.mnt)
@@ -137,9 +139,12 @@ class DirectPolicyTest(PassthroughCase):
 
 
 class ReadPolicyTest(PassthroughCase):
-    """-o passthrough=read: every read-only open, mmap included."""
+    """The default policy, -o passthrough=read: every read-only open, mmap included."""
 
-    MOUNT_OPTIONS = ("passthrough=read",)
+    def test_default_policy_in_stats(self):
+        s = mh.stats(self.mnt)
+        self.assertEqual(s["mount"]["passthrough"], "read")
+        self.assertEqual(s["kernel"]["passthrough"], {"wanted": True, "offered": True, "on": True})
 
     def test_buffered_and_mmap_readers_are_served_by_the_kernel(self):
         data = os.urandom(3 * MiB + 100)

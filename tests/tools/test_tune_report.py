@@ -544,7 +544,7 @@ class ReportTest(unittest.TestCase):
         with open("/proc/self/status") as fh:
             prm = [int(l.split()[1], 16) for l in fh if l.startswith("CapPrm:")][0]
         self.assertEqual(k["cap_sys_admin"], bool(prm & (1 << 21)))  # CAP_SYS_ADMIN
-        # A mount's default: passthrough for read-only O_DIRECT opens where offered and allowed.
+        # A mount's default: passthrough for read-only opens where offered and allowed.
         want_pt = None if k["passthrough_offered"] is None else \
             (k["passthrough_offered"] and k["cap_sys_admin"])
         self.assertEqual(k["used"], {"io_uring": False, "passthrough": want_pt,

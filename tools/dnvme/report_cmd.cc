@@ -413,7 +413,7 @@ Check CheckFuseKernel() {
   c.values["passthrough_offered"] = offered(passthrough_config);
   c.values["writeback_cache_offered"] = true;
   // What a dnvmefs mount started here by this user asks for with its defaults: passthrough for
-  // read-only O_DIRECT opens (-o passthrough=direct, fs/fuse/passthrough.h) where the kernel
+  // read-only opens (-o passthrough=read, fs/fuse/passthrough.h) where the kernel
   // offers it and the daemon holds CAP_SYS_ADMIN (it keeps it dormant for the backing-file
   // ioctls); unknown (null) when the kernel config cannot be read.
   bool sys_admin = false;
@@ -438,10 +438,9 @@ Check CheckFuseKernel() {
   }
   std::string pt_text = state(pt);
   if (!pt.is_null() && pt.get<bool>()) {
-    pt_text += sys_admin
-                   ? ", used for read-only O_DIRECT opens (-o passthrough=off|direct|read|all)"
-                   : ", unused: the daemon needs root (CAP_SYS_ADMIN) to register backing "
-                     "files";
+    pt_text += sys_admin ? ", used for read-only opens (-o passthrough=off|direct|read|all)"
+                         : ", unused: the daemon needs root (CAP_SYS_ADMIN) to register backing "
+                           "files";
   }
   c.summary = fmt::format(
       "FUSE over io_uring {} (a mount uses it with -o io_uring=1; off by default: measured "
@@ -469,7 +468,8 @@ Check CheckSplicePipes() {
   c.ok = sys_resource || max >= need;
   c.summary = c.ok ? fmt::format(
                          "a daemon started here gets {} request pipes ({}): page-cache writes go "
-                         "to disk without a copy in the daemon",
+                         "to disk without a copy in the daemon; -o splice_reply=1 sends READ "
+                         "replies from such pipes too (off by default: measured no faster)",
                          FormatBytes(need),
                          sys_resource ? "CAP_SYS_RESOURCE" : "fs.pipe-max-size " + FormatBytes(max))
                    : fmt::format(
