@@ -131,9 +131,11 @@ dnvme::Status DropCaps(bool passthrough) {
   return dnvme::Status::Ok();
 }
 
-// After the capability drop: asks the kernel for passthrough at INIT only when the daemon can
-// register backing files (CAP_SYS_ADMIN permitted), and says why not otherwise.
-void ChoosePassthrough(dnvme::fs::Fs& fs) {
+// After the capability drop: what the INIT reply adds to libfuse's (fs/transport/protocol_ext.h).
+// Passthrough only when the daemon can register backing files (CAP_SYS_ADMIN permitted), saying
+// why not otherwise; mmap of direct_io opens when O_RDWR opens are to get direct_io; one spare page
+// per request always.
+void ChooseExtensions(dnvme::fs::Fs& fs) {
   const dnvme::fs::Passthrough p = fs.opts().passthrough;
   bool want = p != dnvme::fs::Passthrough::kOff;
   if (want) {
@@ -148,7 +150,9 @@ void ChoosePassthrough(dnvme::fs::Fs& fs) {
   }
   const dnvme::fs::Transport* t = fs.transport();
   fs.protocol().Want({.passthrough = want,
-                      .io_uring = t != nullptr && t->kind() == dnvme::fs::Transport::Kind::kUring});
+                      .io_uring = t != nullptr && t->kind() == dnvme::fs::Transport::Kind::kUring,
+                      .direct_io_mmap = fs.opts().direct_io == dnvme::fs::DirectIo::kWritable,
+                      .spare_page = true});
 }
 
 }  // namespace
@@ -236,7 +240,8 @@ int main(int argc, char** argv) {
     if (daemonized) {
       dnvme::fs::TransportOptions t;
       t.threads = opts.single_thread ? 1 : opts.loop_threads;
-      t.splice = opts.splice_read;
+      t.splice = opts.SpliceRequests();
+      t.direct_io = opts.direct_io;
       t.clone_fd = opts.clone_fd;
       t.adoptable = opts.AdoptableRequestBuffers();
       t.max_request = opts.max_request;
@@ -279,7 +284,7 @@ int main(int argc, char** argv) {
     } else if (dnvme::Status st = fs->Start(); !st.ok()) {
       Logger().error("start-up failed: {}", st.ToString());
     } else {
-      ChoosePassthrough(*fs);  // before the loop runs: INIT is its first request
+      ChooseExtensions(*fs);  // before the loop runs: INIT is its first request
       Logger().info("mounted {} at {} (engine {}; transport {}: {})", opts.backing, opts.mountpoint,
                     opts.engine.ToJson(), dnvme::fs::TransportKindName(transport->kind()),
                     transport->Describe());

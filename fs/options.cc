@@ -1,5 +1,7 @@
 #include "fs/options.h"
 
+#include <fcntl.h>
+
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -68,8 +70,12 @@ std::string UsageText() {
       "  write_behind=SIZE            pinned memory for write-behind (0 disables; 64M)\n"
       "  write_chunk=SIZE             bytes per write-behind flush (8M)\n"
       "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
+      "  direct_io=off|wronly|writable  opens whose writes come from the writer's pages, not "
+      "the\n"
+      "                               page cache: none, write-only, all for writing (writable)\n"
       "  splice_read=0|1              splice requests; page-cache writes go to disk uncopied "
-      "(1)\n"
+      "(1 unless\n"
+      "                               direct_io=writable)\n"
       "  splice_reply=0|1             send READ replies by vmsplice + splice, not writev (0)\n"
       "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
       "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
@@ -98,7 +104,43 @@ constexpr std::pair<Passthrough, const char*> kPassthroughNames[] = {
     {Passthrough::kDirect, "direct"},
     {Passthrough::kRead, "read"},
     {Passthrough::kAll, "all"}};
+// -o direct_io=NAME, both ways.
+constexpr std::pair<DirectIo, const char*> kDirectIoNames[] = {
+    {DirectIo::kOff, "off"}, {DirectIo::kWriteOnly, "wronly"}, {DirectIo::kWritable, "writable"}};
+
+// Looks `text` up in a table of {value, name} pairs; the error lists every name.
+template <typename T, size_t N>
+Result<T> ParseNamed(const std::string& key, const std::string& text,
+                     const std::pair<T, const char*> (&names)[N]) {
+  for (const auto& [value, name] : names) {
+    if (text == name) return value;
+  }
+  std::string all;
+  for (const auto& [value, name] : names) all += std::string(all.empty() ? "" : ", ") + name;
+  return Status::InvalidArgument("option '" + key + "': '" + text + "' is not one of " + all);
+}
+
 }  // namespace
+
+const char* DirectIoName(DirectIo d) {
+  for (const auto& [value, name] : kDirectIoNames) {
+    if (value == d) return name;
+  }
+  return "?";
+}
+
+bool OpenGetsDirectIo(DirectIo d, int open_flags, bool mmap_ok) {
+  const int acc = open_flags & O_ACCMODE;
+  switch (d) {
+    case DirectIo::kOff:
+      return false;
+    case DirectIo::kWriteOnly:
+      return acc == O_WRONLY;
+    case DirectIo::kWritable:
+      return acc == O_WRONLY || (acc == O_RDWR && mmap_ok);
+  }
+  return false;
+}
 
 const char* PassthroughName(Passthrough p) {
   for (const auto& [value, name] : kPassthroughNames) {
@@ -174,7 +216,10 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       DNVME_ASSIGN_OR_RETURN(o.write_chunk, ParseSizeOption(k, v));
       chunk_given = true;
     } else if (k == "splice_read") {
-      DNVME_ASSIGN_OR_RETURN(o.splice_read, ParseBoolOption(k, v));
+      DNVME_ASSIGN_OR_RETURN(bool splice, ParseBoolOption(k, v));
+      o.splice_read = splice;
+    } else if (k == "direct_io") {
+      DNVME_ASSIGN_OR_RETURN(o.direct_io, ParseNamed(k, v.value_or(""), kDirectIoNames));
     } else if (k == "splice_reply") {
       DNVME_ASSIGN_OR_RETURN(o.splice_reply, ParseBoolOption(k, v));
     } else if (k == "async_reply") {
@@ -209,18 +254,10 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       }
     } else if (k == "passthrough") {
       const std::string p = v.value_or("");
-      const auto* it = std::find_if(std::begin(kPassthroughNames), std::end(kPassthroughNames),
-                                    [&](const auto& n) { return p == n.second; });
       if (p == "0") {
         o.passthrough = Passthrough::kOff;
-      } else if (it != std::end(kPassthroughNames)) {
-        o.passthrough = it->first;
       } else {
-        std::string names;
-        for (const auto& [value, name] : kPassthroughNames) {
-          names += std::string(names.empty() ? "" : ", ") + name;
-        }
-        return Status::InvalidArgument("option 'passthrough': '" + p + "' is not one of " + names);
+        DNVME_ASSIGN_OR_RETURN(o.passthrough, ParseNamed(k, p, kPassthroughNames));
       }
     } else if (k == "read_ahead") {
       DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOption(k, v));

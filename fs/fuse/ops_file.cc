@@ -65,14 +65,17 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
   return 0;
 }
 
-void FillOpenFlags(const Fs& fs, fuse_file_info* fi, FileHandle* fh) {
+void FillOpenFlags(Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   fi->keep_cache = 0;  // the page cache of this file may be stale after a truncate elsewhere
-  // A write-only open (a checkpoint writer) reads nothing back. When requests are spliced, its
-  // writes through the page cache cost the daemon no copy at all (fs/data/splice_io.h): keep
-  // the page cache. Otherwise every byte would be copied into the page cache, out of it into
-  // the daemon, and into a chunk: direct_io saves the first of those. Measured with dd bs=1M
-  // (docs/performance-journal.md): same GiB/s either way when spliced, a quarter of the daemon CPU.
-  fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY && !fs.SplicesWrites() ? 1 : 0;
+  // direct_io: the kernel puts the writer's own pages into each WRITE instead of copying them into
+  // the FUSE inode's page cache first, and the request is copied once, into the daemon's reused
+  // buffer (which write-behind adopts). Through the page cache a buffered write costs the writer a
+  // copy into fresh page-cache pages, and the pages then stay cached (options.h, DirectIo; measured
+  // in docs/performance.md). An O_RDWR open gets it only where the kernel can still mmap it
+  // (FUSE_DIRECT_IO_ALLOW_MMAP); its reads then go uncached through the daemon's read-ahead.
+  const bool direct =
+      OpenGetsDirectIo(fs.opts().direct_io, fi->flags, fs.protocol().direct_io_mmap());
+  fi->direct_io = direct ? 1 : 0;
   fi->noflush = 0;
   // Otherwise the kernel copies a write's data into its page cache first and, when the session
   // loop splices, hands us references to those pages (fs/transport/pipe.h). With direct_io or

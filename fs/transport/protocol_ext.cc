@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,14 @@ uint32_t Load32(const char* p) {
 }
 
 void Store32(char* p, uint32_t v) { std::memcpy(p, &v, sizeof(v)); }
+
+uint16_t Load16(const char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+void Store16(char* p, uint16_t v) { std::memcpy(p, &v, sizeof(v)); }
 
 }  // namespace
 
@@ -73,8 +82,29 @@ ssize_t ProtocolExtensions::WriteReply(int fd, iovec* iov, int count) {
             "(protocol 7.{}; enable_uring off?); requests go through /dev/fuse",
             kernel_minor_.load());
       }
-      if (add != 0) {  // both bits live in flags2, which the kernel offered them in
-        Store32(out + wire::kInitOutFlags, our_flags | static_cast<uint32_t>(wire::kInitExt));
+      if (h.error == 0 && wanted_.direct_io_mmap && (offered & wire::kDirectIoAllowMmap)) {
+        add |= wire::kDirectIoAllowMmap;
+        direct_io_mmap_.store(true);
+      } else if (wanted_.direct_io_mmap) {
+        Logger().info(
+            "the kernel (protocol 7.{}) cannot mmap direct_io opens: O_RDWR opens write through "
+            "the page cache, write-only ones from the writer's pages",
+            kernel_minor_.load());
+      }
+      uint32_t flags = our_flags;
+      if (h.error == 0 && wanted_.spare_page && (offered & wire::kMaxPages)) {
+        // libfuse wrote max_write's own page count (or none); one more lets an unaligned buffer
+        // of max_write bytes through whole. The kernel clamps it to its limit.
+        const uint32_t pages = Load32(out + wire::kInitOutMaxWrite) / 4096 + 1;
+        if (pages <= UINT16_MAX && pages > Load16(out + wire::kInitOutMaxPages)) {
+          Store16(out + wire::kInitOutMaxPages, static_cast<uint16_t>(pages));
+          flags |= static_cast<uint32_t>(wire::kMaxPages);
+        }
+      }
+      if (h.error == 0) max_pages_asked_.store(Load16(out + wire::kInitOutMaxPages));
+      if (add != 0) flags |= static_cast<uint32_t>(wire::kInitExt);
+      Store32(out + wire::kInitOutFlags, flags);
+      if (add != 0) {  // every bit we add lives in flags2, which the kernel offered them in
         Store32(out + wire::kInitOutFlags2,
                 Load32(out + wire::kInitOutFlags2) | static_cast<uint32_t>(add >> 32));
       }
@@ -129,7 +159,12 @@ std::string ProtocolExtensions::StatsJson() const {
                         {"io_uring",
                          {{"wanted", wanted_.io_uring},
                           {"offered", (offered_.load() & wire::kOverIoUring) != 0},
-                          {"on", uring()}}}}
+                          {"on", uring()}}},
+                        {"direct_io_allow_mmap",
+                         {{"wanted", wanted_.direct_io_mmap},
+                          {"offered", (offered_.load() & wire::kDirectIoAllowMmap) != 0},
+                          {"on", direct_io_mmap()}}},
+                        {"max_pages_asked", max_pages_asked()}}
       .dump();
 }
 

@@ -10,6 +10,18 @@
 // splice and mmap from the backing file itself, with no request to the daemon and no copy through
 // /dev/fuse (fs/fuse/passthrough.h decides per open).
 //
+// Two more additions to the reply:
+//   - FUSE_DIRECT_IO_ALLOW_MMAP (7.39): opens answered FOPEN_DIRECT_IO may still be mmapped
+//     (MAP_SHARED through the page cache, which the kernel then keeps coherent with the direct
+//     writes). Without it such an mmap fails with ENODEV, so O_RDWR opens get direct_io only with
+//     it (fs/fuse/ops_file.cc).
+//   - max_pages one above max_write's pages: a writer's buffer that is not page-aligned spans
+//     one page more than its length, and with exactly max_write/4 KiB pages the kernel would cut
+//     every max_write-sized write from such a buffer into a long and a 16-byte request, neither
+//     of them in whole pages, so write-behind could not adopt them and copied both. The kernel
+//     clamps max_pages to fs.fuse.max_pages_limit (256 by default): only where that was raised
+//     does this take effect.
+//
 // The kernel agrees to passthrough only when it offered it (the INIT request's flags2), the reply
 // has max_stack_depth in 1..FILESYSTEM_MAX_STACK_DEPTH and no writeback cache. Whether it really
 // did shows at the first BACKING_OPEN: EPERM there means it did not (OpenBacking then turns the
@@ -38,12 +50,15 @@ inline constexpr uint64_t kInitExt = uint64_t{1} << 30;      // FUSE_INIT_EXT: f
 inline constexpr uint64_t kPassthrough = uint64_t{1} << 37;  // FUSE_PASSTHROUGH (in flags2)
 inline constexpr uint64_t kOverIoUring = uint64_t{1} << 41;  // FUSE_OVER_IO_URING (7.42)
 inline constexpr uint64_t kWritebackCache = uint64_t{1} << 16;
-inline constexpr uint32_t kOpenPassthrough = 1u << 7;  // FOPEN_PASSTHROUGH
-inline constexpr uint32_t kOpenDirectIo = 1u << 0;     // FOPEN_DIRECT_IO
+inline constexpr uint64_t kMaxPages = uint64_t{1} << 22;           // FUSE_MAX_PAGES
+inline constexpr uint64_t kDirectIoAllowMmap = uint64_t{1} << 36;  // 7.39, in flags2
+inline constexpr uint32_t kOpenPassthrough = 1u << 7;              // FOPEN_PASSTHROUGH
+inline constexpr uint32_t kOpenDirectIo = 1u << 0;                 // FOPEN_DIRECT_IO
 // Byte offsets in fuse_init_in / fuse_init_out (7.36+ layouts; both 64 bytes from 7.36 on).
 inline constexpr size_t kInitInFlags = 12, kInitInFlags2 = 16;
 inline constexpr size_t kInitOutMinor = 4, kInitOutFlags = 12, kInitOutFlags2 = 32;
 inline constexpr size_t kInitOutMaxStackDepth = 36, kInitOutBytes = 64;
+inline constexpr size_t kInitOutMaxWrite = 20, kInitOutMaxPages = 28;  // u32, u16
 // fuse_open_out from 7.40: the old padding is the backing id.
 struct OpenOut {
   uint64_t fh;
@@ -62,7 +77,9 @@ class ProtocolExtensions {
  public:
   struct Wanted {
     bool passthrough = false;
-    bool io_uring = false;  // the transport is FUSE over io_uring (fs/transport/uring_loop.h)
+    bool io_uring = false;        // the transport is FUSE over io_uring (fs/transport/uring_loop.h)
+    bool direct_io_mmap = false;  // FUSE_DIRECT_IO_ALLOW_MMAP, where the kernel offers it
+    bool spare_page = false;      // max_pages = max_write / 4 KiB + 1 (above)
   };
   ProtocolExtensions() = default;
   // What to ask for at INIT; call before the session loop runs (the daemon knows only after its
@@ -95,6 +112,11 @@ class ProtocolExtensions {
   // FUSE_OVER_IO_URING was in our INIT reply: ring entries may be registered.
   bool uring() const { return uring_.load(); }
   uint32_t kernel_minor() const { return kernel_minor_.load(); }
+  // FUSE_DIRECT_IO_ALLOW_MMAP is in effect: a FOPEN_DIRECT_IO open may be mmapped.
+  bool direct_io_mmap() const { return direct_io_mmap_.load(); }
+  // The max_pages our INIT reply asked for (0 before INIT); the kernel clamps it to
+  // fs.fuse.max_pages_limit.
+  uint32_t max_pages_asked() const { return max_pages_asked_.load(); }
   // {"kernel_protocol": "7.N", "passthrough": {"wanted","offered","on"}}
   std::string StatsJson() const;
 
@@ -107,6 +129,8 @@ class ProtocolExtensions {
   std::atomic<bool> init_replied_{false};
   std::atomic<bool> passthrough_{false};
   std::atomic<bool> uring_{false};
+  std::atomic<bool> direct_io_mmap_{false};
+  std::atomic<uint32_t> max_pages_asked_{0};
   std::atomic<bool> init_done_{false};
 };
 

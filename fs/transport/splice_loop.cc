@@ -21,10 +21,14 @@ constexpr size_t kInlineBytes = sizeof(fuse_in_header) + sizeof(fuse_write_in) +
 
 void SpliceSteering::Note(const fuse_write_in& w) {
   if (w.size < kMinBytes) return;
-  // The kernel sends a WRITE of an O_DIRECT file (fuse_write_in::flags are the file's flags)
-  // from the caller's pages; any other from its page cache. The daemon sets direct_io only when
-  // it does not splice (fs/fuse/ops_file.cc), so under this loop the flag tells them apart.
-  const bool page_cache = (w.flags & O_DIRECT) == 0;
+  // The kernel sends a WRITE of an O_DIRECT file or a direct_io open (fuse_write_in::flags are
+  // the file's flags; the mount's policy maps them to direct_io exactly as the open did) from the
+  // caller's pages, and any other from its page cache -- as it does an mmap's dirty pages
+  // (FUSE_WRITE_CACHE) of any open.
+  const bool mmap_ok = protocol_ != nullptr && protocol_->direct_io_mmap();
+  const bool page_cache = (w.flags & O_DIRECT) == 0 &&
+                          ((w.write_flags & FUSE_WRITE_CACHE) != 0 ||
+                           !OpenGetsDirectIo(direct_io_, static_cast<int>(w.flags), mmap_ok));
   int s = score_.load(std::memory_order_relaxed);
   const int next = page_cache ? std::min(s + 1, kLimit) : std::max(s - 1, -kLimit);
   // A lost race only delays the switch by a request: no retry loop needed.
@@ -32,8 +36,11 @@ void SpliceSteering::Note(const fuse_write_in& w) {
 }
 
 Result<std::unique_ptr<SpliceLoop>> SpliceLoop::Create(fuse_session* se, int threads,
-                                                       size_t adoptable, int64_t max_request) {
-  std::unique_ptr<SpliceLoop> loop(new SpliceLoop(se, threads, adoptable, max_request));
+                                                       size_t adoptable, int64_t max_request,
+                                                       DirectIo direct_io,
+                                                       const ProtocolExtensions* protocol) {
+  std::unique_ptr<SpliceLoop> loop(
+      new SpliceLoop(se, threads, adoptable, max_request, direct_io, protocol));
   DNVME_RETURN_IF_ERROR(loop->Init());
   // Pipes that take any request of max_request bytes (RequestPipeBytes: 512 slots for 1 MiB).
   // Smaller pipes would need a smaller max_write, which splits 1 MiB client writes in two and

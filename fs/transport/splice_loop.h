@@ -30,10 +30,16 @@ class SpliceSteering {
   static constexpr int kLimit = 8;
   static constexpr uint32_t kMinBytes = 64 << 10;
 
+  // `direct_io`: the mount's policy, which says from the file's flags whether the kernel sent a
+  // WRITE from the caller's pages; `protocol`: whether O_RDWR opens may be direct_io (null: no).
+  SpliceSteering(DirectIo direct_io, const ProtocolExtensions* protocol)
+      : direct_io_(direct_io), protocol_(protocol) {}
   void Note(const fuse_write_in& w);
   bool splice_next() const { return score_.load(std::memory_order_relaxed) > 0; }
 
  private:
+  const DirectIo direct_io_;
+  const ProtocolExtensions* const protocol_;
   std::atomic<int> score_{1};
 };
 
@@ -41,14 +47,17 @@ class SpliceLoop final : public SessionLoop {
  public:
   // EPERM (and friends) when the pipes cannot be sized: the caller falls back to ReadLoop.
   static Result<std::unique_ptr<SpliceLoop>> Create(fuse_session* se, int threads, size_t adoptable,
-                                                    int64_t max_request);
+                                                    int64_t max_request, DirectIo direct_io,
+                                                    const ProtocolExtensions* protocol);
   Kind kind() const override { return Kind::kSplice; }
   std::string Describe() const override;
   std::string StatsJson() const override;
   std::optional<uint32_t> WriteFlags(const fuse_bufvec& bufv) const override;
 
  private:
-  using SessionLoop::SessionLoop;
+  SpliceLoop(fuse_session* se, int threads, size_t adoptable, int64_t max_request,
+             DirectIo direct_io, const ProtocolExtensions* protocol)
+      : SessionLoop(se, threads, adoptable, max_request), steering_(direct_io, protocol) {}
   Result<Received> Receive(size_t index, Receiver& r, fuse_buf* buf) override;
   Status AfterDispatch(size_t index, const fuse_buf& buf) override;
 

@@ -58,7 +58,7 @@ Result<std::unique_ptr<Transport>> CreateTransportKind(fuse_session* se,
     Logger().warn("-o io_uring=1: {}; requests go through /dev/fuse", u.status().ToString());
   }
   if (o.splice) {
-    auto s = SpliceLoop::Create(se, o.threads, o.adoptable, o.max_request);
+    auto s = SpliceLoop::Create(se, o.threads, o.adoptable, o.max_request, o.direct_io, o.protocol);
     if (s.ok()) return std::unique_ptr<Transport>(std::move(s).value());
     Logger().warn(
         "receiving FUSE requests with read(2), not splice: {}. Page-cache writes are then "

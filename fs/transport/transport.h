@@ -33,6 +33,7 @@
 #include <string>
 
 #include "dnvme/status.h"
+#include "fs/options.h"
 #include "fs/transport/protocol_ext.h"
 #include "fs/transport/request_buffer.h"
 
@@ -85,6 +86,8 @@ struct TransportOptions {
   ProtocolExtensions* protocol = nullptr;  // set_protocol
   bool io_uring = false;                   // ask for kUring
   int uring_threads = 4;                   // kUring: ring threads per queue (CPU)
+  // kSplice steers by which WRITEs come from the page cache: the mount's direct_io policy says.
+  DirectIo direct_io = DirectIo::kOff;
 };
 
 // Creates the transport for `se`. Call before the daemon drops its capabilities: the splice

@@ -66,7 +66,14 @@ uint32_t At(const std::vector<char>& bytes, size_t off) {
   return v;
 }
 
-// Sends libfuse's INIT reply (flags `our_flags`) through `ext`, returns what reached the device.
+uint16_t At16(const std::vector<char>& bytes, size_t off) {
+  uint16_t v;
+  std::memcpy(&v, bytes.data() + sizeof(fuse_out_header) + off, 2);
+  return v;
+}
+
+// Sends libfuse's INIT reply (flags `our_flags`, max_write and max_pages as libfuse 3.14 sets them
+// for 1 MiB) through `ext`, returns what reached the device.
 std::vector<char> SendInitReply(ProtocolExtensions& ext, uint32_t our_flags, int32_t error = 0) {
   PipeDevice dev;
   Reply r;
@@ -74,6 +81,10 @@ std::vector<char> SendInitReply(ProtocolExtensions& ext, uint32_t our_flags, int
   r.h.error = error;
   r.h.unique = 2;
   std::memcpy(r.out + wire::kInitOutFlags, &our_flags, 4);
+  const uint32_t max_write = 1 << 20;
+  const uint16_t max_pages = 256;
+  std::memcpy(r.out + wire::kInitOutMaxWrite, &max_write, 4);
+  std::memcpy(r.out + wire::kInitOutMaxPages, &max_pages, 2);
   iovec iov[2] = {{&r.h, sizeof(r.h)}, {r.out, sizeof(r.out)}};
   EXPECT_EQ(ext.WriteReply(dev.write_fd(), iov, 2), static_cast<ssize_t>(sizeof(r)));
   return dev.ReadAll(sizeof(r));
@@ -149,6 +160,47 @@ TEST(ProtocolExtensionsTest, OnlyTheFirstReplyIsTouchedAndOtherRequestsAreIgnore
   auto sent = SendInitReply(ext, 0);
   EXPECT_EQ(At(sent, wire::kInitOutFlags2), 0u);
   EXPECT_EQ(At(sent, wire::kInitOutMaxStackDepth), 0u);
+}
+
+// direct_io opens that may be mmapped (7.39) and one page above max_write's for unaligned
+// buffers: each only where the kernel offered it, and nothing else of the reply changes.
+TEST(ProtocolExtensionsTest, AddsDirectIoMmapAndASparePageWhereOffered) {
+  {
+    ProtocolExtensions ext;
+    ext.Want({.direct_io_mmap = true, .spare_page = true});
+    auto req = InitRequest(45, wire::kInitExt | wire::kMaxPages | wire::kDirectIoAllowMmap);
+    ext.ObserveRequest(req.data(), req.size());
+    auto sent = SendInitReply(ext, static_cast<uint32_t>(wire::kMaxPages));
+    EXPECT_TRUE(At(sent, wire::kInitOutFlags) & wire::kInitExt);
+    EXPECT_TRUE(At(sent, wire::kInitOutFlags) & wire::kMaxPages);
+    EXPECT_EQ(At(sent, wire::kInitOutFlags2),
+              static_cast<uint32_t>(wire::kDirectIoAllowMmap >> 32));
+    EXPECT_EQ(At16(sent, wire::kInitOutMaxPages), 257u);
+    EXPECT_EQ(At(sent, wire::kInitOutMaxWrite), 1u << 20) << "max_write is libfuse's";
+    EXPECT_EQ(At(sent, wire::kInitOutMaxStackDepth), 0u) << "no passthrough was asked for";
+    EXPECT_TRUE(ext.direct_io_mmap());
+    EXPECT_EQ(ext.max_pages_asked(), 257u);
+  }
+  {
+    ProtocolExtensions ext;  // a kernel before 6.6 offers neither FUSE_DIRECT_IO_ALLOW_MMAP ...
+    ext.Want({.direct_io_mmap = true, .spare_page = true});
+    auto req = InitRequest(38, wire::kInitExt);  // ... nor (here) FUSE_MAX_PAGES
+    ext.ObserveRequest(req.data(), req.size());
+    auto sent = SendInitReply(ext, 0);
+    EXPECT_EQ(At(sent, wire::kInitOutFlags), 0u);
+    EXPECT_EQ(At(sent, wire::kInitOutFlags2), 0u);
+    EXPECT_EQ(At16(sent, wire::kInitOutMaxPages), 256u);
+    EXPECT_FALSE(ext.direct_io_mmap());
+  }
+  {
+    ProtocolExtensions ext;  // offered but not wanted (direct_io=off)
+    auto req = InitRequest(45, wire::kInitExt | wire::kMaxPages | wire::kDirectIoAllowMmap);
+    ext.ObserveRequest(req.data(), req.size());
+    auto sent = SendInitReply(ext, static_cast<uint32_t>(wire::kMaxPages));
+    EXPECT_EQ(At(sent, wire::kInitOutFlags2), 0u);
+    EXPECT_EQ(At16(sent, wire::kInitOutMaxPages), 256u);
+    EXPECT_FALSE(ext.direct_io_mmap());
+  }
 }
 
 TEST(ProtocolExtensionsTest, BackingOpenWithoutPassthroughIsRefusedWithoutAnIoctl) {

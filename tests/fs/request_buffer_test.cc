@@ -172,7 +172,7 @@ fuse_write_in Write(uint32_t size, bool o_direct) {
 }
 
 TEST(SpliceSteeringTest, StartsSplicingAndFollowsTheLargeWritesItSees) {
-  SpliceSteering s;
+  SpliceSteering s(DirectIo::kOff, nullptr);
   EXPECT_TRUE(s.splice_next());
   s.Note(Write(1 << 20, /*o_direct=*/true));
   EXPECT_FALSE(s.splice_next()) << "one O_DIRECT writer's request flips a fresh loop to read(2)";
@@ -185,8 +185,33 @@ TEST(SpliceSteeringTest, StartsSplicingAndFollowsTheLargeWritesItSees) {
   EXPECT_TRUE(s.splice_next());
 }
 
+// Under direct_io the kernel sends a write-only open's WRITEs from the caller's pages too (no
+// O_DIRECT in the flags): the policy, not the flag, tells the loop. An mmap's dirty pages
+// (FUSE_WRITE_CACHE) come from the page cache whatever the open.
+TEST(SpliceSteeringTest, DirectIoOpensCountAsCallersPages) {
+  SpliceSteering s(DirectIo::kWriteOnly, nullptr);
+  s.Note(Write(1 << 20, /*o_direct=*/false));  // O_WRONLY: direct_io under kWriteOnly
+  EXPECT_FALSE(s.splice_next());
+  fuse_write_in rdwr = Write(1 << 20, false);
+  rdwr.flags = O_RDWR;  // not direct_io under kWriteOnly: page cache
+  for (int i = 0; i < 2; ++i) s.Note(rdwr);
+  EXPECT_TRUE(s.splice_next());
+  SpliceSteering w(DirectIo::kWritable, nullptr);  // no protocol: O_RDWR cannot be direct_io
+  for (int i = 0; i < 3; ++i) w.Note(rdwr);
+  EXPECT_TRUE(w.splice_next());
+  w.Note(Write(1 << 20, false));
+  w.Note(Write(1 << 20, false));
+  w.Note(Write(1 << 20, false));
+  w.Note(Write(1 << 20, false));
+  EXPECT_FALSE(w.splice_next());
+  fuse_write_in mmap_page = Write(1 << 20, false);
+  mmap_page.write_flags = FUSE_WRITE_CACHE;
+  for (int i = 0; i < 2; ++i) w.Note(mmap_page);
+  EXPECT_TRUE(w.splice_next());
+}
+
 TEST(SpliceSteeringTest, SmallWritesSayNothing) {
-  SpliceSteering s;
+  SpliceSteering s(DirectIo::kOff, nullptr);
   for (int i = 0; i < 100; ++i) s.Note(Write(SpliceSteering::kMinBytes - 1, true));
   EXPECT_TRUE(s.splice_next());
 }

@@ -550,8 +550,9 @@ class BadInvocationTest(Base):
                  "direct=sometimes", "log_level=loud", "write_behind=-1", "read_ahead=1X",
                  "config=" + os.path.join(self.scratch.path, "missing.json"), "config=" + badcfg,
                  "no_such_option", "no_such_key=3", "loop_threads=0", "loop_threads=65",
-                 "loop_threads=x", "splice_read=maybe", "max_request=0", "max_request=5000",
-                 "max_request=32M", "max_request=2M,clone_fd=1"]
+                 "loop_threads=x", "splice_read=maybe", "direct_io=sometimes", "direct_io",
+                 "max_request=0", "max_request=5000", "max_request=32M",
+                 "max_request=2M,clone_fd=1"]
         for opt in cases:
             for fg in (["-f"], []):
                 with self.subTest(option=opt, mode=fg):
@@ -572,11 +573,17 @@ class BadInvocationTest(Base):
                 self._expect_usage_error(args, what, one_line=True)
 
 
-# The same crash and disk-sync tests over the other two transports: requests read(2) (write
-# payloads adopted from the receive buffers; READ replies spliced, -o splice_reply) and libfuse's
-# own loop (clone_fd: payloads copied).
+# The same crash and disk-sync tests over the other transports and write paths. The default
+# reads requests and takes writers' data from their own pages (-o direct_io=writable); with
+# writers through the page cache (direct_io=off) requests are spliced (page references kept in
+# write-behind pipes) or, with splice_read=0, read(2) into buffers write-behind adopts (READ
+# replies spliced there, -o splice_reply); libfuse's own loop (clone_fd) copies the payloads.
 class CrashReadTransportTest(CrashTest):
-    TRANSPORT = ("splice_read=0", "splice_reply=1")
+    TRANSPORT = ("direct_io=off", "splice_read=0", "splice_reply=1")
+
+
+class CrashSpliceTransportTest(CrashTest):
+    TRANSPORT = ("direct_io=off",)
 
 
 class CrashLibfuseTransportTest(CrashTest):
@@ -584,7 +591,11 @@ class CrashLibfuseTransportTest(CrashTest):
 
 
 class DiskSyncReadTransportTest(DiskSyncTest):
-    TRANSPORT = ("splice_read=0", "splice_reply=1")
+    TRANSPORT = ("direct_io=off", "splice_read=0", "splice_reply=1")
+
+
+class DiskSyncSpliceTransportTest(DiskSyncTest):
+    TRANSPORT = ("direct_io=off",)
 
 
 class DiskSyncLibfuseTransportTest(DiskSyncTest):

@@ -548,14 +548,32 @@ class ModelSmallBuffersTest(ModelTest):
 
 
 class ModelReadReceiveTest(ModelTest):
-    """Requests read(2) into the daemon instead of spliced (the mode of a daemon that cannot
-    size 2 MiB pipes): aligned write payloads are written from the buffers they were received in
+    """Page-cache writers (-o direct_io=off) with requests read(2) into the daemon instead of
+    spliced (the mode of such a daemon that cannot size 2 MiB pipes): aligned write payloads are written from the buffers they were received in
     (fs/transport/request_buffer.h), nothing goes through the splice writer. Two loop threads only: no
     handler may wait for another request to be served. READ replies are spliced (-o
     splice_reply=1) here, written by writev in the other runs; no passthrough, so read-only opens
     are read by the daemon too."""
-    MOUNT_OPTIONS = ("splice_read=0", "loop_threads=2", "splice_reply=1", "passthrough=off")
+    MOUNT_OPTIONS = ("direct_io=off", "splice_read=0", "loop_threads=2", "splice_reply=1",
+                     "passthrough=off")
     BUDGET_FACTOR = 0.5
+
+
+class ModelPageCacheSpliceTest(ModelTest):
+    """Writers through the kernel's page cache (-o direct_io=off), whose WRITEs the loop then
+    splices: page references go from the request pipe to write-behind pipes and on to the disk
+    with no copy in the daemon (fs/data/splice_io.h). The main run gives every open for writing
+    direct_io (the default) and reads requests."""
+    MOUNT_OPTIONS = ("direct_io=off",)
+    BUDGET_FACTOR = 0.5
+
+
+class ModelWriteOnlyDirectTest(ModelTest):
+    """direct_io for write-only opens only, spliced requests on: O_RDWR opens write through the
+    page cache (spliced), O_WRONLY ones from the callers' pages, and the loop steers between
+    splice and read(2) by the policy (SpliceSteering)."""
+    MOUNT_OPTIONS = ("direct_io=wronly", "splice_read=1")
+    BUDGET_FACTOR = 0.3
 
 
 class ModelLibfuseTransportTest(ModelTest):

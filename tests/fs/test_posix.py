@@ -954,6 +954,87 @@ class ParallelWritersTest(mh.MountedTestCase):
                                   "backing pw%d" % i)
 
 
+class DirectIoWritesTest(unittest.TestCase):
+    """-o direct_io (fs/options.h): which opens hand the daemon the writer's own pages. Told
+    apart by the request sizes the kernel sends for one 1 MiB write(2) at file offset 0 from a
+    buffer 16 bytes into a page: through the page cache that is 256 whole pages, one 1 MiB
+    request; from the writer's pages it is 257 pages, which the kernel sends whole only where
+    fs.fuse.max_pages_limit lets the mount's spare page through (fs/transport/protocol_ext.h),
+    and otherwise as 1 MiB - 16 bytes plus 16. Every case mounts anew with the limit set for it
+    (and put back), then checks the bytes in BACKING_DIR."""
+    LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
+
+    @classmethod
+    def setUpClass(cls):
+        reason = mh.skip_reason(need_root=True)
+        if reason:
+            raise unittest.SkipTest(reason)
+        if not os.access(cls.LIMIT, os.W_OK):
+            raise unittest.SkipTest("%s is not writable here: the request sizes this test "
+                                    "tells the write paths apart by depend on it" % cls.LIMIT)
+        with open(cls.LIMIT) as f:
+            cls.saved_limit = int(f.read())
+
+    def setUp(self):
+        self.scratch = mh.Scratch(type(self).__name__)
+        self.addCleanup(self.scratch.cleanup)
+        self.addCleanup(self.set_limit, self.saved_limit)
+        self.buf = mmap.mmap(-1, 2 * MiB)
+        self.addCleanup(self.buf.close)
+        self.data = os.urandom(MiB)
+        self.buf[16:16 + MiB] = self.data
+
+    def set_limit(self, pages):
+        with open(self.LIMIT, "w") as f:
+            f.write(str(pages))
+
+    def write_once(self, options, limit, flags, name):
+        """Mounts with `options` under max_pages_limit `limit`, writes the 1 MiB once through an
+        open with `flags`, checks BACKING_DIR, returns the mount's stats."""
+        self.set_limit(limit)
+        with mh.Mount(self.scratch.backing, self.scratch.mnt, options=options):
+            fd = os.open(os.path.join(self.scratch.mnt, name), flags | os.O_CREAT, 0o644)
+            try:
+                with memoryview(self.buf) as mv:
+                    self.assertEqual(os.write(fd, mv[16:16 + MiB]), MiB)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            st = mh.stats(self.scratch.mnt)
+        with open(os.path.join(self.scratch.backing, name), "rb") as f:
+            self.assertTrue(f.read() == self.data, "BACKING_DIR holds the write (%s)" % name)
+        return st
+
+    def test_default_sends_writers_pages_for_every_open_for_writing(self):
+        st = self.write_once((), 256, os.O_WRONLY, "wronly")
+        self.assertEqual(st["mount"]["direct_io"], "writable")
+        self.assertFalse(st["mount"]["splice_read"], "nothing to splice for: requests are read")
+        self.assertEqual(st["fuse"]["largest_write"], MiB - 16, "the writer's 257 pages, split")
+        st = self.write_once((), 256, os.O_RDWR, "rdwr")
+        if not st["kernel"]["direct_io_allow_mmap"]["on"]:
+            self.assertEqual(st["fuse"]["largest_write"], MiB, "no mmap of direct_io opens "
+                             "in this kernel: O_RDWR goes through the page cache")
+            self.skipTest("the kernel does not offer FUSE_DIRECT_IO_ALLOW_MMAP (before 6.6)")
+        self.assertEqual(st["fuse"]["largest_write"], MiB - 16, "O_RDWR: the writer's pages")
+
+    def test_spare_page_lets_an_unaligned_buffer_through_whole(self):
+        st = self.write_once((), 257, os.O_RDWR, "whole")
+        self.assertEqual(st["kernel"]["max_pages_asked"], 257)
+        self.assertEqual(st["fuse"]["largest_write"], MiB)
+        self.assertEqual(st["fuse"]["write_ops"], 1, st["fuse"])
+        self.assertEqual(st["fuse"]["bytes_written_adopted"], MiB,
+                         "received page-aligned in whole pages: written from the request buffer")
+
+    def test_off_and_wronly_keep_the_page_cache(self):
+        st = self.write_once(("direct_io=off",), 256, os.O_WRONLY, "off")
+        self.assertEqual(st["mount"]["direct_io"], "off")
+        self.assertEqual(st["fuse"]["largest_write"], MiB, "page cache: 256 whole pages")
+        st = self.write_once(("direct_io=wronly",), 256, os.O_RDWR, "wronly-rdwr")
+        self.assertEqual(st["fuse"]["largest_write"], MiB, "O_RDWR under wronly: page cache")
+        st = self.write_once(("direct_io=wronly",), 256, os.O_WRONLY, "wronly-wronly")
+        self.assertEqual(st["fuse"]["largest_write"], MiB - 16, "O_WRONLY: the writer's pages")
+
+
 class ReadOnlyMountTest(mh.MountedTestCase):
     MOUNT_OPTIONS = ("ro",)
 

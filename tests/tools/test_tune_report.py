@@ -420,10 +420,12 @@ class ReportTest(unittest.TestCase):
                     "mount_peak_bytes"],
         "fuse_device": ["present", "mode", "openable", "users_can_mount"],
         "fusermount3": ["path", "setuid_root"],
-        "fuse_max_pages": ["max_pages_limit", "libfuse_max_pages", "max_request_bytes"],
+        "fuse_max_pages": ["max_pages_limit", "libfuse_max_pages", "max_request_bytes",
+                           "mount_max_pages", "unaligned_writes_whole"],
         "fuse_kernel": ["io_uring_offered", "io_uring_enabled", "passthrough_offered",
                         "writeback_cache_offered", "used"],
-        "splice_pipes": ["pipe_max_size", "cap_sys_resource", "request_pipe_bytes"],
+        "splice_pipes": ["pipe_max_size", "cap_sys_resource", "request_pipe_bytes",
+                         "splice_possible"],
         "capabilities": ["uid", "cap_ipc_lock", "cap_sys_admin", "cap_setuid", "cap_dac_override"],
         "gpu": ["built_with_cuda", "cuda_runtime_version", "nvidia_driver", "device_count",
                 "devices", "reason"],
@@ -521,6 +523,11 @@ class ReportTest(unittest.TestCase):
                 self.assertEqual(m["max_pages_limit"], int(fh.read()))
         self.assertEqual(m["max_request_bytes"],
                          min(m["max_pages_limit"] or 256, 256) * os.sysconf("SC_PAGE_SIZE"))
+        # A mount asks for one spare page: 1 MiB from an unaligned buffer is 257 pages.
+        self.assertEqual(m["mount_max_pages"], 257)
+        self.assertEqual(m["unaligned_writes_whole"], (m["max_pages_limit"] or 256) >= 257)
+        self.assertIn("arrive whole" if m["unaligned_writes_whole"] else "arrive split",
+                      m["summary"])
 
     def test_fuse_kernel(self):
         # What the kernel offers, read here independently: the module parameter and the config.
@@ -547,8 +554,11 @@ class ReportTest(unittest.TestCase):
         # A mount's default: passthrough for read-only opens where offered and allowed.
         want_pt = None if k["passthrough_offered"] is None else \
             (k["passthrough_offered"] and k["cap_sys_admin"])
+        release = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", os.uname().release).groups())
+        self.assertEqual(k["direct_io_allow_mmap_offered"], release >= (6, 6))
         self.assertEqual(k["used"], {"io_uring": False, "passthrough": want_pt,
-                                     "writeback_cache": False})
+                                     "writeback_cache": False,
+                                     "direct_io": "writable" if release >= (6, 6) else "wronly"})
         if want_pt:
             self.assertIn("passthrough=off|direct|read|all", k["summary"])
 
@@ -561,7 +571,10 @@ class ReportTest(unittest.TestCase):
         # The report runs as a child of this process with the same capabilities.
         self.assertEqual(s["cap_sys_resource"], bool(eff & (1 << 24)))  # CAP_SYS_RESOURCE
         self.assertEqual(s["request_pipe_bytes"], 2 << 20)
-        self.assertEqual(s["ok"], s["cap_sys_resource"] or s["pipe_max_size"] >= 2 << 20)
+        self.assertEqual(s["splice_possible"],
+                         s["cap_sys_resource"] or s["pipe_max_size"] >= 2 << 20)
+        self.assertTrue(s["ok"], "a default mount does not splice: informational")
+        self.assertIn("direct_io=writable", s["summary"])
 
     def test_gpu(self):
         g = self.checks["gpu"]

@@ -345,8 +345,11 @@ Check CheckFusermount() {
 Check CheckFuseMaxPages() {
   Check c;
   c.name = "fuse_max_pages";
-  // libfuse 3.14 asks for at most 256 pages (1 MiB) per request whatever the kernel allows.
+  // libfuse 3.14 asks for at most 256 pages (1 MiB) per request whatever the kernel allows; a
+  // dnvmefs mount asks for one page more (fs/transport/protocol_ext.h), so that a 1 MiB write
+  // from a buffer that is not page-aligned (257 pages) arrives in one request, not two.
   constexpr int64_t kLibfusePages = 256;
+  constexpr int64_t kMountPages = kLibfusePages + 1;
   const int64_t limit = ReadInt("/proc/sys/fs/fuse/max_pages_limit", -1);
   const int64_t kernel = limit > 0 ? limit : kLibfusePages;  // before 6.13: fixed 256
   const int64_t used = std::min(kernel, kLibfusePages);
@@ -354,11 +357,19 @@ Check CheckFuseMaxPages() {
   c.values["max_pages_limit"] = limit > 0 ? Json(limit) : Json(nullptr);
   c.values["libfuse_max_pages"] = kLibfusePages;
   c.values["max_request_bytes"] = used * page;
+  c.values["mount_max_pages"] = kMountPages;
+  c.values["unaligned_writes_whole"] = kernel >= kMountPages;
   c.ok = used >= kLibfusePages;
   c.summary = fmt::format(
-      "kernel max_pages_limit {}; requests of up to {} (libfuse 3.14 asks for 256 pages)",
-      limit > 0 ? std::to_string(limit) : "not exposed (256 built in)", FormatBytes(used * page));
-  if (!c.ok) c.fix = "sysctl -w fs.fuse.max_pages_limit=256 for 1 MiB requests";
+      "kernel max_pages_limit {}; requests of up to {} (libfuse 3.14 asks for 256 pages); {}",
+      limit > 0 ? std::to_string(limit) : "not exposed (256 built in)", FormatBytes(used * page),
+      kernel >= kMountPages
+          ? "1 MiB writes from buffers that are not page-aligned arrive whole (257 pages)"
+          : fmt::format(
+                "1 MiB writes from buffers that are not page-aligned arrive split in two "
+                "and the daemon copies them{}",
+                limit > 0 ? " (sysctl -w fs.fuse.max_pages_limit=257 lets them through)" : ""));
+  if (!c.ok) c.fix = "sysctl -w fs.fuse.max_pages_limit=257 for 1 MiB requests";
   return c;
 }
 
@@ -385,6 +396,14 @@ std::string KernelConfig(const std::string& option) {
     return text.substr(at + set.size() - 1, 1);
   }
   return "n";
+}
+
+// Whether the running kernel's release is at least major.minor (false when uname fails).
+bool KernelAtLeast(int major, int minor) {
+  struct utsname u {};
+  int ma = 0, mi = 0;
+  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
 }
 
 // Whether `v` is in the set `set` (effective unless said) of `caps`.
@@ -424,8 +443,14 @@ Check CheckFuseKernel() {
   c.values["cap_sys_admin"] = sys_admin;
   const Json& pt = c.values["passthrough_offered"];
   const Json pt_used = pt.is_null() ? Json(nullptr) : Json(pt.get<bool>() && sys_admin);
-  c.values["used"] =
-      Json{{"io_uring", false}, {"passthrough", pt_used}, {"writeback_cache", false}};
+  // direct_io opens that may still be mmapped (FUSE_DIRECT_IO_ALLOW_MMAP) came with 6.6: a mount
+  // gives every open for writing direct_io there, and write-only ones elsewhere (fs/options.h).
+  const bool dio_mmap = KernelAtLeast(6, 6);
+  c.values["direct_io_allow_mmap_offered"] = dio_mmap;
+  c.values["used"] = Json{{"io_uring", false},
+                          {"passthrough", pt_used},
+                          {"writeback_cache", false},
+                          {"direct_io", dio_mmap ? "writable" : "wronly"}};
   auto state = [](const Json& v) {
     return v.is_null() ? std::string("unknown (no kernel config readable)")
                        : std::string(v.get<bool>() ? "offered" : "not in this kernel");
@@ -444,9 +469,11 @@ Check CheckFuseKernel() {
   }
   c.summary = fmt::format(
       "FUSE over io_uring {} (a mount uses it with -o io_uring=1; off by default: measured "
-      "mixed, docs/performance.md); passthrough {}; writeback cache offered, not used "
-      "(measured slower: docs/performance-journal.md)",
-      uring_text, pt_text);
+      "mixed, docs/performance.md); passthrough {}; writers' own pages (direct_io) for {} "
+      "(-o direct_io=off|wronly|writable){}; writeback cache offered, not used (measured "
+      "slower: docs/performance-journal.md)",
+      uring_text, pt_text, dio_mmap ? "every open for writing" : "write-only opens",
+      dio_mmap ? "" : " (mmap of direct_io opens needs kernel 6.6)");
   return c;
 }
 
@@ -465,20 +492,24 @@ Check CheckSplicePipes() {
   c.values["cap_sys_resource"] = sys_resource;
   const int64_t need = DefaultMountRequirements().request_pipe_bytes;
   c.values["request_pipe_bytes"] = need;
-  c.ok = sys_resource || max >= need;
-  c.summary = c.ok ? fmt::format(
-                         "a daemon started here gets {} request pipes ({}): page-cache writes go "
-                         "to disk without a copy in the daemon; -o splice_reply=1 sends READ "
-                         "replies from such pipes too (off by default: measured no faster)",
-                         FormatBytes(need),
-                         sys_resource ? "CAP_SYS_RESOURCE" : "fs.pipe-max-size " + FormatBytes(max))
-                   : fmt::format(
-                         "fs.pipe-max-size {} and no CAP_SYS_RESOURCE: dnvmefs reads requests "
-                         "instead of splicing them (one more copy per written byte)",
-                         max >= 0 ? FormatBytes(max) : std::string("unknown"));
-  if (!c.ok) {
-    c.fix = "sysctl -w fs.pipe-max-size=2097152 before mounting (it may go back afterwards)";
-  }
+  const bool possible = sys_resource || max >= need;
+  c.values["splice_possible"] = possible;
+  // A mount splices by default only when writers go through the page cache (-o direct_io=off or
+  // wronly): with the default direct_io=writable, writes come from the writers' own pages, which
+  // splicing could only copy (fs/options.h). So this is informational.
+  c.ok = true;
+  c.summary = fmt::format(
+      "not needed by default (-o direct_io=writable reads requests); with -o direct_io=off|wronly "
+      "a daemon started here {}",
+      possible
+          ? fmt::format("gets {} request pipes ({}): page-cache writes go to disk without a "
+                        "copy in the daemon",
+                        FormatBytes(need),
+                        sys_resource ? "CAP_SYS_RESOURCE" : "fs.pipe-max-size " + FormatBytes(max))
+          : fmt::format("reads requests instead of splicing them: fs.pipe-max-size {} and "
+                        "no CAP_SYS_RESOURCE (sysctl -w fs.pipe-max-size=2097152 before "
+                        "mounting)",
+                        max >= 0 ? FormatBytes(max) : std::string("unknown")));
   return c;
 }
 
