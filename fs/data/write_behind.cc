@@ -174,10 +174,35 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
   bool splice_ok = true;  // cleared if a pipe refuses the request's pages
   // The whole payload, page-aligned in the buffer the session loop received it in, for a
   // page-aligned file range: that buffer can be written as it is (fs/transport/request_buffer.h).
-  bool adopt_ok = size >= kAdoptMinBytes && src.adoptable() && size % kAlign == 0 &&
-                  off % kAlign == 0 && static_cast<int64_t>(size) <= write_chunk;
+  // A payload that ends inside a page is adopted too when its buffer has room for the rest of
+  // that page: the kernel cuts a write from a buffer that is not page-aligned at max_pages, and
+  // the piece after the cut, the next request, completes the page there (below).
+  const size_t partial = size % kAlign;
+  bool adopt_ok = size >= kAdoptMinBytes && src.adoptable() && off % kAlign == 0 &&
+                  static_cast<int64_t>(size) <= write_chunk &&
+                  (partial == 0 || src.adoptable_spare() >= kAlign - partial);
   while (done < size) {
     const int64_t pos = off + static_cast<int64_t>(done);
+    // The adopted extent's last payload ends inside a page and this write continues it: its
+    // bytes go into the room after that payload (one small copy) rather than making the extent
+    // flush with a partial page and this write wait for it (an unaligned start is synchronous).
+    if (ext_.kind == Kind::kAdopted && pos == ext_.start + ext_.len && ext_.len % kAlign != 0) {
+      RequestBuffer& last = ext_.bufs.back();
+      const size_t n = std::min({size - done, last.spare(),
+                                 static_cast<size_t>(kAlign - ext_.len % kAlign)});
+      if (n > 0) {
+        if (!src.CopyTo(last.spare_data(), n)) {
+          return Status::FromErrno(errno, "completing an adopted payload's page");
+        }
+        last.Grow(n);
+        ext_.len += static_cast<int64_t>(n);
+        done += n;
+        end_ = std::max(end_, ext_.start + ext_.len);
+        next_ = ext_.start + ext_.len;
+        if (ext_.len >= write_chunk) FlushLocked();
+        continue;
+      }
+    }
     // Page references can go straight to an O_DIRECT write only when they are whole pages at
     // page-aligned file offsets of a file the engine opened with O_DIRECT.
     const bool spliceable = splice_ok && shared_->pipes && page_cache_writes && src.in_pipe() &&

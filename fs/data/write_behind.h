@@ -14,6 +14,9 @@
 //             requests of page-cache writers): flushed by the splice writer with no copy at all;
 //   kAdopted  the request buffers themselves (payloads of 256 KiB and more that the session loop
 //             received page-aligned, fs/transport/request_buffer.h): one engine write per buffer.
+//             The last payload may end inside a page (a writer's buffer that is not page-aligned,
+//             cut by the kernel at max_pages); the write that continues it completes that page
+//             in the buffer's spare bytes, so the extent goes on at an aligned offset.
 // Extents start at 4 KiB-aligned file offsets so their flushes stay O_DIRECT. Two extents that
 // overlap never fly at once (O_DIRECT writes complete in any order).
 //

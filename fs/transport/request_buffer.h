@@ -61,6 +61,15 @@ class RequestBuffer {
   // The adopted payload inside the buffer (null before adoption).
   const char* payload() const { return payload_; }
   size_t payload_size() const { return payload_size_; }
+  // Bytes of the buffer after the adopted payload (0 before adoption).
+  size_t spare() const {
+    return payload_ == nullptr ? 0 : size_ - static_cast<size_t>(payload_ - data_) - payload_size_;
+  }
+  // Where the spare bytes start, and the payload's growth into them once written: a payload the
+  // kernel cut short inside a page is completed by the next request's bytes. Only the owner, while
+  // the buffer is not in flight.
+  char* spare_data() { return data_ + (payload_ - data_) + payload_size_; }
+  void Grow(size_t n) { payload_size_ += n; }
   void Reset();
 
  private:
@@ -99,6 +108,8 @@ class RequestBufferPool : public std::enable_shared_from_this<RequestBufferPool>
   // The Receiver whose buffer holds [p, p + n) whole; null when none does: memory that is not
   // the pool's, a buffer nobody receives into (adopted, idle), a range crossing its end.
   Receiver* HolderOf(const char* p, size_t n) const;
+  // Bytes of the buffer holding [p, p + n) after that range; 0 when no pool buffer holds it.
+  size_t SpareAfter(const char* p, size_t n) const;
   // Hands the buffer that holds the payload [p, p + n) from its Receiver to the caller (the
   // buffer then names the payload) and lends the Receiver a replacement. Empty, and nothing
   // changes, when no Receiver holds such a buffer or no replacement is free.

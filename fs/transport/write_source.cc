@@ -46,6 +46,13 @@ bool WriteSource::adoptable() const {
          pool_->HolderOf(rest, n) != nullptr;
 }
 
+size_t WriteSource::adoptable_spare() const {
+  if (!adoptable()) return 0;
+  size_t n = 0;
+  const char* rest = RestInMemory(&n);
+  return pool_->SpareAfter(rest, n);
+}
+
 RequestBuffer WriteSource::Adopt(size_t n) {
   if (!adoptable()) return {};
   size_t left = 0;

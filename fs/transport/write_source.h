@@ -35,6 +35,9 @@ class WriteSource {
   // True when the rest of the request is one page-aligned piece of a buffer the transport
   // received it in: Adopt can take it.
   bool adoptable() const;
+  // Bytes after the rest of the request in the buffer Adopt would take (0 when not adoptable):
+  // room for the next request to complete a payload the kernel cut inside a page.
+  size_t adoptable_spare() const;
   // The rest of the request (exactly `n` bytes) when it is one piece of memory, marked consumed;
   // null otherwise. Valid until the handler returns.
   const char* InMemory(size_t n);

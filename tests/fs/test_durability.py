@@ -612,6 +612,33 @@ class DiskSyncPassthroughAllTest(DiskSyncTest):
     TRANSPORT = ("passthrough=all",)
 
 
+# The other passthrough policies (the default, read, is the main run) and the middle direct_io
+# policy, with spliced requests: O_RDWR writers through the page cache, write-only ones from their
+# own pages.
+class CrashPassthroughOffTest(CrashTest):
+    TRANSPORT = ("passthrough=off",)
+
+
+class DiskSyncPassthroughOffTest(DiskSyncTest):
+    TRANSPORT = ("passthrough=off",)
+
+
+class CrashPassthroughDirectTest(CrashTest):
+    TRANSPORT = ("passthrough=direct",)
+
+
+class DiskSyncPassthroughDirectTest(DiskSyncTest):
+    TRANSPORT = ("passthrough=direct",)
+
+
+class CrashWriteOnlyDirectTest(CrashTest):
+    TRANSPORT = ("direct_io=wronly", "splice_read=1")
+
+
+class DiskSyncWriteOnlyDirectTest(DiskSyncTest):
+    TRANSPORT = ("direct_io=wronly", "splice_read=1")
+
+
 # FUSE over io_uring (fs/transport/uring_loop.h), with the module's enable_uring on for the test.
 class CrashUringTest(CrashTest):
     TRANSPORT = ("io_uring=1",)

@@ -960,7 +960,8 @@ class DirectIoWritesTest(unittest.TestCase):
     buffer 16 bytes into a page: through the page cache that is 256 whole pages, one 1 MiB
     request; from the writer's pages it is 257 pages, which the kernel sends whole only where
     fs.fuse.max_pages_limit lets the mount's spare page through (fs/transport/protocol_ext.h),
-    and otherwise as 1 MiB - 16 bytes plus 16. Every case mounts anew with the limit set for it
+    and otherwise as 1 MiB - 16 bytes plus 16 (both written from the request buffer all the same:
+    fs/data/write_behind.h). Every case mounts anew with the limit set for it
     (and put back), then checks the bytes in BACKING_DIR."""
     LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
 
@@ -1010,6 +1011,9 @@ class DirectIoWritesTest(unittest.TestCase):
         self.assertEqual(st["mount"]["direct_io"], "writable")
         self.assertFalse(st["mount"]["splice_read"], "nothing to splice for: requests are read")
         self.assertEqual(st["fuse"]["largest_write"], MiB - 16, "the writer's 257 pages, split")
+        self.assertEqual(st["fuse"]["bytes_written_adopted"], MiB,
+                         "the 16 bytes after the cut complete the page in the adopted buffer")
+        self.assertEqual(st["fuse"]["bytes_written_sync"], 0, st["fuse"])
         st = self.write_once((), 256, os.O_RDWR, "rdwr")
         if not st["kernel"]["direct_io_allow_mmap"]["on"]:
             self.assertEqual(st["fuse"]["largest_write"], MiB, "no mmap of direct_io opens "

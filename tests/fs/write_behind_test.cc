@@ -208,6 +208,54 @@ TEST_F(WriteBehindTest, AdoptedRequestBuffersAreWrittenWithoutACopy) {
   ExpectPattern("g", 0, 4 * kMiB);
 }
 
+// A writer's buffer that is not page-aligned: the kernel cuts each 1 MiB write at max_pages
+// into 1 MiB - 16 bytes and 16. The long piece is adopted although it ends inside a page, and the
+// short one completes that page in the adopted buffer's spare bytes: nothing is written
+// synchronously and every byte goes out from the request buffers.
+TEST_F(WriteBehindTest, APayloadCutInsideAPageIsCompletedByTheNextRequest) {
+  FileRef f = Open("cut");
+  WriteBehind wb(&shared_);
+  auto pool = RequestBufferPool::Create(kMiB + 4096, 32);  // room for exactly 1 MiB of payload
+  constexpr size_t kCut = kMiB - 16;
+  for (int64_t off = 0; off < 4 * kMiB; off += kMiB) {
+    Receiver r;
+    ASSERT_TRUE(pool->Lend(&r));
+    char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
+    FillPattern(payload, kCut, off);
+    MemoryPayload p(payload, kCut);
+    WriteSource src(&p.bv, pool.get());
+    EXPECT_EQ(src.adoptable_spare(), 16u);
+    DNVME_ASSERT_OK(wb.Write(f, false, src, kCut, off, scratch_->bytes()));
+    DNVME_ASSERT_OK(WritePattern(wb, f, off + static_cast<int64_t>(kCut), 16));
+  }
+  DNVME_ASSERT_OK(wb.Drain(true));
+  EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(4 * kMiB));
+  EXPECT_EQ(counters_.bytes_written_sync.load(), 0u);
+  ExpectPattern("cut", 0, 4 * kMiB);
+}
+
+// The write after the cut may be longer than the rest of the page: the page is completed in the
+// spare bytes, the rest goes on in a new extent (copied into a chunk), and a write that leaves
+// the extent's end inside a page again still lands.
+TEST_F(WriteBehindTest, AWriteLongerThanTheCutPageGoesOnInAChunk) {
+  FileRef f = Open("longer");
+  WriteBehind wb(&shared_);
+  auto pool = RequestBufferPool::Create(kMiB + 4096, 4);
+  Receiver r;
+  ASSERT_TRUE(pool->Lend(&r));
+  char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
+  FillPattern(payload, 300 * kKiB + 100, 0);
+  MemoryPayload p(payload, 300 * kKiB + 100);
+  WriteSource src(&p.bv, pool.get());
+  DNVME_ASSERT_OK(wb.Write(f, false, src, 300 * kKiB + 100, 0, scratch_->bytes()));
+  DNVME_ASSERT_OK(WritePattern(wb, f, 300 * kKiB + 100, 8192 + 7));
+  DNVME_ASSERT_OK(WritePattern(wb, f, 300 * kKiB + 100 + 8192 + 7, 5000));
+  DNVME_ASSERT_OK(wb.Drain(true));
+  EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(300 * kKiB + 4096))
+      << "the adopted payload, completed to its page";
+  ExpectPattern("longer", 0, 300 * kKiB + 100 + 8192 + 7 + 5000);
+}
+
 TEST_F(WriteBehindTest, SplicedPipeExtentsLandExactly) {
   auto pipes = PipePool::Create(4 * kChunk, kChunk, 64 * kKiB);
   if (!pipes.ok()) GTEST_SKIP() << "no pipes: " << pipes.status().ToString();
