@@ -188,8 +188,8 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
     // flush with a partial page and this write wait for it (an unaligned start is synchronous).
     if (ext_.kind == Kind::kAdopted && pos == ext_.start + ext_.len && ext_.len % kAlign != 0) {
       RequestBuffer& last = ext_.bufs.back();
-      const size_t n = std::min({size - done, last.spare(),
-                                 static_cast<size_t>(kAlign - ext_.len % kAlign)});
+      const size_t n =
+          std::min({size - done, last.spare(), static_cast<size_t>(kAlign - ext_.len % kAlign)});
       if (n > 0) {
         if (!src.CopyTo(last.spare_data(), n)) {
           return Status::FromErrno(errno, "completing an adopted payload's page");

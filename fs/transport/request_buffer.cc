@@ -91,7 +91,8 @@ int64_t RequestBufferPool::IndexOf(const char* p, size_t n) const {
 size_t RequestBufferPool::SpareAfter(const char* p, size_t n) const {
   const int64_t index = IndexOf(p, n);
   if (index < 0) return 0;
-  const uintptr_t end = reinterpret_cast<uintptr_t>(base_) + (static_cast<uintptr_t>(index) + 1) * bytes_;
+  const uintptr_t end =
+      reinterpret_cast<uintptr_t>(base_) + (static_cast<uintptr_t>(index) + 1) * bytes_;
   return static_cast<size_t>(end - reinterpret_cast<uintptr_t>(p + n));
 }
 

@@ -367,7 +367,7 @@ Check CheckFuseMaxPages() {
           ? "1 MiB writes from buffers that are not page-aligned arrive whole (257 pages)"
           : fmt::format(
                 "1 MiB writes from buffers that are not page-aligned arrive split in two "
-                "and the daemon copies them{}",
+                "requests{}",
                 limit > 0 ? " (sysctl -w fs.fuse.max_pages_limit=257 lets them through)" : ""));
   if (!c.ok) c.fix = "sysctl -w fs.fuse.max_pages_limit=257 for 1 MiB requests";
   return c;
