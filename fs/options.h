@@ -84,11 +84,12 @@ struct MountOptions {
   // How writers' data reaches the daemon. `writable` (the default): the kernel hands every
   // writer's own pages to the request, so a buffered write(2) is copied once, by the kernel into
   // the daemon's reused request buffer, which write-behind adopts as it is; through the page
-  // cache it is copied into fresh page-cache pages first. Measured on the RAM ext4 with the VM's
-  // freed memory held: buffered write + fsync 1.21x and 1.15x the page-cache path in two runs
-  // of alternated rounds, with less machine CPU per GiB (docs/performance.md, "Writers' pages").
-  // Readers are unaffected (read-only opens are passthrough, or cached as before); an O_RDWR open
-  // reads uncached through the daemon's read-ahead.
+  // cache it is copied into fresh page-cache pages first. Measured with the VM's freed memory
+  // held, 5 alternated rounds on the RAM ext4: buffered write + fsync 2.74 GiB/s against 2.35
+  // through the page cache (1.18x and 1.08x raw fio), machine CPU per GiB 1.26x raw against 1.34x;
+  // level on the virtio disk (docs/performance.md, "Writers' own pages, current"). Readers are
+  // unaffected (read-only opens are passthrough, or cached as before); an O_RDWR open reads
+  // uncached through the daemon's read-ahead.
   DirectIo direct_io = DirectIo::kWritable;
   // Large replies (READ data) sent with vmsplice + splice from a pipe instead of writev(2): the
   // kernel then takes the daemon's pages from the pipe instead of pinning them one at a time as
@@ -119,10 +120,10 @@ struct MountOptions {
   // the backing file itself, with no reply copy through /dev/fuse. Measured the fastest for
   // readers on both reference devices, buffered and O_DIRECT alike: cold buffered reads 1.36x raw
   // fio on the RAM ext4 against 0.46x through the daemon (docs/performance.md, "The mount on a
-  // fast device, current", with the VM's freed-memory reporting held, bench/lib.sh). Not `all`:
-  // passthrough writes run with the daemon's CAP_FSETID and keep set-gid bits ext4 clears
-  // (docs/tuning.md). Needs kernel 6.9+ and CAP_SYS_ADMIN (kept dormant only then); where either
-  // is missing the mount logs it and serves every open.
+  // fast device: the read policies", with the VM's freed-memory reporting held, bench/lib.sh).
+  // Not `all`: passthrough writes run with the daemon's CAP_FSETID and keep set-gid bits ext4
+  // clears (docs/tuning.md). Needs kernel 6.9+ and CAP_SYS_ADMIN (kept dormant only then);
+  // where either is missing the mount logs it and serves every open.
   Passthrough passthrough = Passthrough::kRead;
   // FUSE over io_uring (fs/transport/uring_loop.h), when the kernel has it enabled
   // (/sys/module/fuse/parameters/enable_uring); otherwise logged and /dev/fuse is used.
