@@ -171,6 +171,9 @@ class Fs : public ControlCore {
   // After bytes reached the backing file outside the FUSE data path: drop read-ahead and the
   // kernel's cached pages and attributes of the inode.
   void AfterExternalWrite(Inode& in) override;
+  // After the daemon changed an inode's attributes behind a request that does not report them
+  // (a WRITE clearing set-user-ID): drop the kernel's cached attributes, keep its pages.
+  void ForgetCachedAttributes(fuse_ino_t ino);
   // After a file was created in BACKING_DIR outside FUSE: drop the kernel's negative dentry.
   void AfterExternalCreate(const std::string& dir_rel, const std::string& name) override;
   // Per-uid limits of the control plane.

@@ -129,6 +129,13 @@ const char* DirectIoName(DirectIo d) {
   return "?";
 }
 
+int64_t MountOptions::MaxRead() const {
+  for (const auto& o : fuse_opts) {
+    if (o.rfind("max_read=", 0) == 0) return std::strtoll(o.c_str() + 9, nullptr, 10);
+  }
+  return max_request;
+}
+
 bool OpenGetsDirectIo(DirectIo d, int open_flags, bool mmap_ok) {
   const int acc = open_flags & O_ACCMODE;
   switch (d) {

@@ -136,6 +136,10 @@ struct MountOptions {
 
   std::vector<std::string> fuse_opts;  // "-o" arguments passed to libfuse, e.g. "allow_other"
 
+  // The largest READ the kernel may send (the `max_read` mount option, and conn->max_read at
+  // INIT, which libfuse requires to agree): -o max_read=N when given, else max_request, so the
+  // spare page in max_pages (fs/transport/protocol_ext.h) never makes a READ larger.
+  int64_t MaxRead() const;
   // Whether requests are spliced (splice_read, or its default for direct_io).
   bool SpliceRequests() const { return splice_read.value_or(direct_io != DirectIo::kWritable); }
 

@@ -55,6 +55,17 @@ Fs::~Fs() {
   Stop();  // waits for every engine operation (read-ahead included)
 }
 
+void Fs::ForgetCachedAttributes(fuse_ino_t ino) {
+  if (se_ == nullptr) return;
+  // A negative offset: attributes (and cached ACLs) only, no page-cache invalidation, which is
+  // what makes it safe inside a WRITE handler (the kernel takes no inode lock for it).
+  const int rc = fuse_lowlevel_notify_inval_inode(se_, ino, -1, 0);
+  if (rc != 0 && rc != -ENOENT) {
+    Logger().warn("dropping the kernel's cached attributes of inode {} failed: {}", ino,
+                  std::strerror(-rc));
+  }
+}
+
 void Fs::Track(OpenHandle* h) {
   std::lock_guard lock(handles_mu_);
   handles_.insert(h);

@@ -178,7 +178,8 @@ bool CallerInGroup(fuse_req_t req, gid_t gid) {
 // The FUSE kernel does part of this itself -- set-user-ID, and set-group-ID with group execute,
 // as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
 // leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
-int KillPrivs(fuse_req_t req, Inode& in) {
+int KillPrivs(fuse_req_t req, Inode& in, bool* killed) {
+  if (killed != nullptr) *killed = false;
   struct stat st {};
   if (fstatat(in.fd, "", &st, AT_EMPTY_PATH) != 0) return errno;
   if ((st.st_mode & (S_ISUID | S_ISGID)) == 0) return 0;
@@ -187,7 +188,9 @@ int KillPrivs(fuse_req_t req, Inode& in) {
     kill |= S_ISGID;
   }
   if (kill == 0) return 0;
-  return chmod(ProcPath(in.fd).c_str(), st.st_mode & 07777 & ~kill) == 0 ? 0 : errno;
+  if (chmod(ProcPath(in.fd).c_str(), st.st_mode & 07777 & ~kill) != 0) return errno;
+  if (killed != nullptr) *killed = true;
+  return 0;
 }
 
 // Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
@@ -208,6 +211,7 @@ void WarnIfKernelClampsRequests(int64_t request) {
     if (std::fscanf(f, "%lld", &limit) != 1) limit = 256;
     std::fclose(f);
   }
+  if (limit == pages && f == nullptr) return;  // nothing to raise before 6.13
   if (limit == pages) {
     // The spare page (fs/transport/protocol_ext.h) does not fit: a write of `request` bytes from
     // a buffer that is not page-aligned arrives as two requests (write-behind still writes both

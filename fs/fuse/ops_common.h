@@ -106,7 +106,9 @@ bool CallerInGroup(fuse_req_t req, gid_t gid);
 // The FUSE kernel does part of this itself -- set-user-ID, and set-group-ID with group execute,
 // as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
 // leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
-int KillPrivs(fuse_req_t req, Inode& in);
+// `killed` (optional) says whether the mode changed: the kernel's cached mode is then stale (a
+// direct write updates none of its own), and a WRITE drops it (Fs::ForgetCachedAttributes).
+int KillPrivs(fuse_req_t req, Inode& in, bool* killed = nullptr);
 
 // Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
 // direct_io open) says so exactly with FUSE_WRITE_KILL_SUIDGID. A page-cache write never carries

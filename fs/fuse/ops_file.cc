@@ -210,10 +210,15 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
   const std::optional<uint32_t> flags =
       transport && !fh.page_cache_writes ? transport->WriteFlags(*bufv) : std::nullopt;
   if (WriterUnprivileged(req, fh, flags)) {
-    if (int err = KillPrivs(req, *fh.inode); err != 0) {
+    bool killed = false;
+    if (int err = KillPrivs(req, *fh.inode, &killed); err != 0) {
       fuse_reply_err(req, err);
       return;
     }
+    // The kernel keeps its cached mode through a direct write (and through the set-group-ID case
+    // it leaves to us after a page-cache one): without this an exec or a permission check could
+    // still see the cleared bit until the attributes time out.
+    if (killed) fs.ForgetCachedAttributes(ino);
   }
   const size_t size = fuse_buf_size(bufv);
   MountCounters::NoteMax(fs.counters().largest_write, size);

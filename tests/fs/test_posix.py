@@ -59,6 +59,20 @@ def pattern(n, seed=0):
 
 
 
+_libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                       ctypes.c_void_p]
+STATX_MODE = 0x2
+
+
+def statx_mode(path):
+    """The mode statx reports when asked for the mode alone (struct statx: stx_mode at 28)."""
+    buf = ctypes.create_string_buffer(256)
+    if _libc.statx(AT_FDCWD, os.fsencode(path), 0, STATX_MODE, buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return int.from_bytes(buf.raw[28:30], "little")
+
+
 def run_threads(n, work):
     """Runs work(0) .. work(n-1) on n threads at once and waits for all of them."""
     ts = [threading.Thread(target=work, args=(i,)) for i in range(n)]
@@ -923,6 +937,31 @@ except PermissionError:
                          (self.UID, st.st_uid, st.st_gid))
         self.assertEqual(self.read(self.b("shared", "mine")), b"by nobody" * 100000)
 
+    # A write by a user without CAP_FSETID clears set-user-ID; the kernel learns of it from us
+    # (for a direct_io or O_DIRECT write it changes no cached mode of its own). statx asking for
+    # the mode alone is answered from the kernel's cache while that is valid, so it shows whether
+    # the cache was dropped; a plain stat would refetch anyway (the write made mtime stale).
+    WRITER_CHILD = r"""
+import os, sys
+os.setgroups([]); os.setgid(%(uid)d); os.setuid(%(uid)d)
+fd = os.open(sys.argv[1], os.O_WRONLY)
+os.write(fd, b"x")
+os.close(fd)
+"""
+
+    def test_cached_mode_follows_a_cleared_set_user_id(self):
+        os.chmod(self.scratch.path, 0o755)
+        path = self.m("suid")
+        with open(path, "wb") as f:
+            f.write(b"#!/bin/sh\n")
+        os.chmod(path, 0o4777)
+        self.assertEqual(statx_mode(path) & 0o7777, 0o4777, "the mode is cached")
+        rc, _, err = child(self.WRITER_CHILD % {"uid": self.UID}, path)
+        self.assertEqual(rc, 0, "writer as uid %d failed: %s" % (self.UID, err))
+        self.assertEqual(os.stat(self.b("suid")).st_mode & 0o7777, 0o777, "BACKING_DIR")
+        self.assertEqual(statx_mode(path) & 0o7777, 0o777,
+                         "the kernel still reports set-user-ID from its cache")
+
 
 class ParallelWritersTest(mh.MountedTestCase):
     """More writers than write-behind buffers (small window): no deadlock, no lost data."""
@@ -1022,12 +1061,34 @@ class DirectIoWritesTest(unittest.TestCase):
         self.assertEqual(st["fuse"]["largest_write"], MiB - 16, "O_RDWR: the writer's pages")
 
     def test_spare_page_lets_an_unaligned_buffer_through_whole(self):
-        st = self.write_once((), 257, os.O_RDWR, "whole")
+        st = self.write_once((), 257, os.O_WRONLY, "whole")  # direct_io under every kernel
         self.assertEqual(st["kernel"]["max_pages_asked"], 257)
         self.assertEqual(st["fuse"]["largest_write"], MiB)
         self.assertEqual(st["fuse"]["write_ops"], 1, st["fuse"])
         self.assertEqual(st["fuse"]["bytes_written_adopted"], MiB,
                          "received page-aligned in whole pages: written from the request buffer")
+        # READs keep to max_request (the max_read mount option) although max_pages has the
+        # spare page: an O_RDWR open (direct_io where the kernel allows it) reading 4 MiB into a
+        # buffer 16 bytes into a page.
+        self.set_limit(257)
+        data = os.urandom(4 * MiB)
+        with open(os.path.join(self.scratch.backing, "big"), "wb") as f:
+            f.write(data)
+        with mh.Mount(self.scratch.backing, self.scratch.mnt, options=("passthrough=off",)):
+            big = mmap.mmap(-1, 5 * MiB)
+            try:
+                fd = os.open(os.path.join(self.scratch.mnt, "big"), os.O_RDWR)
+                try:
+                    with memoryview(big) as mv:
+                        self.assertEqual(os.readv(fd, [mv[16:16 + 4 * MiB]]), 4 * MiB)
+                finally:
+                    os.close(fd)
+                self.assertTrue(big[16:16 + 4 * MiB] == data, "read back through the mount")
+            finally:
+                big.close()
+            st = mh.stats(self.scratch.mnt)
+        self.assertGreater(st["fuse"]["read_ops"], 0)
+        self.assertLessEqual(st["fuse"]["largest_read"], MiB, st["fuse"])
 
     def test_off_and_wronly_keep_the_page_cache(self):
         st = self.write_once(("direct_io=off",), 256, os.O_WRONLY, "off")

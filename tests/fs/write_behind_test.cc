@@ -256,6 +256,57 @@ TEST_F(WriteBehindTest, AWriteLongerThanTheCutPageGoesOnInAChunk) {
   ExpectPattern("longer", 0, 300 * kKiB + 100 + 8192 + 7 + 5000);
 }
 
+// The extent is flushed before the write that would complete its page arrives (a drain: fsync,
+// a reader): the cut payload goes out with its unaligned length, and the rest, starting inside
+// that page, is written synchronously after it.
+TEST_F(WriteBehindTest, ACutPayloadFlushedBeforeItsPageIsCompletedStillLands) {
+  FileRef f = Open("drained");
+  WriteBehind wb(&shared_);
+  auto pool = RequestBufferPool::Create(kMiB + 4096, 4);
+  Receiver r;
+  ASSERT_TRUE(pool->Lend(&r));
+  char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
+  FillPattern(payload, kMiB - 16, 0);
+  MemoryPayload p(payload, kMiB - 16);
+  WriteSource src(&p.bv, pool.get());
+  DNVME_ASSERT_OK(wb.Write(f, false, src, kMiB - 16, 0, scratch_->bytes()));
+  DNVME_ASSERT_OK(wb.Drain(false));
+  DNVME_ASSERT_OK(WritePattern(wb, f, kMiB - 16, 16 + 4096));
+  DNVME_ASSERT_OK(wb.Drain(true));
+  EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(kMiB - 16));
+  EXPECT_EQ(counters_.bytes_written_sync.load(), 16u + 4096u);
+  ExpectPattern("drained", 0, kMiB + 4096);
+}
+
+// As a mount runs it: 8 MiB extents of several adopted payloads, each completed in its spare
+// bytes, so one extent holds buffers whose payloads were grown.
+TEST_F(WriteBehindTest, CompletedPayloadsShareLargeExtents) {
+  auto big = PinnedPool::Create(8 * kMiB, 2);
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  std::unique_ptr<PinnedPool> chunks = std::move(big).value();
+  shared_.chunks = chunks.get();
+  shared_.write_chunk = 8 * kMiB;
+  FileRef f = Open("large");
+  WriteBehind wb(&shared_);
+  auto pool = RequestBufferPool::Create(kMiB + 4096, 32);
+  constexpr size_t kCut = kMiB - 64;  // torch's tensors sit 64 bytes into a page
+  for (int64_t off = 0; off < 16 * kMiB; off += kMiB) {
+    Receiver r;
+    ASSERT_TRUE(pool->Lend(&r));
+    char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
+    FillPattern(payload, kCut, off);
+    MemoryPayload p(payload, kCut);
+    WriteSource src(&p.bv, pool.get());
+    DNVME_ASSERT_OK(wb.Write(f, false, src, kCut, off, scratch_->bytes()));
+    DNVME_ASSERT_OK(WritePattern(wb, f, off + static_cast<int64_t>(kCut), 64));
+  }
+  DNVME_ASSERT_OK(wb.Drain(true));
+  EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(16 * kMiB));
+  EXPECT_EQ(counters_.write_behind_flushes.load(), 2u) << "two 8 MiB extents";
+  ExpectPattern("large", 0, 16 * kMiB);
+  shared_.chunks = chunks_.get();
+}
+
 TEST_F(WriteBehindTest, SplicedPipeExtentsLandExactly) {
   auto pipes = PipePool::Create(4 * kChunk, kChunk, 64 * kKiB);
   if (!pipes.ok()) GTEST_SKIP() << "no pipes: " << pipes.status().ToString();
