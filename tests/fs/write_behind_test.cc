@@ -62,6 +62,21 @@ class WriteBehindTest : public test::DataPathTest {
     return wb.Write(f, /*page_cache_writes=*/false, src, n, off, scratch_->bytes());
   }
 
+  // Acts as a transport's loop thread: receives `n` pattern bytes for `off` into a buffer lent
+  // from `pool` (the payload page-aligned after the headers) and hands them to `wb`. `spare`, when
+  // given, gets the room the buffer has after the payload.
+  Status WriteReceived(WriteBehind& wb, const FileRef& f, RequestBufferPool& pool, int64_t off,
+                       size_t n, size_t* spare = nullptr) {
+    Receiver r;
+    if (!pool.Lend(&r)) return Status::ResourceExhausted(ENOMEM, "no request buffer to lend");
+    char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
+    FillPattern(payload, n, off);
+    MemoryPayload p(payload, n);
+    WriteSource src(&p.bv, &pool);
+    if (spare != nullptr) *spare = src.adoptable_spare();
+    return wb.Write(f, /*page_cache_writes=*/false, src, n, off, scratch_->bytes());
+  }
+
   // The file holds pattern `seed` over [from, to).
   void ExpectPattern(const std::string& name, int64_t from, int64_t to, uint64_t seed = 0) {
     std::vector<uint8_t> got = ReadWholeFile(Path(name));
@@ -218,14 +233,9 @@ TEST_F(WriteBehindTest, APayloadCutInsideAPageIsCompletedByTheNextRequest) {
   auto pool = RequestBufferPool::Create(kMiB + 4096, 32);  // room for exactly 1 MiB of payload
   constexpr size_t kCut = kMiB - 16;
   for (int64_t off = 0; off < 4 * kMiB; off += kMiB) {
-    Receiver r;
-    ASSERT_TRUE(pool->Lend(&r));
-    char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
-    FillPattern(payload, kCut, off);
-    MemoryPayload p(payload, kCut);
-    WriteSource src(&p.bv, pool.get());
-    EXPECT_EQ(src.adoptable_spare(), 16u);
-    DNVME_ASSERT_OK(wb.Write(f, false, src, kCut, off, scratch_->bytes()));
+    size_t spare = 0;
+    DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, off, kCut, &spare));
+    EXPECT_EQ(spare, 16u);
     DNVME_ASSERT_OK(WritePattern(wb, f, off + static_cast<int64_t>(kCut), 16));
   }
   DNVME_ASSERT_OK(wb.Drain(true));
@@ -241,13 +251,7 @@ TEST_F(WriteBehindTest, AWriteLongerThanTheCutPageGoesOnInAChunk) {
   FileRef f = Open("longer");
   WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 4096, 4);
-  Receiver r;
-  ASSERT_TRUE(pool->Lend(&r));
-  char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
-  FillPattern(payload, 300 * kKiB + 100, 0);
-  MemoryPayload p(payload, 300 * kKiB + 100);
-  WriteSource src(&p.bv, pool.get());
-  DNVME_ASSERT_OK(wb.Write(f, false, src, 300 * kKiB + 100, 0, scratch_->bytes()));
+  DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, 0, 300 * kKiB + 100));
   DNVME_ASSERT_OK(WritePattern(wb, f, 300 * kKiB + 100, 8192 + 7));
   DNVME_ASSERT_OK(WritePattern(wb, f, 300 * kKiB + 100 + 8192 + 7, 5000));
   DNVME_ASSERT_OK(wb.Drain(true));
@@ -263,13 +267,7 @@ TEST_F(WriteBehindTest, ACutPayloadFlushedBeforeItsPageIsCompletedStillLands) {
   FileRef f = Open("drained");
   WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 4096, 4);
-  Receiver r;
-  ASSERT_TRUE(pool->Lend(&r));
-  char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
-  FillPattern(payload, kMiB - 16, 0);
-  MemoryPayload p(payload, kMiB - 16);
-  WriteSource src(&p.bv, pool.get());
-  DNVME_ASSERT_OK(wb.Write(f, false, src, kMiB - 16, 0, scratch_->bytes()));
+  DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, 0, kMiB - 16));
   DNVME_ASSERT_OK(wb.Drain(false));
   DNVME_ASSERT_OK(WritePattern(wb, f, kMiB - 16, 16 + 4096));
   DNVME_ASSERT_OK(wb.Drain(true));
@@ -291,13 +289,7 @@ TEST_F(WriteBehindTest, CompletedPayloadsShareLargeExtents) {
   auto pool = RequestBufferPool::Create(kMiB + 4096, 32);
   constexpr size_t kCut = kMiB - 64;  // torch's tensors sit 64 bytes into a page
   for (int64_t off = 0; off < 16 * kMiB; off += kMiB) {
-    Receiver r;
-    ASSERT_TRUE(pool->Lend(&r));
-    char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
-    FillPattern(payload, kCut, off);
-    MemoryPayload p(payload, kCut);
-    WriteSource src(&p.bv, pool.get());
-    DNVME_ASSERT_OK(wb.Write(f, false, src, kCut, off, scratch_->bytes()));
+    DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, off, kCut));
     DNVME_ASSERT_OK(WritePattern(wb, f, off + static_cast<int64_t>(kCut), 64));
   }
   DNVME_ASSERT_OK(wb.Drain(true));
