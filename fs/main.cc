@@ -47,13 +47,9 @@ class FuseArgs {
     // libfuse would otherwise unmount with umount2() itself, which needs the CAP_SYS_ADMIN we drop.
     // As a user (mount.dnvmefs -o setuid=USER) it also means no dead mount is left after a crash.
     opts += ",auto_unmount";
-    bool max_read_given = false;
-    for (const auto& x : o.fuse_opts) {
-      opts += "," + x;
-      max_read_given = max_read_given || x.rfind("max_read=", 0) == 0;
-    }
-    // READs no larger than max_request (MountOptions::MaxRead; OpInit says the same).
-    if (!max_read_given) opts += ",max_read=" + std::to_string(o.max_request);
+    for (const auto& x : o.fuse_opts) opts += "," + x;
+    // READs no larger than MountOptions::max_read (OpInit says the same).
+    opts += ",max_read=" + std::to_string(o.max_read);
     Add("-o");
     Add(opts);
     args_ = FUSE_ARGS_INIT(static_cast<int>(argv_.size()), argv_.data());

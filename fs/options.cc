@@ -1,14 +1,14 @@
 #include "fs/options.h"
 
-#include <fcntl.h>
-
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -86,6 +86,7 @@ std::string UsageText() {
       "  max_request=SIZE             largest READ/WRITE request, 4K..16M in whole pages (1M; "
       "above\n"
       "                               it raise fs.fuse.max_pages_limit)\n"
+      "  max_read=SIZE                largest READ request (max_request)\n"
       "  passthrough=off|direct|read|all  opens the kernel serves from the backing file "
       "itself:\n"
       "                               none, read-only O_DIRECT, read-only (default), all; "
@@ -120,21 +121,18 @@ Result<T> ParseNamed(const std::string& key, const std::string& text,
   return Status::InvalidArgument("option '" + key + "': '" + text + "' is not one of " + all);
 }
 
-}  // namespace
-
-const char* DirectIoName(DirectIo d) {
-  for (const auto& [value, name] : kDirectIoNames) {
-    if (value == d) return name;
+// The name of `value` in such a table.
+template <typename T, size_t N>
+const char* NameOf(T value, const std::pair<T, const char*> (&names)[N]) {
+  for (const auto& [v, name] : names) {
+    if (v == value) return name;
   }
   return "?";
 }
 
-int64_t MountOptions::MaxRead() const {
-  for (const auto& o : fuse_opts) {
-    if (o.rfind("max_read=", 0) == 0) return std::strtoll(o.c_str() + 9, nullptr, 10);
-  }
-  return max_request;
-}
+}  // namespace
+
+const char* DirectIoName(DirectIo d) { return NameOf(d, kDirectIoNames); }
 
 bool OpenGetsDirectIo(DirectIo d, int open_flags, bool mmap_ok) {
   const int acc = open_flags & O_ACCMODE;
@@ -149,12 +147,7 @@ bool OpenGetsDirectIo(DirectIo d, int open_flags, bool mmap_ok) {
   return false;
 }
 
-const char* PassthroughName(Passthrough p) {
-  for (const auto& [value, name] : kPassthroughNames) {
-    if (value == p) return name;
-  }
-  return "?";
-}
+const char* PassthroughName(Passthrough p) { return NameOf(p, kPassthroughNames); }
 
 Result<MountOptions> ParseMountOptions(int argc, char** argv) {
   MountOptions o;
@@ -266,6 +259,11 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       } else {
         DNVME_ASSIGN_OR_RETURN(o.passthrough, ParseNamed(k, p, kPassthroughNames));
       }
+    } else if (k == "max_read") {
+      DNVME_ASSIGN_OR_RETURN(o.max_read, ParseSizeOption(k, v));
+      if (o.max_read < 4096 || o.max_read > UINT32_MAX) {
+        return Status::InvalidArgument("option 'max_read' must be from 4K to 4G-1");
+      }
     } else if (k == "read_ahead") {
       DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOption(k, v));
     } else if (k == "log_level") {
@@ -288,6 +286,7 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     }
   }
   if (o.debug) o.log_level = "debug";
+  if (o.max_read == 0) o.max_read = o.max_request;
   // A small write_behind without an explicit write_chunk: use two chunks of half the size.
   if (!chunk_given && o.write_behind > 0 && o.write_behind < 2 * o.write_chunk) {
     o.write_chunk = o.write_behind / 2 / 4096 * 4096;

@@ -116,6 +116,11 @@ struct MountOptions {
   // libfuse's (clone_fd) reads requests into 1 MiB buffers. Fewer, larger requests mean fewer
   // round trips per GiB (docs/performance-journal.md).
   int64_t max_request = kMaxFuseRequestBytes;
+  // The largest READ the kernel may send: the `max_read` mount option fs/main.cc always passes,
+  // and conn->max_read at INIT, which libfuse requires to agree. -o max_read=SIZE, else
+  // max_request (set by the parser), so the spare page in max_pages (fs/transport/protocol_ext.h)
+  // never makes a READ larger.
+  int64_t max_read = 0;
   // FUSE passthrough (fs/fuse/passthrough.h) for read-only opens by default: the kernel reads
   // the backing file itself, with no reply copy through /dev/fuse. Measured the fastest for
   // readers on both reference devices, buffered and O_DIRECT alike: cold buffered reads 1.36x raw
@@ -136,10 +141,6 @@ struct MountOptions {
 
   std::vector<std::string> fuse_opts;  // "-o" arguments passed to libfuse, e.g. "allow_other"
 
-  // The largest READ the kernel may send (the `max_read` mount option, and conn->max_read at
-  // INIT, which libfuse requires to agree): -o max_read=N when given, else max_request, so the
-  // spare page in max_pages (fs/transport/protocol_ext.h) never makes a READ larger.
-  int64_t MaxRead() const;
   // Whether requests are spliced (splice_read, or its default for direct_io).
   bool SpliceRequests() const { return splice_read.value_or(direct_io != DirectIo::kWritable); }
 

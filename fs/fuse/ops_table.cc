@@ -42,7 +42,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   // we set here; our transport sizes its own buffers (fs/transport/transport.h).
   conn->max_write = static_cast<unsigned>(request);
   // The max_read mount option (fs/main.cc): libfuse refuses an INIT whose value differs.
-  conn->max_read = static_cast<unsigned>(fs.opts().MaxRead());
+  conn->max_read = static_cast<unsigned>(fs.opts().max_read);
   conn->max_readahead = readahead;
   WarnIfKernelClampsRequests(request);
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;

@@ -17,10 +17,10 @@
 //     it (fs/fuse/ops_file.cc).
 //   - max_pages one above max_write's pages: a writer's buffer that is not page-aligned spans
 //     one page more than its length, and with exactly max_write/4 KiB pages the kernel would cut
-//     every max_write-sized write from such a buffer into a long and a 16-byte request, neither
-//     of them in whole pages, so write-behind could not adopt them and copied both. The kernel
-//     clamps max_pages to fs.fuse.max_pages_limit (256 by default): only where that was raised
-//     does this take effect.
+//     every max_write-sized write from such a buffer into a long and a 16-byte request (which
+//     write-behind still writes from the request buffer, fs/data/write_behind.h, at one more
+//     round trip each). The kernel clamps max_pages to fs.fuse.max_pages_limit (256 by
+//     default): only where that was raised does this take effect.
 //
 // The kernel agrees to passthrough only when it offered it (the INIT request's flags2), the reply
 // has max_stack_depth in 1..FILESYSTEM_MAX_STACK_DEPTH and no writeback cache. Whether it really
