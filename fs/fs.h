@@ -34,6 +34,8 @@
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "engine/posix/file.h"
+#include "fs/broker/broker.h"
+#include "fs/broker/leases.h"
 #include "fs/control/control.h"
 #include "fs/data/counters.h"
 #include "fs/data/read_ahead.h"
@@ -50,7 +52,7 @@ namespace dnvme::fs {
 
 // The control directory and its files (fs/control/virtual.cc): served by the daemon, never stored
 // in BACKING_DIR. kNone is every real inode.
-enum class VirtualNode : uint8_t { kNone, kCtlDir, kCtl, kStats, kConfig };
+enum class VirtualNode : uint8_t { kNone, kCtlDir, kCtl, kStats, kConfig, kBroker };
 inline constexpr const char* kCtlDirName = ".dnvme";
 
 // How the kernel has this inode open (fs/fuse/passthrough.h): the counts it must agree with.
@@ -72,6 +74,7 @@ struct Inode {
   WriteBehind wb;   // data accepted from writers, not yet on disk (fs/data/write_behind.h)
   ReadAhead ra;     // the window fetched ahead of a sequential reader (fs/data/read_ahead.h)
   OpenModes modes;  // regular files
+  PreloadLeases leases;  // descriptors the broker handed to `dnvme run` clients (fs/broker/)
 
   Inode(const WriteBehindShared* w, const ReadAheadShared* r) : wb(w), ra(r) {}
   ~Inode();
@@ -105,7 +108,7 @@ struct FileHandle : OpenHandle {
   Inode* inode = nullptr;
 };
 
-class Fs : public ControlCore {
+class Fs : public ControlCore, public BrokerCore {
  public:
   explicit Fs(MountOptions opts);
   ~Fs();
@@ -176,6 +179,13 @@ class Fs : public ControlCore {
   void ForgetCachedAttributes(fuse_ino_t ino);
   // After a file was created in BACKING_DIR outside FUSE: drop the kernel's negative dentry.
   void AfterExternalCreate(const std::string& dir_rel, const std::string& name) override;
+  // ---- The preload broker (fs/broker/broker.h) ----
+  int OpenCount(Inode& in) override;
+  PreloadLeases& LeasesOf(Inode& in) override { return in.leases; }
+  // What `.dnvme/broker` says: the socket's name, or "" when the broker does not run.
+  std::string BrokerAnnouncement() const { return broker_ ? broker_->Announcement() : ""; }
+  // After the session forked into the daemon: start the broker (unless -o preload=0).
+  Status StartBroker();
   // Per-uid limits of the control plane.
   Status TakeHandleQuota(uid_t uid) override;
   void ReleaseHandleQuota(uid_t uid) override;
@@ -245,7 +255,7 @@ class Fs : public ControlCore {
   // Inode, so they outlive them).
   WriteBehindShared wb_shared_;
   ReadAheadShared ra_shared_;
-  Inode ctl_dir_, ctl_node_, stats_node_, config_node_;
+  Inode ctl_dir_, ctl_node_, stats_node_, config_node_, broker_node_;
 
   std::mutex handles_mu_;
   std::unordered_set<OpenHandle*> handles_;  // guarded by handles_mu_
@@ -253,6 +263,9 @@ class Fs : public ControlCore {
   std::mutex inodes_mu_;
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes_;  // guarded by inodes_mu_
   Inode root_;
+  // Declared after every Inode (destroyed before them: its connections unpin inodes); Stop()
+  // ends it before the engine.
+  std::unique_ptr<Broker> broker_;
 };
 
 // The FUSE low-level operations table (fs/fuse/ops_table.cc; the ops in fs/fuse/ops_*.cc).

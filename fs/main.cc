@@ -285,6 +285,8 @@ int main(int argc, char** argv) {
       Logger().error("dropping capabilities failed: {}", caps.ToString());
     } else if (dnvme::Status st = fs->Start(); !st.ok()) {
       Logger().error("start-up failed: {}", st.ToString());
+    } else if (dnvme::Status bst = fs->StartBroker(); !bst.ok()) {
+      Logger().error("start-up failed: {}", bst.ToString());
     } else {
       ChooseExtensions(*fs);  // before the loop runs: INIT is its first request
       Logger().info("mounted {} at {} (engine {}; transport {}: {})", opts.backing, opts.mountpoint,

@@ -76,6 +76,7 @@ std::string UsageText() {
       "  splice_read=0|1              splice requests; page-cache writes go to disk uncopied "
       "(1 unless\n"
       "                               direct_io=writable)\n"
+      "  preload=0|1                  serve `dnvme run` clients backing-file descriptors (1)\n"
       "  splice_reply=0|1             send READ replies by vmsplice + splice, not writev (0)\n"
       "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
       "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
@@ -220,6 +221,8 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       o.splice_read = splice;
     } else if (k == "direct_io") {
       DNVME_ASSIGN_OR_RETURN(o.direct_io, ParseNamed(k, v.value_or(""), kDirectIoNames));
+    } else if (k == "preload") {
+      DNVME_ASSIGN_OR_RETURN(o.preload, ParseBoolOption(k, v));
     } else if (k == "splice_reply") {
       DNVME_ASSIGN_OR_RETURN(o.splice_reply, ParseBoolOption(k, v));
     } else if (k == "async_reply") {

@@ -96,6 +96,11 @@ struct MountOptions {
   // it copies (fs/transport/pipe.h, SpliceMessage). Pipes sized before the capability drop; not
   // with io_uring (replies go through the ring).
   bool splice_reply = false;
+  // The descriptor broker for `dnvme run` (fs/broker/broker.h, docs/preload.md): processes under
+  // libdnvme_preload.so get descriptors of backing files, opened as themselves, and move their
+  // large transfers around the FUSE copy. Off: `.dnvme/broker` is empty and clients go through
+  // the mount.
+  bool preload = true;
   // libfuse's multi-threaded loop with one /dev/fuse fd per worker thread (clone_fd), instead of
   // ours (fs/transport/session_loop.h): no spliced requests then. Off by default: on the 2-core
   // reference VM, 7 alternated rounds of bench/mount_knobs.sh gave writes 0.74-0.82 of raw fio

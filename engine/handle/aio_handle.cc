@@ -364,6 +364,14 @@ Result<FileRef> AioHandle::adopt_fd(int fd, FileAccess access) {
   return FileRef(std::move(file));
 }
 
+Result<FileRef> AioHandle::adopt_fds(int direct_fd, int buffered_fd, FileAccess access,
+                                     const std::string& label) {
+  UniqueFd direct(direct_fd), buffered(buffered_fd);
+  DNVME_ASSIGN_OR_RETURN(auto file, AdoptIoFds(std::move(direct), std::move(buffered), access,
+                                               config().direct, label));
+  return FileRef(std::move(file));
+}
+
 namespace {
 Status NoFile() { return Status::InvalidArgument("operation on an empty FileRef"); }
 }  // namespace

@@ -213,6 +213,20 @@ Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolic
   return f;
 }
 
+Result<std::shared_ptr<IoFile>> AdoptIoFds(UniqueFd direct, UniqueFd buffered, FileAccess access,
+                                           DirectPolicy policy, const std::string& label) {
+  if (!buffered.valid()) return Status::InvalidArgument("no buffered descriptor for '" + label + "'");
+  auto f = std::make_shared<IoFile>();
+  f->label = label;
+  f->can_read = access != FileAccess::kWrite;
+  f->can_write = access != FileAccess::kRead;
+  f->buffered_fd = buffered.get();
+  f->owned_buffered = std::move(buffered);
+  const int direct_err = direct.valid() ? 0 : EINVAL;
+  DNVME_RETURN_IF_ERROR(FinishOpen(f.get(), std::move(direct), direct_err, policy));
+  return f;
+}
+
 Status EndOfFileStatus(int fd, const std::string& label, int64_t offset, int64_t len) {
   std::string msg = "read past end of file '" + label + "': asked for " + std::to_string(len) +
                     " bytes at offset " + std::to_string(offset);

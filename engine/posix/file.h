@@ -78,6 +78,12 @@ Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, FileAccess a
 Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolicy policy,
                                           bool want_read_fd);
 
+// The same for descriptors opened elsewhere (the preload library gets them from the daemon, which
+// opened them as the caller): takes ownership of both. `direct` may be invalid (O_DIRECT refused);
+// `buffered` must be valid and open for `access`.
+Result<std::shared_ptr<IoFile>> AdoptIoFds(UniqueFd direct, UniqueFd buffered, FileAccess access,
+                                           DirectPolicy policy, const std::string& label);
+
 // Buffered, complete transfer with EINTR retried and short transfers continued. A read that hits
 // end of file returns kEndOfFile; `done` receives the bytes moved either way.
 Status PreadFull(int fd, char* buf, int64_t len, int64_t offset, const std::string& label,

@@ -36,6 +36,7 @@ constexpr NodeInfo kFiles[] = {
     {VirtualNode::kCtl, "ctl", S_IFREG | 0666},        // every user: requests act as the caller
     {VirtualNode::kStats, "stats", S_IFREG | 0444},    // read-only
     {VirtualNode::kConfig, "config", S_IFREG | 0644},  // written by root or the mount's owner
+    {VirtualNode::kBroker, "broker", S_IFREG | 0444},  // the preload broker's socket name
 };
 
 Inode* AsInode(fuse_ino_t ino) {
@@ -83,6 +84,7 @@ struct timespec Now() {
 
 std::string Snapshot(Fs& fs, VirtualNode kind) {
   if (kind == VirtualNode::kStats) return json::parse(fs.StatsJson()).dump(2) + "\n";
+  if (kind == VirtualNode::kBroker) return fs.BrokerAnnouncement();
   return json::parse(fs.EngineConfig().ToJson()).dump(2) + "\n";
 }
 
@@ -142,8 +144,10 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
   if (kind == VirtualNode::kCtlDir) {
     return CtlError(EISDIR, std::string(kCtlDirName) + " is a directory");
   }
-  if (kind == VirtualNode::kStats && acc != O_RDONLY) {
-    return CtlError(EACCES, std::string(kCtlDirName) + "/stats is read-only");
+  if ((kind == VirtualNode::kStats || kind == VirtualNode::kBroker) && acc != O_RDONLY) {
+    return CtlError(EACCES, std::string(kCtlDirName) + "/" +
+                                (kind == VirtualNode::kStats ? "stats" : "broker") +
+                                " is read-only");
   }
   if (kind == VirtualNode::kConfig && acc != O_RDONLY && !fs.MayReconfigure(caller_uid)) {
     return ConfigRefused(caller_uid);
@@ -274,7 +278,8 @@ void Fs::InitVirtualNodes() {
   ctl_node_.virt = VirtualNode::kCtl;
   stats_node_.virt = VirtualNode::kStats;
   config_node_.virt = VirtualNode::kConfig;
-  for (Inode* in : {&ctl_node_, &stats_node_, &config_node_}) in->type = S_IFREG;
+  broker_node_.virt = VirtualNode::kBroker;
+  for (Inode* in : {&ctl_node_, &stats_node_, &config_node_, &broker_node_}) in->type = S_IFREG;
 }
 
 Inode& Fs::VirtualInode(VirtualNode kind) {
@@ -285,6 +290,8 @@ Inode& Fs::VirtualInode(VirtualNode kind) {
       return stats_node_;
     case VirtualNode::kConfig:
       return config_node_;
+    case VirtualNode::kBroker:
+      return broker_node_;
     default:
       return ctl_dir_;
   }
@@ -374,7 +381,8 @@ std::string Fs::StatsJson() {
         {"clone_fd", opts_.clone_fd},
         {"io_uring", opts_.io_uring},
         {"max_request", opts_.max_request},
-        {"passthrough", PassthroughName(opts_.passthrough)}}},
+        {"passthrough", PassthroughName(opts_.passthrough)},
+        {"preload", opts_.preload}}},
       {"config", json::parse(EngineConfig().ToJson())},
       {"fuse", json::parse(counters_.ToJson())},
       {"engine", json::parse(engine_total.ToJson())},
@@ -401,6 +409,8 @@ std::string Fs::StatsJson() {
   j["transport"] = transport_ ? json::parse(transport_->StatsJson()) : json(nullptr);
   // What was negotiated with the kernel beyond libfuse's 7.38 (fs/transport/protocol_ext.h).
   j["kernel"] = json::parse(protocol_.StatsJson());
+  // The preload broker (fs/broker/broker.h); null with -o preload=0.
+  j["broker"] = broker_ ? json::parse(broker_->StatsJson()) : json(nullptr);
   return j.dump();
 }
 

@@ -39,6 +39,7 @@ Fs::Fs(MountOptions opts)
       ctl_node_(&wb_shared_, &ra_shared_),
       stats_node_(&wb_shared_, &ra_shared_),
       config_node_(&wb_shared_, &ra_shared_),
+      broker_node_(&wb_shared_, &ra_shared_),
       root_(&wb_shared_, &ra_shared_) {
   ctl_limits_.max_handles = opts_.ctl_max_handles;
   ctl_limits_.max_buffer_bytes = opts_.ctl_max_bytes;
@@ -159,6 +160,19 @@ Status Fs::Start() {
   return Status::Ok();
 }
 
+Status Fs::StartBroker() {
+  if (!opts_.preload) return Status::Ok();
+  auto b = Broker::Start(*this);
+  if (!b.ok()) return b.status().WithContext("preload broker (-o preload=0 turns it off)");
+  broker_ = std::move(b).value();
+  return Status::Ok();
+}
+
+int Fs::OpenCount(Inode& in) {
+  std::lock_guard lock(in.modes.mu);
+  return in.modes.passthrough + in.modes.other;
+}
+
 Status Fs::Preflight() {
   Status st = Start();
   wb_shared_ = WriteBehindShared();
@@ -176,6 +190,7 @@ Status Fs::Preflight() {
 }
 
 void Fs::Stop() {
+  broker_.reset();  // ends the clients' leases (their inodes stay pinned until then)
   DrainAll();
   splicers_.reset();  // idle after DrainAll; joins its threads
   std::shared_ptr<AioHandle> last;
@@ -243,7 +258,7 @@ int Fs::DoLookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
   if (S_ISREG(st.st_mode)) in->wb.ApplyPending(&st);
   e->ino = reinterpret_cast<fuse_ino_t>(in);
   e->attr = st;
-  e->attr_timeout = kTimeout;
+  e->attr_timeout = in->leases.count() > 0 ? 0.0 : kTimeout;  // see OpGetattr
   e->entry_timeout = kTimeout;
   return 0;
 }

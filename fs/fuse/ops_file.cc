@@ -90,6 +90,15 @@ void AbandonOpen(Fs& fs, FileHandle* fh) {
   fs.Dispose(fh);
 }
 
+// A `dnvme run` client writes this file around the mount (fs/broker/): a new opener must see its
+// bytes, so every holder now invalidates after each write, and what the kernel or the read-ahead
+// cached until now goes (before the open is answered).
+void TellLeaseHolders(Fs& fs, Inode& in) {
+  if (in.leases.count() == 0) return;
+  in.leases.MarkShared();
+  fs.AfterExternalWrite(in);
+}
+
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualOpen(FsOf(req), ino, fuse_req_ctx(req)->uid, fi))
     return ReplyVirtualOpen(req, ino, *v, fi);
@@ -108,6 +117,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   FillOpenFlags(fs, fi, fh);
   const OpenMode mode = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
   fh->passthrough = mode.passthrough;
+  TellLeaseHolders(fs, in);
   const int rc =
       mode.passthrough ? ReplyOpenPassthrough(req, *fi, mode.backing_id) : fuse_reply_open(req, fi);
   if (rc == -ENOENT) AbandonOpen(fs, fh);  // the opener was interrupted
@@ -163,6 +173,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   Inode& in = *fh->inode;
   const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
   fh->passthrough = how.passthrough;
+  TellLeaseHolders(fs, in);
   const int rc = how.passthrough ? ReplyCreatePassthrough(req, e, *fi, how.backing_id)
                                  : fuse_reply_create(req, &e, fi);
   if (rc == -ENOENT) AbandonOpen(fs, fh);
@@ -231,6 +242,9 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
   WriteSource src(bufv, transport ? transport->payload_pool() : nullptr);
   fh.inode->ra.Invalidate();
   int err = ErrnoOf(fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch));
+  // Bytes now in write-behind that a `dnvme run` client's direct transfer must not pass: it
+  // drains before its next one (fs/broker/leases.h).
+  if (!err && fh.inode->leases.count() > 0) fh.inode->leases.MarkMountDirty();
   if (err) {
     fuse_reply_err(req, err);
   } else {

@@ -178,6 +178,12 @@ class AioHandle {
   // caller may close its own fd afterwards.
   Result<FileRef> open_file(const std::string& path, FileAccess access);
   Result<FileRef> adopt_fd(int fd, FileAccess access);
+  // Takes ownership of two descriptors of one file opened elsewhere (e.g. received over a unix
+  // socket): `direct_fd` opened with O_DIRECT (-1 when the file refused it: the direct policy
+  // decides) and `buffered_fd` without; both are closed with the last FileRef copy, or at once
+  // when this fails. `label` names the file in errors.
+  Result<FileRef> adopt_fds(int direct_fd, int buffered_fd, FileAccess access,
+                            const std::string& label);
 
   // Thread-safe operations on a FileRef: synchronous, and asynchronous with a completion callback
   // (an error return means nothing was queued and `done` will not be called).

@@ -1,0 +1,1094 @@
+// libdnvme_preload.so: what `dnvme run -- CMD` preloads (docs/preload.md).
+//
+// For a regular file on a dnvmefs mount, a read or write of at least DNVME_PRELOAD_MIN_BYTES
+// (128 KiB) is done by this process's own engine (AioHandle: parallel O_DIRECT libaio, from the
+// caller's buffer when aligned, else through pinned bounce buffers) on descriptors of the backing
+// file the daemon's broker handed over (include/dnvme/broker.h) -- no copy through /dev/fuse.
+// Everything else (small transfers, metadata, mmap, files elsewhere, anything not understood)
+// goes to libc unchanged, and so through the mount.
+//
+// The program keeps its own descriptor of the mount: its file offset, O_CLOEXEC, locks and
+// mmap stay the kernel's. A file is adopted lazily, at the first large transfer on its descriptor
+// (whatever opened it: open, fopen, a shell's redirection before exec): fstatfs says FUSE,
+// /proc/self/mountinfo says which dnvmefs mount, /proc/self/fd says the path, and the broker
+// opens that path as this process and checks it is the same inode. O_APPEND descriptors are not
+// adopted (the mount keeps appends atomic).
+//
+// Coherence (fs/broker/leases.h): before a direct transfer, data that reached the mount's
+// write-behind is drained when the lease word says so; after a direct write the daemon drops its
+// read-ahead and the kernel's cached pages and attributes -- at once when the lease is shared,
+// else before this process next uses the mount for that file, and at fsync, close, mmap, fork and
+// exec. Attributes of a leased file are answered uncached, so stat(2) sees the size at once.
+//
+// Descriptors closed behind libc's back (fclose, close_range) are noticed: before each transfer
+// on an adopted descriptor, kcmp(KCMP_FILE) compares it with the duplicate taken at adoption.
+//
+// Thread contract: every interposed function is thread-safe. One mutex guards the record table;
+// it is never held across I/O, a broker round trip or the engine. Each broker connection has its
+// own mutex (one request in flight per connection). fork() keeps working: prepare flushes pending
+// invalidations and takes the locks; the child forgets every record, connection and the engine
+// (their threads did not survive) and adopts again on demand.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <linux/kcmp.h>
+#include <linux/magic.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dnvme/broker.h"
+#include "dnvme/config.h"
+#include "dnvme/handle.h"
+#include "dnvme/log.h"
+#include "engine/common/log.h"
+
+namespace {
+
+using dnvme::AioHandle;
+using dnvme::FileRef;
+using dnvme::Status;
+namespace broker = dnvme::broker;
+
+// ---- libc's own functions ----
+
+template <typename F>
+F Next(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+struct Libc {
+  ssize_t (*read)(int, void*, size_t);
+  ssize_t (*write)(int, const void*, size_t);
+  ssize_t (*pread)(int, void*, size_t, off_t);
+  ssize_t (*pwrite)(int, const void*, size_t, off_t);
+  ssize_t (*readv)(int, const iovec*, int);
+  ssize_t (*writev)(int, const iovec*, int);
+  ssize_t (*preadv)(int, const iovec*, int, off_t);
+  ssize_t (*pwritev)(int, const iovec*, int, off_t);
+  ssize_t (*preadv2)(int, const iovec*, int, off_t, int);
+  ssize_t (*pwritev2)(int, const iovec*, int, off_t, int);
+  int (*open)(const char*, int, ...);
+  int (*open64)(const char*, int, ...);
+  int (*openat)(int, const char*, int, ...);
+  int (*openat64)(int, const char*, int, ...);
+  int (*creat)(const char*, mode_t);
+  int (*creat64)(const char*, mode_t);
+  int (*close)(int);
+  int (*dup)(int);
+  int (*dup2)(int, int);
+  int (*dup3)(int, int, int);
+  int (*fsync)(int);
+  int (*fdatasync)(int);
+  int (*ftruncate)(int, off_t);
+  int (*ftruncate64)(int, off_t);
+  void* (*mmap)(void*, size_t, int, int, int, off_t);
+  void* (*mmap64)(void*, size_t, int, int, int, off_t);
+  int (*execve)(const char*, char* const[], char* const[]);
+  int (*execv)(const char*, char* const[]);
+  int (*execvp)(const char*, char* const[]);
+  int (*execvpe)(const char*, char* const[], char* const[]);
+  int (*posix_spawn)(pid_t*, const char*, const posix_spawn_file_actions_t*,
+                     const posix_spawnattr_t*, char* const[], char* const[]);
+  int (*posix_spawnp)(pid_t*, const char*, const posix_spawn_file_actions_t*,
+                      const posix_spawnattr_t*, char* const[], char* const[]);
+};
+
+Libc& C() {
+  static Libc c = [] {
+    Libc l{};
+    l.read = Next<decltype(l.read)>("read");
+    l.write = Next<decltype(l.write)>("write");
+    l.pread = Next<decltype(l.pread)>("pread64");
+    l.pwrite = Next<decltype(l.pwrite)>("pwrite64");
+    l.readv = Next<decltype(l.readv)>("readv");
+    l.writev = Next<decltype(l.writev)>("writev");
+    l.preadv = Next<decltype(l.preadv)>("preadv64");
+    l.pwritev = Next<decltype(l.pwritev)>("pwritev64");
+    l.preadv2 = Next<decltype(l.preadv2)>("preadv64v2");
+    l.pwritev2 = Next<decltype(l.pwritev2)>("pwritev64v2");
+    l.open = Next<decltype(l.open)>("open");
+    l.open64 = Next<decltype(l.open64)>("open64");
+    l.openat = Next<decltype(l.openat)>("openat");
+    l.openat64 = Next<decltype(l.openat64)>("openat64");
+    l.creat = Next<decltype(l.creat)>("creat");
+    l.creat64 = Next<decltype(l.creat64)>("creat64");
+    l.close = Next<decltype(l.close)>("close");
+    l.dup = Next<decltype(l.dup)>("dup");
+    l.dup2 = Next<decltype(l.dup2)>("dup2");
+    l.dup3 = Next<decltype(l.dup3)>("dup3");
+    l.fsync = Next<decltype(l.fsync)>("fsync");
+    l.fdatasync = Next<decltype(l.fdatasync)>("fdatasync");
+    l.ftruncate = Next<decltype(l.ftruncate)>("ftruncate64");
+    l.ftruncate64 = l.ftruncate;
+    l.mmap = Next<decltype(l.mmap)>("mmap64");
+    l.mmap64 = l.mmap;
+    l.execve = Next<decltype(l.execve)>("execve");
+    l.execv = Next<decltype(l.execv)>("execv");
+    l.execvp = Next<decltype(l.execvp)>("execvp");
+    l.execvpe = Next<decltype(l.execvpe)>("execvpe");
+    l.posix_spawn = Next<decltype(l.posix_spawn)>("posix_spawn");
+    l.posix_spawnp = Next<decltype(l.posix_spawnp)>("posix_spawnp");
+    return l;
+  }();
+  return c;
+}
+
+// ---- settings (environment, read once) ----
+
+struct Settings {
+  bool enabled = true;
+  int64_t min_bytes = 128 << 10;
+  std::vector<std::string> mounts;  // DNVME_PRELOAD_MOUNTS (':'-separated); empty: every mount
+  std::string stats_file;           // DNVME_PRELOAD_STATS: a JSON line per process at exit
+  std::string config_file;          // DNVME_PRELOAD_CONFIG: the engine's HandleConfig
+};
+
+Settings& S() {
+  static Settings s = [] {
+    Settings v;
+    if (const char* e = getenv("DNVME_PRELOAD_DISABLE"); e && *e && std::strcmp(e, "0") != 0) {
+      v.enabled = false;
+    }
+    if (const char* e = getenv("DNVME_PRELOAD_MIN_BYTES"); e && *e) {
+      char* end = nullptr;
+      long long n = std::strtoll(e, &end, 10);
+      if (end && *end == '\0' && n > 0) v.min_bytes = n;
+    }
+    if (const char* e = getenv("DNVME_PRELOAD_MOUNTS"); e && *e) {
+      std::string all(e);
+      size_t start = 0;
+      while (start <= all.size()) {
+        size_t colon = all.find(':', start);
+        if (colon == std::string::npos) colon = all.size();
+        std::string m = all.substr(start, colon - start);
+        while (m.size() > 1 && m.back() == '/') m.pop_back();
+        if (!m.empty()) v.mounts.push_back(m);
+        start = colon + 1;
+      }
+    }
+    if (const char* e = getenv("DNVME_PRELOAD_STATS"); e && *e) v.stats_file = e;
+    if (const char* e = getenv("DNVME_PRELOAD_CONFIG"); e && *e) v.config_file = e;
+    if (const char* e = getenv("DNVME_PRELOAD_LOG"); e && *e) {
+      (void)dnvme::SetLogLevel(e);
+    } else {
+      (void)dnvme::SetLogLevel("warn");
+    }
+    return v;
+  }();
+  return s;
+}
+
+struct Counters {
+  std::atomic<uint64_t> adopted{0}, refused{0}, reads{0}, writes{0};
+  std::atomic<uint64_t> bytes_read{0}, bytes_written{0}, drains{0}, invalidations{0};
+  std::atomic<uint64_t> errors{0}, stale{0};
+};
+Counters g_counters;
+
+// ---- descriptor states ----
+
+// Per descriptor number: what a large transfer on it should do. Unknown ones are classified once.
+enum : uint8_t { kUnknown = 0, kNotOurs = 1, kOurs = 2 };
+constexpr int kMaxTracked = 1 << 20;
+std::atomic<uint8_t> g_state[kMaxTracked];
+
+uint8_t StateOf(int fd) {
+  if (fd < 0 || fd >= kMaxTracked) return kNotOurs;
+  return g_state[fd].load(std::memory_order_acquire);
+}
+void SetState(int fd, uint8_t s) {
+  if (fd >= 0 && fd < kMaxTracked) g_state[fd].store(s, std::memory_order_release);
+}
+
+// One connection to one mount's broker.
+struct Conn {
+  std::mutex mu;  // one request at a time
+  int sock = -1;
+  broker::LeaseWord* page = nullptr;
+  std::string mountpoint;
+};
+
+// An adopted file: the program's descriptor(s) of the mount share it (dup).
+struct Record {
+  std::shared_ptr<Conn> conn;
+  FileRef file;           // the backing file (O_DIRECT + buffered), as the broker opened it
+  int witness = -1;       // our duplicate of the program's descriptor (kcmp, and the FUSE open)
+  uint64_t lease = 0;
+  broker::LeaseWord* word = nullptr;
+  bool can_read = false, can_write = false;
+  std::mutex mu;  // guards the two below
+  int64_t pending_lo = -1, pending_hi = -1;  // written around the mount, kernel not yet told
+  bool mapped = false;                       // mmap'ed: every write is announced at once
+};
+
+std::mutex g_mu;                                            // guards the three below
+std::unordered_map<int, std::shared_ptr<Record>> g_records;  // program fd -> record
+std::map<dev_t, std::shared_ptr<Conn>> g_conns;             // mount device -> broker connection
+AioHandle* g_engine = nullptr;  // created at the first adoption; leaked in forked children
+bool g_engine_failed = false;
+
+// ---- mounts ----
+
+struct MountInfo {
+  dev_t dev = 0;
+  std::string point;
+};
+
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() + 0 && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+      out.push_back(static_cast<char>(std::strtol(s.substr(i + 1, 3).c_str(), nullptr, 8)));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+// The dnvmefs mount with device `dev`, from /proc/self/mountinfo (read with libc's own calls).
+bool FindMount(dev_t dev, MountInfo* out) {
+  int fd = C().open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string text;
+  char buf[16384];
+  for (;;) {
+    ssize_t n = C().read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  C().close(fd);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    const std::string line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    // id parent major:minor root mountpoint options [optional...] - fstype source superopts
+    unsigned maj = 0, min = 0;
+    char root[4096], point[4096];
+    if (std::sscanf(line.c_str(), "%*d %*d %u:%u %4095s %4095s", &maj, &min, root, point) != 4) {
+      continue;
+    }
+    if (makedev(maj, min) != dev) continue;
+    const size_t dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    if (line.compare(dash + 3, 13, "fuse.dnvmefs ") != 0) return false;
+    out->dev = dev;
+    out->point = Unescape(point);
+    return true;
+  }
+  return false;
+}
+
+bool MountAllowed(const std::string& point) {
+  if (S().mounts.empty()) return true;
+  for (const auto& m : S().mounts) {
+    if (m == point) return true;
+  }
+  return false;
+}
+
+// ---- the broker ----
+
+Status Call(Conn& c, const broker::Request& req, broker::Reply* rep, int* fds, int max_fds,
+            int* nfds) {
+  ssize_t n;
+  do {
+    n = send(c.sock, &req, sizeof(req), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Status::FromErrno(errno, "broker request");
+  iovec iov{rep, sizeof(*rep)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  do {
+    n = recvmsg(c.sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (nfds) *nfds = 0;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); n > 0 && cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    const int count = static_cast<int>((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    const int* got = reinterpret_cast<const int*>(CMSG_DATA(cm));
+    for (int i = 0; i < count; ++i) {
+      if (fds && nfds && *nfds < max_fds) {
+        fds[(*nfds)++] = got[i];
+      } else {
+        C().close(got[i]);
+      }
+    }
+  }
+  if (n < 0) return Status::FromErrno(errno, "broker reply");
+  if (n == 0) return Status::IoError(ENOTCONN, "the broker closed the connection (daemon gone?)");
+  if (static_cast<size_t>(n) != sizeof(*rep) || rep->magic != broker::kMagic) {
+    return Status::IoError(EPROTO, "malformed broker reply");
+  }
+  if (rep->error != 0) {
+    return Status::IoError(rep->error, std::string(rep->message));
+  }
+  return Status::Ok();
+}
+
+// Connects to the broker of the mount at `point` (its name is in .dnvme/broker).
+std::shared_ptr<Conn> Connect(const std::string& point) {
+  const std::string announce = point + "/.dnvme/" + broker::kAnnounceFile;
+  int fd = C().open(announce.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  char text[512] = {};
+  ssize_t n;
+  do {
+    n = C().read(fd, text, sizeof(text) - 1);
+  } while (n < 0 && errno == EINTR);
+  C().close(fd);
+  if (n <= 0) return nullptr;  // -o preload=0: empty
+  const char* sock_line = std::strstr(text, "socket @");
+  if (sock_line == nullptr) return nullptr;
+  std::string name(sock_line + 8);
+  name = name.substr(0, name.find('\n'));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof(addr.sun_path)) return nullptr;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  auto c = std::make_shared<Conn>();
+  c->mountpoint = point;
+  c->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (c->sock < 0) return nullptr;
+  SetState(c->sock, kNotOurs);
+  const socklen_t alen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (connect(c->sock, reinterpret_cast<sockaddr*>(&addr), alen) != 0) {
+    dnvme::Logger().warn("dnvme run: cannot reach the broker of {}: {}", point, std::strerror(errno));
+    C().close(c->sock);
+    return nullptr;
+  }
+  broker::Request req;
+  req.op = static_cast<uint32_t>(broker::Op::kHello);
+  broker::Reply rep;
+  int page_fd = -1, nfds = 0;
+  Status st = Call(*c, req, &rep, &page_fd, 1, &nfds);
+  if (st.ok() && (nfds != 1 || rep.flags != broker::kProtocol)) {
+    st = Status::IoError(EPROTO, "broker protocol " + std::to_string(rep.flags));
+  }
+  if (st.ok()) {
+    void* p = mmap(nullptr, broker::kLeasePageBytes, PROT_READ, MAP_SHARED, page_fd, 0);
+    if (p == MAP_FAILED) {
+      st = Status::FromErrno(errno, "mmap of the lease page");
+    } else {
+      c->page = static_cast<broker::LeaseWord*>(p);
+    }
+  }
+  if (page_fd >= 0) C().close(page_fd);
+  if (!st.ok()) {
+    dnvme::Logger().warn("dnvme run: broker of {}: {}", point, st.ToString());
+    C().close(c->sock);
+    return nullptr;
+  }
+  return c;
+}
+
+Status LeaseCall(Record& r, broker::Op op, int64_t off, int64_t len) {
+  broker::Request req;
+  req.op = static_cast<uint32_t>(op);
+  req.lease = r.lease;
+  req.offset = off;
+  req.length = len;
+  broker::Reply rep;
+  std::lock_guard lock(r.conn->mu);
+  return Call(*r.conn, req, &rep, nullptr, 0, nullptr);
+}
+
+// Tells the daemon what was written around the mount since the last time (kernel caches drop).
+Status Announce(Record& r) {
+  int64_t lo, hi;
+  {
+    std::lock_guard lock(r.mu);
+    lo = r.pending_lo;
+    hi = r.pending_hi;
+    r.pending_lo = r.pending_hi = -1;
+  }
+  if (lo < 0) return Status::Ok();
+  g_counters.invalidations.fetch_add(1, std::memory_order_relaxed);
+  return LeaseCall(r, broker::Op::kWrote, lo, hi - lo);
+}
+
+void NoteWritten(Record& r, int64_t off, int64_t len) {
+  std::lock_guard lock(r.mu);
+  if (r.pending_lo < 0) {
+    r.pending_lo = off;
+    r.pending_hi = off + len;
+  } else {
+    r.pending_lo = std::min(r.pending_lo, off);
+    r.pending_hi = std::max(r.pending_hi, off + len);
+  }
+}
+
+bool HasPending(Record& r) {
+  std::lock_guard lock(r.mu);
+  return r.pending_lo >= 0;
+}
+
+// Every record's pending announcement (before fork, exec, and a mount-path use of a file).
+void AnnounceAll() {
+  std::vector<std::shared_ptr<Record>> all;
+  {
+    std::lock_guard lock(g_mu);
+    for (auto& [fd, r] : g_records) all.push_back(r);
+  }
+  for (auto& r : all) {
+    if (HasPending(*r)) {
+      if (Status st = Announce(*r); !st.ok()) dnvme::Logger().warn("dnvme run: {}", st.ToString());
+    }
+  }
+}
+
+void EndLease(Record& r) {
+  int64_t lo, hi;
+  {
+    std::lock_guard lock(r.mu);
+    lo = r.pending_lo;
+    hi = r.pending_hi;
+  }
+  Status st = LeaseCall(r, broker::Op::kClose, lo < 0 ? 0 : lo, lo < 0 ? -1 : hi - lo);
+  if (!st.ok()) dnvme::Logger().debug("dnvme run: ending a lease: {}", st.ToString());
+  if (r.witness >= 0) C().close(r.witness);
+  r.witness = -1;
+}
+
+// ---- the engine ----
+
+AioHandle* Engine() {
+  std::lock_guard lock(g_mu);
+  if (g_engine || g_engine_failed) return g_engine;
+  dnvme::HandleConfig cfg;
+  cfg.queue_depth = 32;
+  cfg.bounce_bytes_per_worker = 8 << 20;
+  if (!S().config_file.empty()) {
+    auto c = dnvme::HandleConfig::FromJsonFile(S().config_file);
+    if (!c.ok()) {
+      dnvme::Logger().warn("dnvme run: {}: {}; the mount serves every transfer", S().config_file,
+                     c.status().ToString());
+      g_engine_failed = true;
+      return nullptr;
+    }
+    cfg = c.value();
+  }
+  auto h = AioHandle::Create(cfg);
+  if (!h.ok()) {
+    dnvme::Logger().warn("dnvme run: no engine ({}); the mount serves every transfer",
+                   h.status().ToString());
+    g_engine_failed = true;
+    return nullptr;
+  }
+  g_engine = std::move(h).value().release();
+  return g_engine;
+}
+
+// ---- adoption ----
+
+// The record of `fd` if it is an adopted file still open as adopted; adopts an unknown one.
+std::shared_ptr<Record> Lookup(int fd) {
+  std::lock_guard lock(g_mu);
+  auto it = g_records.find(fd);
+  return it == g_records.end() ? nullptr : it->second;
+}
+
+void Drop(int fd) {
+  std::shared_ptr<Record> r;
+  {
+    std::lock_guard lock(g_mu);
+    auto it = g_records.find(fd);
+    if (it != g_records.end()) {
+      r = std::move(it->second);
+      g_records.erase(it);
+    }
+    SetState(fd, kUnknown);
+  }
+  // The last descriptor of the record: the lease ends (announcing what was written).
+  if (r && r.use_count() == 1) EndLease(*r);
+}
+
+std::shared_ptr<Record> Adopt(int fd) {
+  if (!S().enabled) {
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  struct statfs sfs {};
+  struct stat st {};
+  if (fstatfs(fd, &sfs) != 0 || sfs.f_type != FUSE_SUPER_MAGIC || fstat(fd, &st) != 0 ||
+      !S_ISREG(st.st_mode)) {
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_APPEND) || (flags & O_PATH)) {
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  MountInfo m;
+  std::shared_ptr<Conn> conn;
+  {
+    std::lock_guard lock(g_mu);
+    auto it = g_conns.find(st.st_dev);
+    if (it != g_conns.end()) conn = it->second;
+  }
+  if (!conn) {
+    if (!FindMount(st.st_dev, &m) || !MountAllowed(m.point)) {
+      SetState(fd, kNotOurs);
+      return nullptr;
+    }
+    conn = Connect(m.point);
+    if (!conn) {
+      SetState(fd, kNotOurs);
+      return nullptr;
+    }
+    std::lock_guard lock(g_mu);
+    auto [it, fresh] = g_conns.emplace(st.st_dev, conn);
+    if (!fresh) {  // another thread connected first
+      C().close(conn->sock);
+      munmap(conn->page, broker::kLeasePageBytes);
+      conn = it->second;
+    }
+  }
+  // The path inside the mount, as the kernel resolved it for this descriptor.
+  char link[PATH_MAX + 1];
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  ssize_t n = readlink(proc.c_str(), link, PATH_MAX);
+  if (n <= 0) {
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  std::string path(link, static_cast<size_t>(n));
+  const std::string prefix = conn->mountpoint == "/" ? "/" : conn->mountpoint + "/";
+  if (path.compare(0, prefix.size(), prefix) != 0 ||
+      (path.size() > 10 && path.compare(path.size() - 10, 10, " (deleted)") == 0)) {
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  const std::string rel = path.substr(prefix.size());
+  AioHandle* engine = Engine();
+  if (engine == nullptr || rel.size() >= broker::kMaxPath) {
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  broker::Request req;
+  req.op = static_cast<uint32_t>(broker::Op::kOpen);
+  req.ino = st.st_ino;
+  req.flags = static_cast<uint32_t>(flags & O_ACCMODE);
+  req.path_len = static_cast<uint32_t>(rel.size());
+  std::memcpy(req.path, rel.data(), rel.size());
+  broker::Reply rep;
+  int fds[2] = {-1, -1};
+  int nfds = 0;
+  Status s;
+  {
+    std::lock_guard lock(conn->mu);
+    s = Call(*conn, req, &rep, fds, 2, &nfds);
+  }
+  for (int i = 0; i < nfds; ++i) SetState(fds[i], kNotOurs);  // the engine's, not the program's
+  if (s.ok() && nfds != ((rep.flags & broker::kHasDirect) ? 2 : 1)) {
+    s = Status::IoError(EPROTO, "broker sent " + std::to_string(nfds) + " descriptors");
+  }
+  if (!s.ok()) {
+    for (int i = 0; i < nfds; ++i) C().close(fds[i]);
+    g_counters.refused.fetch_add(1, std::memory_order_relaxed);
+    dnvme::Logger().debug("dnvme run: '{}' stays on the mount: {}", path, s.ToString());
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  auto r = std::make_shared<Record>();
+  r->conn = conn;
+  r->lease = rep.lease;
+  r->word = &conn->page[rep.slot];
+  const int acc = flags & O_ACCMODE;
+  r->can_read = acc != O_WRONLY;
+  r->can_write = acc != O_RDONLY;
+  const auto access = acc == O_RDONLY   ? dnvme::FileAccess::kRead
+                      : acc == O_WRONLY ? dnvme::FileAccess::kWrite
+                                        : dnvme::FileAccess::kReadWrite;
+  auto file = engine->adopt_fds(nfds == 2 ? fds[1] : -1, fds[0], access, path);
+  r->witness = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  SetState(r->witness, kNotOurs);
+  if (!file.ok() || r->witness < 0) {
+    dnvme::Logger().warn("dnvme run: '{}' stays on the mount: {}", path,
+                   file.ok() ? std::string(std::strerror(errno)) : file.status().ToString());
+    EndLease(*r);
+    SetState(fd, kNotOurs);
+    return nullptr;
+  }
+  r->file = std::move(file).value();
+  g_counters.adopted.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lock(g_mu);
+  g_records[fd] = r;
+  SetState(fd, kOurs);
+  return r;
+}
+
+// The record to use for a transfer on `fd`, or null for "go through the mount".
+std::shared_ptr<Record> ForTransfer(int fd) {
+  uint8_t s = StateOf(fd);
+  if (s == kNotOurs) return nullptr;
+  if (s == kUnknown) return Adopt(fd);
+  auto r = Lookup(fd);
+  if (!r) return nullptr;
+  // Still the same open file? (fclose and close_range close behind our back.)
+  if (syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, fd, r->witness) != 0) {
+    g_counters.stale.fetch_add(1, std::memory_order_relaxed);
+    Drop(fd);
+    return Adopt(fd);
+  }
+  return r;
+}
+
+// Before the mount serves `fd` (a small transfer, mmap, fsync...): what this process wrote
+// around it must be visible to the mount first.
+void BeforeMountUse(int fd) {
+  if (StateOf(fd) != kOurs) return;
+  auto r = Lookup(fd);
+  if (r && HasPending(*r)) {
+    if (Status st = Announce(*r); !st.ok()) dnvme::Logger().warn("dnvme run: {}", st.ToString());
+  }
+}
+
+// ---- transfers ----
+
+int ErrnoOf(const Status& st) { return st.error_number() != 0 ? st.error_number() : EIO; }
+
+// Direct transfer at `off`; returns bytes moved or -1 with errno. Reads stop at end of file.
+ssize_t DirectIo(Record& r, bool write, void* buf, size_t n, off_t off) {
+  if ((write && !r.can_write) || (!write && !r.can_read)) {
+    errno = EBADF;
+    return -1;
+  }
+  if (r.word->mount_dirty.load(std::memory_order_seq_cst) != 0) {
+    g_counters.drains.fetch_add(1, std::memory_order_relaxed);
+    if (Status st = LeaseCall(r, broker::Op::kDrain, 0, 0); !st.ok()) {
+      errno = ErrnoOf(st);
+      return -1;
+    }
+  }
+  AioHandle* engine = g_engine;
+  Status st;
+  if (write) {
+    st = engine->sync_pwrite(buf, static_cast<int64_t>(n), r.file, off);
+  } else {
+    struct stat sb {};
+    if (fstat(r.file.buffered_fd(), &sb) != 0) return -1;
+    if (off >= sb.st_size) return 0;
+    n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), sb.st_size - off));
+    st = engine->sync_pread(buf, static_cast<int64_t>(n), r.file, off);
+    if (st.code() == Status::Code::kEndOfFile) {
+      // Truncated meanwhile: let the mount answer with what is there.
+      return C().pread(r.witness, buf, n, off);
+    }
+  }
+  if (!st.ok()) {
+    g_counters.errors.fetch_add(1, std::memory_order_relaxed);
+    dnvme::Logger().debug("dnvme run: {}", st.ToString());
+    errno = ErrnoOf(st);
+    return -1;
+  }
+  if (write) {
+    g_counters.writes.fetch_add(1, std::memory_order_relaxed);
+    g_counters.bytes_written.fetch_add(n, std::memory_order_relaxed);
+    NoteWritten(r, off, static_cast<int64_t>(n));
+    bool now;
+    {
+      std::lock_guard lock(r.mu);
+      now = r.mapped;
+    }
+    if (now || r.word->shared.load(std::memory_order_seq_cst) != 0) {
+      if (Status a = Announce(r); !a.ok()) {
+        errno = ErrnoOf(a);
+        return -1;
+      }
+    }
+  } else {
+    g_counters.reads.fetch_add(1, std::memory_order_relaxed);
+    g_counters.bytes_read.fetch_add(n, std::memory_order_relaxed);
+  }
+  return static_cast<ssize_t>(n);
+}
+
+// read/write at the descriptor's offset: the kernel's, in the program's descriptor.
+ssize_t DirectAtOffset(int fd, Record& r, bool write, void* buf, size_t n) {
+  off_t off = lseek(fd, 0, SEEK_CUR);
+  if (off < 0) return -1;
+  ssize_t got = DirectIo(r, write, buf, n, off);
+  if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
+  return got;
+}
+
+size_t IovBytes(const iovec* iov, int cnt) {
+  size_t total = 0;
+  for (int i = 0; i < cnt; ++i) total += iov[i].iov_len;
+  return total;
+}
+
+// Vectored: one direct transfer per element, in order; stops at the first short one.
+ssize_t DirectVec(Record& r, bool write, const iovec* iov, int cnt, off_t off) {
+  ssize_t total = 0;
+  for (int i = 0; i < cnt; ++i) {
+    if (iov[i].iov_len == 0) continue;
+    ssize_t got = DirectIo(r, write, iov[i].iov_base, iov[i].iov_len, off + total);
+    if (got < 0) return total > 0 ? total : -1;
+    total += got;
+    if (static_cast<size_t>(got) < iov[i].iov_len) break;
+  }
+  return total;
+}
+
+bool Large(size_t n) { return static_cast<int64_t>(n) >= S().min_bytes; }
+
+// ---- process lifetime ----
+
+void WriteStats() {
+  if (S().stats_file.empty()) return;
+  auto v = [](const std::atomic<uint64_t>& a) { return std::to_string(a.load()); };
+  std::string line = "{\"pid\": " + std::to_string(getpid()) +
+                     ", \"adopted\": " + v(g_counters.adopted) +
+                     ", \"refused\": " + v(g_counters.refused) +
+                     ", \"reads\": " + v(g_counters.reads) + ", \"writes\": " + v(g_counters.writes) +
+                     ", \"bytes_read\": " + v(g_counters.bytes_read) +
+                     ", \"bytes_written\": " + v(g_counters.bytes_written) +
+                     ", \"drains\": " + v(g_counters.drains) +
+                     ", \"invalidations\": " + v(g_counters.invalidations) +
+                     ", \"errors\": " + v(g_counters.errors) + ", \"stale\": " + v(g_counters.stale) +
+                     "}\n";
+  int fd = C().open(S().stats_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  ssize_t n;
+  do {
+    n = C().write(fd, line.data(), line.size());
+  } while (n < 0 && errno == EINTR);
+  C().close(fd);
+}
+
+void AtExit() {
+  AnnounceAll();
+  WriteStats();
+}
+
+void ForkPrepare() {
+  AnnounceAll();
+  g_mu.lock();
+}
+void ForkParent() { g_mu.unlock(); }
+void ForkChild() {
+  // Only this thread survived: the engine's workers and every lock holder are gone. Forget it
+  // all (leaking the engine: its destructor would wait for threads that do not exist here); the
+  // parent's leases stay the parent's, and this process adopts its files again when it uses them.
+  new (&g_mu) std::mutex();
+  for (auto& [dev, c] : g_conns) {
+    new (&c->mu) std::mutex();
+    C().close(c->sock);
+    c->sock = -1;
+  }
+  for (auto& [fd, r] : g_records) {
+    if (r->witness >= 0) C().close(r->witness);
+    r->witness = -1;
+    SetState(fd, kUnknown);
+  }
+  // Leak the records' engine-side state too: their FileRefs may be referenced by the leaked
+  // engine's (dead) operations.
+  new (&g_records) std::unordered_map<int, std::shared_ptr<Record>>();
+  new (&g_conns) std::map<dev_t, std::shared_ptr<Conn>>();
+  g_engine = nullptr;
+  g_engine_failed = false;
+  g_counters.adopted.store(0);
+}
+
+__attribute__((constructor)) void Init() {
+  (void)C();
+  (void)S();
+  pthread_atfork(ForkPrepare, ForkParent, ForkChild);
+  atexit(AtExit);
+}
+
+int OpenResult(int fd) {
+  if (fd >= 0) {
+    // A number reused behind our back (closed by fclose, say) is a new file.
+    if (StateOf(fd) == kOurs) {
+      Drop(fd);
+    } else {
+      SetState(fd, kUnknown);
+    }
+  }
+  return fd;
+}
+
+mode_t ModeArg(int flags, va_list ap) {
+  return (flags & (O_CREAT | __O_TMPFILE)) ? static_cast<mode_t>(va_arg(ap, int)) : 0;
+}
+
+}  // namespace
+
+// ---- the interposed functions ----
+
+extern "C" {
+
+ssize_t read(int fd, void* buf, size_t n) {
+  if (Large(n) && StateOf(fd) != kNotOurs) {
+    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, *r, false, buf, n);
+  }
+  BeforeMountUse(fd);
+  return C().read(fd, buf, n);
+}
+
+ssize_t write(int fd, const void* buf, size_t n) {
+  if (Large(n) && StateOf(fd) != kNotOurs) {
+    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, *r, true, const_cast<void*>(buf), n);
+  }
+  BeforeMountUse(fd);
+  return C().write(fd, buf, n);
+}
+
+ssize_t pread(int fd, void* buf, size_t n, off_t off) {
+  if (Large(n) && StateOf(fd) != kNotOurs && off >= 0) {
+    if (auto r = ForTransfer(fd)) return DirectIo(*r, false, buf, n, off);
+  }
+  BeforeMountUse(fd);
+  return C().pread(fd, buf, n, off);
+}
+ssize_t pread64(int fd, void* buf, size_t n, off_t off) { return pread(fd, buf, n, off); }
+
+ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) {
+  if (Large(n) && StateOf(fd) != kNotOurs && off >= 0) {
+    if (auto r = ForTransfer(fd)) return DirectIo(*r, true, const_cast<void*>(buf), n, off);
+  }
+  BeforeMountUse(fd);
+  return C().pwrite(fd, buf, n, off);
+}
+ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) { return pwrite(fd, buf, n, off); }
+
+ssize_t readv(int fd, const iovec* iov, int cnt) {
+  if (cnt > 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
+    if (auto r = ForTransfer(fd)) {
+      off_t off = lseek(fd, 0, SEEK_CUR);
+      if (off < 0) return -1;
+      ssize_t got = DirectVec(*r, false, iov, cnt, off);
+      if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
+      return got;
+    }
+  }
+  BeforeMountUse(fd);
+  return C().readv(fd, iov, cnt);
+}
+
+ssize_t writev(int fd, const iovec* iov, int cnt) {
+  if (cnt > 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
+    if (auto r = ForTransfer(fd)) {
+      off_t off = lseek(fd, 0, SEEK_CUR);
+      if (off < 0) return -1;
+      ssize_t got = DirectVec(*r, true, iov, cnt, off);
+      if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
+      return got;
+    }
+  }
+  BeforeMountUse(fd);
+  return C().writev(fd, iov, cnt);
+}
+
+ssize_t preadv(int fd, const iovec* iov, int cnt, off_t off) {
+  if (cnt > 0 && off >= 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
+    if (auto r = ForTransfer(fd)) return DirectVec(*r, false, iov, cnt, off);
+  }
+  BeforeMountUse(fd);
+  return C().preadv(fd, iov, cnt, off);
+}
+ssize_t preadv64(int fd, const iovec* iov, int cnt, off_t off) { return preadv(fd, iov, cnt, off); }
+
+ssize_t pwritev(int fd, const iovec* iov, int cnt, off_t off) {
+  if (cnt > 0 && off >= 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
+    if (auto r = ForTransfer(fd)) return DirectVec(*r, true, iov, cnt, off);
+  }
+  BeforeMountUse(fd);
+  return C().pwritev(fd, iov, cnt, off);
+}
+ssize_t pwritev64(int fd, const iovec* iov, int cnt, off_t off) {
+  return pwritev(fd, iov, cnt, off);
+}
+
+// The flags (RWF_*) ask for things only the kernel's path gives (RWF_APPEND, RWF_NOWAIT...):
+// with any flag, or the current offset (-1), the mount serves the call.
+ssize_t preadv2(int fd, const iovec* iov, int cnt, off_t off, int flags) {
+  if (flags == 0 && off >= 0) return preadv(fd, iov, cnt, off);
+  BeforeMountUse(fd);
+  return C().preadv2(fd, iov, cnt, off, flags);
+}
+ssize_t preadv64v2(int fd, const iovec* iov, int cnt, off_t off, int flags) {
+  return preadv2(fd, iov, cnt, off, flags);
+}
+ssize_t pwritev2(int fd, const iovec* iov, int cnt, off_t off, int flags) {
+  if (flags == 0 && off >= 0) return pwritev(fd, iov, cnt, off);
+  BeforeMountUse(fd);
+  return C().pwritev2(fd, iov, cnt, off, flags);
+}
+ssize_t pwritev64v2(int fd, const iovec* iov, int cnt, off_t off, int flags) {
+  return pwritev2(fd, iov, cnt, off, flags);
+}
+
+int open(const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = ModeArg(flags, ap);
+  va_end(ap);
+  return OpenResult(C().open(path, flags, mode));
+}
+int open64(const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = ModeArg(flags, ap);
+  va_end(ap);
+  return OpenResult(C().open64(path, flags, mode));
+}
+int openat(int dirfd, const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = ModeArg(flags, ap);
+  va_end(ap);
+  return OpenResult(C().openat(dirfd, path, flags, mode));
+}
+int openat64(int dirfd, const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = ModeArg(flags, ap);
+  va_end(ap);
+  return OpenResult(C().openat64(dirfd, path, flags, mode));
+}
+int creat(const char* path, mode_t mode) { return OpenResult(C().creat(path, mode)); }
+int creat64(const char* path, mode_t mode) { return OpenResult(C().creat64(path, mode)); }
+
+int close(int fd) {
+  if (StateOf(fd) == kOurs) {
+    Drop(fd);
+  } else {
+    SetState(fd, kUnknown);
+  }
+  return C().close(fd);
+}
+
+int dup(int fd) {
+  BeforeMountUse(fd);
+  int nfd = C().dup(fd);
+  if (nfd >= 0) {
+    if (StateOf(nfd) == kOurs) Drop(nfd);
+    std::lock_guard lock(g_mu);
+    auto it = g_records.find(fd);
+    if (it != g_records.end()) {
+      g_records[nfd] = it->second;  // the same open file: the same record
+      SetState(nfd, kOurs);
+    } else {
+      SetState(nfd, StateOf(fd) == kNotOurs ? kNotOurs : kUnknown);
+    }
+  }
+  return nfd;
+}
+
+static int DupTo(int fd, int nfd, int rc) {
+  if (rc < 0 || fd == nfd) return rc;
+  std::lock_guard lock(g_mu);
+  auto it = g_records.find(fd);
+  if (it != g_records.end()) {
+    g_records[nfd] = it->second;
+    SetState(nfd, kOurs);
+  } else {
+    SetState(nfd, kUnknown);
+  }
+  return rc;
+}
+
+int dup2(int fd, int nfd) {
+  BeforeMountUse(fd);
+  if (fd != nfd && StateOf(nfd) == kOurs) Drop(nfd);  // dup2 closes nfd first
+  return DupTo(fd, nfd, C().dup2(fd, nfd));
+}
+
+int dup3(int fd, int nfd, int flags) {
+  BeforeMountUse(fd);
+  if (fd != nfd && StateOf(nfd) == kOurs) Drop(nfd);
+  return DupTo(fd, nfd, C().dup3(fd, nfd, flags));
+}
+
+int fsync(int fd) {
+  BeforeMountUse(fd);  // the kernel's view first; the daemon's fsync covers the direct bytes too
+  return C().fsync(fd);
+}
+
+int fdatasync(int fd) {
+  BeforeMountUse(fd);
+  return C().fdatasync(fd);
+}
+
+int ftruncate(int fd, off_t len) {
+  BeforeMountUse(fd);
+  return C().ftruncate(fd, len);
+}
+int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
+
+void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  if (fd >= 0 && StateOf(fd) == kOurs) {
+    BeforeMountUse(fd);
+    if (auto r = Lookup(fd)) {
+      std::lock_guard lock(r->mu);
+      r->mapped = true;  // the mapping's pages are the kernel's: announce every write now
+    }
+  }
+  return C().mmap(addr, len, prot, flags, fd, off);
+}
+void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  return mmap(addr, len, prot, flags, fd, off);
+}
+
+int execve(const char* path, char* const argv[], char* const envp[]) {
+  AnnounceAll();
+  return C().execve(path, argv, envp);
+}
+int execv(const char* path, char* const argv[]) {
+  AnnounceAll();
+  return C().execv(path, argv);
+}
+int execvp(const char* file, char* const argv[]) {
+  AnnounceAll();
+  return C().execvp(file, argv);
+}
+int execvpe(const char* file, char* const argv[], char* const envp[]) {
+  AnnounceAll();
+  return C().execvpe(file, argv, envp);
+}
+int posix_spawn(pid_t* pid, const char* path, const posix_spawn_file_actions_t* fa,
+                const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
+  AnnounceAll();
+  return C().posix_spawn(pid, path, fa, attr, argv, envp);
+}
+int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_actions_t* fa,
+                 const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
+  AnnounceAll();
+  return C().posix_spawnp(pid, file, fa, attr, argv, envp);
+}
+
+}  // extern "C"
