@@ -436,9 +436,31 @@ Status Fs::DrainForExternal(Inode& in) {
 void Fs::AfterExternalWrite(Inode& in) {
   in.ra.Invalidate();
   if (se_ == nullptr) return;
-  int rc = fuse_lowlevel_notify_inval_inode(se_, reinterpret_cast<fuse_ino_t>(&in), 0, 0);
+  const auto ino = reinterpret_cast<fuse_ino_t>(&in);
+  int rc = fuse_lowlevel_notify_inval_inode(se_, ino, 0, 0);
   if (rc != 0 && rc != -ENOENT) {
     Logger().warn("invalidating the kernel cache of inode {} failed: {}", in.ino,
+                  std::strerror(-rc));
+  }
+  // Invalidated attributes are fetched again only by whoever asks for them (stat, lseek
+  // SEEK_END); an O_APPEND write takes its offset from the kernel's cached size as it is. Storing
+  // the file's last byte (NOTIFY_STORE) moves that size up at once: the kernel extends i_size to
+  // the end of a store (of at least one byte), so appends through the mount land after the bytes
+  // written around it. (Files shrink only through the mount, whose SETATTR updates the size.)
+  struct stat st {};
+  if (!S_ISREG(in.type) || fstat(in.fd, &st) != 0 || st.st_size == 0) return;
+  UniqueFd rd(open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME));
+  if (!rd.valid()) rd.Reset(open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC));
+  char last = 0;
+  if (!rd.valid() || pread(rd.get(), &last, 1, st.st_size - 1) != 1) {
+    Logger().warn("reading the last byte of inode {}: {}", in.ino, std::strerror(errno));
+    return;
+  }
+  fuse_bufvec one = FUSE_BUFVEC_INIT(1);
+  one.buf[0].mem = &last;
+  rc = fuse_lowlevel_notify_store(se_, ino, st.st_size - 1, &one, fuse_buf_copy_flags{});
+  if (rc != 0 && rc != -ENOENT) {
+    Logger().warn("pushing the size of inode {} to the kernel failed: {}", in.ino,
                   std::strerror(-rc));
   }
 }

@@ -42,5 +42,8 @@ Command AddTuneCommand(CLI::App& parent);
 // `dnvme report`: what this machine can do, one line per capability (DeepSpeed ds_report)
 // (tools/dnvme/report_cmd.cc).
 Command AddReportCommand(CLI::App& parent);
+// `dnvme run -- CMD`: CMD with libdnvme_preload.so preloaded (tools/dnvme/run_cmd.cc,
+// docs/preload.md).
+Command AddRunCommand(CLI::App& parent);
 
 }  // namespace dnvme::cli

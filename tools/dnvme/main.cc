@@ -1,4 +1,4 @@
-// dnvme: the dnvmefs command-line tool. Subcommands: io, ctl, tune, report.
+// dnvme: the dnvmefs command-line tool. Subcommands: io, ctl, tune, report, run.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   commands.push_back(dnvme::cli::AddCtlCommand(app));
   commands.push_back(dnvme::cli::AddTuneCommand(app));
   commands.push_back(dnvme::cli::AddReportCommand(app));
+  commands.push_back(dnvme::cli::AddRunCommand(app));
 
   try {
     app.parse(argc, argv);

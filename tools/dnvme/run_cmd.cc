@@ -1,0 +1,125 @@
+// `dnvme run [--mount MNT]... [--min-bytes SIZE] [--config FILE] [--stats FILE] -- CMD ARGS`:
+// runs CMD with libdnvme_preload.so preloaded (docs/preload.md), so its large reads and writes of
+// files on dnvmefs mounts go to the backing files through its own engine, with no FUSE copy.
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "dnvme/config.h"
+#include "tools/dnvme/commands.h"
+
+namespace dnvme::cli {
+
+namespace {
+
+bool Exists(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0;
+}
+
+// The library: $DNVME_PRELOAD_LIB, else beside this binary (build/bin -> build/lib, or an
+// install's bin -> lib).
+std::string FindLibrary() {
+  if (const char* e = getenv("DNVME_PRELOAD_LIB"); e && *e) return e;
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string parent = dir.substr(0, dir.rfind('/'));
+    for (const std::string& c : {parent + "/lib/libdnvme_preload.so", dir + "/libdnvme_preload.so"}) {
+      if (Exists(c)) return c;
+    }
+  }
+  return "";
+}
+
+// "@name" when MNT serves a broker; throws UsageError otherwise.
+void CheckMount(const std::string& mnt) {
+  std::ifstream f(mnt + "/.dnvme/broker");
+  if (!f) {
+    throw UsageError("'" + mnt + "' is not a dnvmefs mount (no .dnvme/broker)");
+  }
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (text.find("socket @") == std::string::npos) {
+    throw UsageError("the mount at '" + mnt + "' does not serve `dnvme run` (-o preload=0)");
+  }
+}
+
+}  // namespace
+
+Command AddRunCommand(CLI::App& parent) {
+  Command c;
+  c.app = parent.add_subcommand(
+      "run",
+      "Run a program whose large reads and writes of files on dnvmefs mounts go straight to the "
+      "backing files through its own engine (LD_PRELOAD of libdnvme_preload.so)");
+  struct Opts {
+    std::vector<std::string> mounts;
+    std::string min_bytes = "128K";
+    std::string config;
+    std::string stats;
+    std::vector<std::string> cmd;
+  };
+  auto o = std::make_shared<Opts>();
+  c.app->add_option("--mount", o->mounts,
+                    "Only files on this mount (repeatable; default: every dnvmefs mount)");
+  c.app->add_option("--min-bytes", o->min_bytes,
+                    "Smallest read/write done on the engine; smaller ones go through the mount")
+      ->capture_default_str();
+  c.app->add_option("--config", o->config, "The engine's HandleConfig JSON (as -o config=)");
+  c.app->add_option("--stats", o->stats,
+                    "Append each process's counters (one JSON line per process) to this file");
+  c.app->add_option("cmd", o->cmd, "The command and its arguments (after --)")->required();
+  c.run = [o]() -> int {
+    auto min = ParseSize(o->min_bytes);
+    if (!min.ok() || min.value() <= 0) {
+      throw UsageError("--min-bytes '" + o->min_bytes + "': expected a size such as 64K or 1M");
+    }
+    std::string mounts;
+    for (std::string m : o->mounts) {
+      while (m.size() > 1 && m.back() == '/') m.pop_back();
+      char real[PATH_MAX];
+      if (realpath(m.c_str(), real) == nullptr) {
+        throw UsageError("--mount '" + m + "': " + std::strerror(errno));
+      }
+      CheckMount(real);
+      mounts += (mounts.empty() ? "" : ":") + std::string(real);
+    }
+    if (!o->config.empty()) {
+      auto cfg = HandleConfig::FromJsonFile(o->config);
+      if (!cfg.ok()) throw UsageError("--config: " + cfg.status().message());
+    }
+    const std::string lib = FindLibrary();
+    if (lib.empty()) {
+      std::cerr << "dnvme run: error: libdnvme_preload.so not found beside this binary (set "
+                   "DNVME_PRELOAD_LIB)\n";
+      return kExitFailure;
+    }
+    std::string preload = lib;
+    if (const char* old = getenv("LD_PRELOAD"); old && *old) preload += std::string(":") + old;
+    setenv("LD_PRELOAD", preload.c_str(), 1);
+    setenv("DNVME_PRELOAD_MIN_BYTES", std::to_string(min.value()).c_str(), 1);
+    if (!mounts.empty()) setenv("DNVME_PRELOAD_MOUNTS", mounts.c_str(), 1);
+    if (!o->config.empty()) setenv("DNVME_PRELOAD_CONFIG", o->config.c_str(), 1);
+    if (!o->stats.empty()) setenv("DNVME_PRELOAD_STATS", o->stats.c_str(), 1);
+    std::vector<char*> argv;
+    for (auto& a : o->cmd) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::cerr << "dnvme run: error: cannot run '" << o->cmd[0] << "': " << std::strerror(errno)
+              << "\n";
+    return errno == ENOENT ? 127 : 126;
+  };
+  return c;
+}
+
+}  // namespace dnvme::cli
