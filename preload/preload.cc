@@ -819,7 +819,12 @@ void ForkChild() {
   new (&g_conns) std::map<dev_t, std::shared_ptr<Conn>>();
   g_engine = nullptr;
   g_engine_failed = false;
-  g_counters.adopted.store(0);
+  // This process's counters are its own (its stats line says what it did).
+  for (auto* c : {&g_counters.adopted, &g_counters.refused, &g_counters.reads, &g_counters.writes,
+                  &g_counters.bytes_read, &g_counters.bytes_written, &g_counters.drains,
+                  &g_counters.invalidations, &g_counters.errors, &g_counters.stale}) {
+    c->store(0);
+  }
 }
 
 __attribute__((constructor)) void Init() {

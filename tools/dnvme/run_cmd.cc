@@ -70,8 +70,10 @@ Command AddRunCommand(CLI::App& parent) {
     std::vector<std::string> cmd;
   };
   auto o = std::make_shared<Opts>();
+  // One value per --mount: a vector option would otherwise take the command's words too.
   c.app->add_option("--mount", o->mounts,
-                    "Only files on this mount (repeatable; default: every dnvmefs mount)");
+                    "Only files on this mount (repeatable; default: every dnvmefs mount)")
+      ->allow_extra_args(false);
   c.app->add_option("--min-bytes", o->min_bytes,
                     "Smallest read/write done on the engine; smaller ones go through the mount")
       ->capture_default_str();

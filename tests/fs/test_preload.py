@@ -1,0 +1,527 @@
+"""`dnvme run -- CMD` (libdnvme_preload.so, docs/preload.md) on a real mount.
+
+Each test runs real programs (dd, cat, python3) under `dnvme run` against a dnvmefs mount and
+checks their data through the mount, in BACKING_DIR, and the counters the preload library writes
+(--stats: one JSON line per process), so a test cannot pass with the library doing nothing. The
+broker's own checks (identity, paths, permissions) are driven by a raw client of its socket
+(include/dnvme/broker.h), as an unprivileged user where the test runs as root.
+
+The randomized comparison with a plain directory, with a preloaded process and a plain one on
+the same files, is in test_model.py (ModelPreload*).
+"""
+
+import errno
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mount_harness as mh  # noqa: E402
+
+KiB, MiB = 1024, 1024 * 1024
+PY = "/usr/bin/python3"
+
+
+def dnvme_bin():
+    return os.environ.get("DNVME_BIN") or os.path.join(os.path.dirname(mh.daemon_bin()), "dnvme")
+
+
+def pattern(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+def slurp(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_stats(path):
+    """Sums the per-process lines; returns (total, lines)."""
+    lines = []
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = [json.loads(x) for x in f if x.strip()]
+    total = {}
+    for line in lines:
+        for k, v in line.items():
+            if k != "pid":
+                total[k] = total.get(k, 0) + v
+    return total, lines
+
+
+class PreloadBase(mh.MountedTestCase):
+    MIN_BYTES = "64K"
+
+    def setUp(self):
+        super().setUp()
+        self.stats = os.path.join(self.scratch.path, "stats-%s.jsonl" % self._testMethodName)
+        if os.path.exists(self.stats):
+            os.unlink(self.stats)
+
+    def run_cmd(self, argv, check=True, min_bytes=None, mount=True, **kw):
+        cmd = [dnvme_bin(), "run", "--stats", self.stats,
+               "--min-bytes", min_bytes or self.MIN_BYTES]
+        if mount:
+            cmd += ["--mount", self.mnt]
+        cmd += ["--"] + list(argv)
+        if "stdout" in kw:
+            p = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, timeout=120, **kw)
+        else:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+        if check and p.returncode != 0:
+            self.fail("%s failed (%d): %s%s" % (argv, p.returncode, p.stdout, p.stderr))
+        return p
+
+    def py(self, code, **kw):
+        return self.run_cmd([PY, "-c", code], **kw)
+
+    def total(self):
+        return read_stats(self.stats)[0]
+
+
+class PreloadTest(PreloadBase):
+    def test_dd_writes_and_reads_around_the_mount(self):
+        src = os.path.join(self.scratch.path, "src.bin")
+        with open(src, "wb") as f:
+            f.write(pattern(1, 24 * MiB + 12345))
+        self.run_cmd(["dd", "if=" + src, "of=" + self.m("dd.bin"), "bs=1M", "status=none"])
+        t = self.total()
+        self.assertEqual(t["adopted"], 1, t)  # the output; the input is not on the mount
+        self.assertEqual(t["bytes_written"], 24 * MiB, t)  # the 12345-byte tail is small
+        self.assertEqual(t["errors"], 0, t)
+        want = slurp(src)
+        self.assertEqual(slurp(self.b("dd.bin")), want)
+        self.assertEqual(slurp(self.m("dd.bin")), want)
+        self.assertEqual(os.stat(self.m("dd.bin")).st_size, len(want))
+        # And back: cat reads 128 KiB at a time, through the engine.
+        out = os.path.join(self.scratch.path, "back.bin")
+        with open(out, "wb") as f:
+            self.run_cmd(["cat", self.m("dd.bin")], stdout=f)
+        self.assertEqual(slurp(out), want)
+        self.assertGreaterEqual(self.total()["bytes_read"], 24 * MiB)
+
+    def test_file_not_on_the_mount_is_left_alone(self):
+        p = os.path.join(self.scratch.path, "plain.bin")
+        self.py("import os\nfd = os.open(%r, os.O_CREAT | os.O_RDWR, 0o644)\n"
+                "os.write(fd, b'x' * (4 << 20)); os.lseek(fd, 0, 0)\n"
+                "assert os.read(fd, 4 << 20) == b'x' * (4 << 20)\nos.close(fd)" % p)
+        t = self.total()
+        self.assertEqual(t["adopted"], 0, t)
+        self.assertEqual(t["bytes_written"] + t["bytes_read"], 0, t)
+        self.assertEqual(os.path.getsize(p), 4 * MiB)
+
+    def test_unaligned_buffers_and_offsets(self):
+        # Buffers 3 bytes into a page, odd file offsets and lengths, vectored calls: the engine
+        # bounces what O_DIRECT cannot take and writes the edges through the page cache.
+        code = r"""
+import os, random
+p = %r
+data = random.Random(5).randbytes(3 * (1 << 20) + 777)
+fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+buf = bytearray(len(data) + 3)
+buf[3:] = data
+mv = memoryview(buf)[3:]
+assert os.pwrite(fd, mv, 4097) == len(data)
+h = len(data) // 2
+assert os.pwritev(fd, [mv[:h], mv[h:]], 9 * (1 << 20) + 1) == len(data)
+back = bytearray(len(data) + 5)
+got = os.preadv(fd, [memoryview(back)[5:5 + h], memoryview(back)[5 + h:]], 4097)
+assert got == len(data), got
+assert bytes(back[5:]) == data
+os.lseek(fd, 9 * (1 << 20) + 1, 0)
+assert os.read(fd, len(data) + 100) == data  # short at end of file
+assert os.read(fd, 1 << 20) == b""
+os.close(fd)
+""" % self.m("odd.bin")
+        self.py(code)
+        t = self.total()
+        self.assertGreaterEqual(t["bytes_written"], 2 * (3 * MiB + 777), t)
+        self.assertGreaterEqual(t["bytes_read"], 2 * (3 * MiB + 777), t)
+        data = pattern(5, 3 * MiB + 777)
+        with open(self.m("odd.bin"), "rb") as f:
+            self.assertEqual(os.pread(f.fileno(), len(data), 4097), data)
+            self.assertEqual(os.pread(f.fileno(), len(data), 9 * MiB + 1), data)
+        self.assertEqual(os.path.getsize(self.b("odd.bin")), 9 * MiB + 1 + len(data))
+
+    def test_a_plain_reader_sees_each_write_at_once(self):
+        # This process keeps the file open through the mount (read-write: the daemon's read-ahead
+        # serves it) while a preloaded one overwrites and extends it: every read and stat after
+        # each of the child's writes must see it.
+        p = self.m("shared.bin")
+        with open(p, "wb") as f:
+            f.write(b"a" * (4 * MiB))
+        fd = os.open(p, os.O_RDWR)
+        try:
+            self.assertEqual(os.pread(fd, 2 * MiB, 0), b"a" * (2 * MiB))  # cached now
+            child = subprocess.Popen(
+                [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c",
+                 "import os, sys\nfd = os.open(%r, os.O_RDWR)\n"
+                 "for line in sys.stdin:\n"
+                 "    i = int(line)\n"
+                 "    os.pwrite(fd, bytes([98 + i]) * (1 << 20), i * (1 << 20))\n"
+                 "    print('ok', flush=True)\n" % p],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                for i in range(6):
+                    child.stdin.write("%d\n" % i)
+                    child.stdin.flush()
+                    self.assertEqual(child.stdout.readline().strip(), "ok")
+                    want = bytes([98 + i]) * MiB
+                    self.assertEqual(os.pread(fd, MiB, i * MiB), want, "write %d not seen" % i)
+                    self.assertEqual(os.fstat(fd).st_size, max(4, i + 1) * MiB)
+                    self.assertEqual(os.stat(p).st_size, max(4, i + 1) * MiB)
+            finally:
+                child.stdin.close()
+                self.assertEqual(child.wait(30), 0)
+        finally:
+            os.close(fd)
+        t = self.total()
+        self.assertEqual(t["bytes_written"], 6 * MiB, t)
+        self.assertGreaterEqual(t["invalidations"], 6, t)  # shared: announced after each
+
+    def test_appends_through_the_mount_land_after_direct_writes(self):
+        p = self.m("app.bin")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, b"a" * 100)
+            self.py("import os\nfd = os.open(%r, os.O_RDWR)\n"
+                    "os.pwrite(fd, b'b' * 300000, 1000000)\nos.close(fd)" % p)
+            os.write(fd, b"c" * 10)
+        finally:
+            os.close(fd)
+        data = slurp(p)
+        self.assertEqual(len(data), 1300010)
+        self.assertEqual(data[-10:], b"c" * 10)
+        self.assertEqual(data[1000000:1300000], b"b" * 300000)
+
+    def test_fork_and_exec(self):
+        # The parent writes through the engine, a forked child writes with the inherited
+        # descriptor (and adopts it again: the parent's engine threads are not in the child), then
+        # an exec'd cat (preloaded too, inheriting LD_PRELOAD) reads the whole file.
+        out = os.path.join(self.scratch.path, "cat.out")
+        code = r"""
+import os, subprocess, sys
+p = %r
+fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+os.pwrite(fd, b'P' * (2 << 20), 0)
+pid = os.fork()
+if pid == 0:
+    os.pwrite(fd, b'C' * (2 << 20), 2 << 20)
+    os.fsync(fd)
+    sys.exit(0)  # (not os._exit: the preload library writes its counters at exit)
+_, st = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(st) == 0
+os.pwrite(fd, b'Q' * (1 << 20), 4 << 20)
+with open(%r, 'wb') as o:
+    subprocess.check_call(['cat', p], stdout=o)
+os.close(fd)
+""" % (self.m("fork.bin"), out)
+        self.py(code)
+        want = b"P" * (2 * MiB) + b"C" * (2 * MiB) + b"Q" * MiB
+        self.assertEqual(slurp(out), want)
+        self.assertEqual(slurp(self.m("fork.bin")), want)
+        total, lines = read_stats(self.stats)
+        writers = [x for x in lines if x["bytes_written"] > 0]
+        readers = [x for x in lines if x["bytes_read"] > 0]
+        self.assertEqual(len(writers), 2, lines)  # the parent and the forked child
+        self.assertEqual(sum(x["bytes_written"] for x in writers), 5 * MiB, lines)
+        self.assertEqual(len(readers), 1, lines)  # cat
+        self.assertEqual(total["errors"], 0, lines)
+
+    def test_torch_save_and_load(self):
+        if subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode != 0:
+            self.skipTest("torch is not importable by %s" % PY)
+        code = r"""
+import os, torch
+torch.manual_seed(0)
+t = {"a": torch.randn(3 << 20), "b": torch.arange(1 << 20, dtype=torch.int64), "c": torch.ones(3)}
+torch.save(t, %r)
+u = torch.load(%r)
+assert all(torch.equal(t[k], u[k]) for k in t)
+""" % (self.m("ck.pt"), self.m("ck.pt"))
+        self.py(code)
+        t = self.total()
+        self.assertGreater(t["bytes_written"], 20 * MiB, t)
+        self.assertGreater(t["bytes_read"], 16 * MiB, t)
+        self.assertEqual(t["errors"], 0, t)
+        # A plain process (not preloaded) loads it through the mount.
+        subprocess.run([PY, "-c", "import torch; u = torch.load(%r); torch.manual_seed(0); "
+                        "assert torch.equal(u['a'], torch.randn(3 << 20))" % self.m("ck.pt")],
+                       check=True, timeout=120)
+
+    def test_bad_invocations(self):
+        p = subprocess.run([dnvme_bin(), "run", "--mount", self.scratch.path, "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("not a dnvmefs mount", p.stderr)
+        p = subprocess.run([dnvme_bin(), "run", "--min-bytes", "0", "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--min-bytes", p.stderr)
+        p = subprocess.run([dnvme_bin(), "run", "--", "/no/such/program"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 127, p.stderr)
+        self.assertTrue(self.mount.alive())
+
+
+# -------------------------------------------------------------------------------------------------
+# The broker, spoken to directly (include/dnvme/broker.h).
+REQ = struct.Struct("=IIQQqqII4096s")
+REP = struct.Struct("=IiQIIq512s")
+MAGIC = 0x444e5642
+OP_HELLO, OP_OPEN = 1, 2
+
+BROKER_CLIENT = r"""
+import json, os, socket, struct, sys
+REQ = struct.Struct("=IIQQqqII4096s")
+REP = struct.Struct("=IiQIIq512s")
+MAGIC = 0x444e5642
+args = json.loads(sys.argv[1])
+if args.get("uid") is not None:
+    os.setgroups([]); os.setgid(args["uid"]); os.setuid(args["uid"])
+name = open(os.path.join(args["mnt"], ".dnvme/broker")).read().split("socket @")[1].split()[0]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect("\0" + name)
+def call(op, path=b"", flags=0, ino=0):
+    s.send(REQ.pack(MAGIC, op, 0, ino, 0, 0, flags, len(path), path))
+    msg, anc, _, _ = s.recvmsg(REP.size, socket.CMSG_SPACE(16))
+    fds = []
+    for lvl, typ, data in anc:
+        if lvl == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds += list(struct.unpack("%di" % (len(data) // 4), data[:len(data) - len(data) % 4]))
+    _, err, lease, slot, fl, size, text = REP.unpack(msg)
+    return err, fds, size, text.split(b"\0")[0].decode()
+out = []
+call(1)
+for r in args["requests"]:
+    err, fds, size, text = call(2, r["path"].encode(), r["flags"], r["ino"])
+    first = b""
+    if fds:
+        first = os.pread(fds[0], 16, 0)
+    for fd in fds:
+        os.close(fd)
+    out.append({"err": err, "nfds": len(fds), "size": size, "text": text, "first": first.hex()})
+print(json.dumps(out))
+"""
+
+
+class BrokerTest(PreloadBase):
+    MOUNT_OPTIONS = ("allow_other",)  # as a shared mount is run: other users reach it
+
+    def ask(self, requests, uid=None):
+        p = subprocess.run([PY, "-c", BROKER_CLIENT,
+                            json.dumps({"mnt": self.mnt, "uid": uid, "requests": requests})],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return json.loads(p.stdout)
+
+    def test_hands_out_the_file_the_client_has_open(self):
+        with open(self.m("f.bin"), "wb") as f:
+            f.write(b"hello broker" + b"\0" * 8192)
+        ino = os.stat(self.m("f.bin")).st_ino
+        with open(self.m("f.bin"), "rb"):  # the kernel knows the inode
+            got = self.ask([{"path": "f.bin", "flags": os.O_RDONLY, "ino": ino},
+                            {"path": "f.bin", "flags": os.O_RDWR, "ino": ino}])
+        for g in got:
+            self.assertEqual(g["err"], 0, g)
+            self.assertEqual(g["nfds"], 2, g)  # buffered + O_DIRECT
+            self.assertEqual(g["size"], 12 + 8192)
+            self.assertEqual(bytes.fromhex(g["first"]), b"hello broker\0\0\0\0")
+
+    def test_refuses_what_the_caller_may_not_have(self):
+        with open(self.m("f.bin"), "wb") as f:
+            f.write(b"x" * 4096)
+        ino = os.stat(self.m("f.bin")).st_ino
+        with open(self.m("f.bin"), "rb"):
+            got = self.ask([
+                {"path": "../f.bin", "flags": os.O_RDONLY, "ino": ino},
+                {"path": "/etc/passwd", "flags": os.O_RDONLY, "ino": ino},
+                {"path": ".dnvme/ctl", "flags": os.O_RDWR, "ino": ino},
+                {"path": "f.bin", "flags": os.O_RDONLY, "ino": ino + 1},  # not the client's file
+                {"path": "nothere", "flags": os.O_RDONLY, "ino": ino},
+                {"path": "f.bin", "flags": 3, "ino": ino},  # no such access mode
+            ])
+        want = [errno.EINVAL, errno.EINVAL, errno.EINVAL, errno.ESTALE, errno.ENOENT,
+                errno.EINVAL]
+        self.assertEqual([g["err"] for g in got], want, got)
+        self.assertTrue(all(g["nfds"] == 0 for g in got), got)
+        self.assertTrue(self.mount.alive())
+
+    def test_opens_as_the_caller(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to act as another user")
+        nobody = 65534
+        os.chmod(self.scratch.path, 0o755)  # nobody must reach the mount
+        with open(self.m("secret.bin"), "wb") as f:
+            f.write(b"s" * 4096)
+        os.chmod(self.m("secret.bin"), 0o600)
+        with open(self.m("public.bin"), "wb") as f:
+            f.write(b"p" * 4096)
+        os.chmod(self.m("public.bin"), 0o644)
+        si, pi = os.stat(self.m("secret.bin")).st_ino, os.stat(self.m("public.bin")).st_ino
+        with open(self.m("secret.bin"), "rb"), open(self.m("public.bin"), "rb"):
+            got = self.ask([{"path": "secret.bin", "flags": os.O_RDONLY, "ino": si},
+                            {"path": "public.bin", "flags": os.O_RDWR, "ino": pi},
+                            {"path": "public.bin", "flags": os.O_RDONLY, "ino": pi}], uid=nobody)
+        self.assertEqual([g["err"] for g in got], [errno.EACCES, errno.EACCES, 0], got)
+        self.assertEqual([g["nfds"] for g in got], [0, 0, 2], got)
+        self.assertEqual(bytes.fromhex(got[2]["first"]), b"p" * 16)
+        # And through `dnvme run`: the secret stays closed to nobody, at the mount already.
+        p = subprocess.run(
+            [PY, "-c", "import os, subprocess, sys\nos.setgroups([]); os.setgid(%d); "
+             "os.setuid(%d)\nsys.exit(subprocess.run([%r, 'run', '--', 'dd', 'if=%s', "
+             "'of=/dev/null', 'bs=1M', 'status=none']).returncode)" %
+             (nobody, nobody, dnvme_bin(), self.m("secret.bin"))],
+            capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("Permission denied", p.stderr)
+
+
+class PreloadOffTest(PreloadBase):
+    MOUNT_OPTIONS = ("preload=0",)
+
+    def test_no_broker(self):
+        self.assertEqual(slurp(self.m(".dnvme", "broker")), b"")
+        p = self.run_cmd(["true"], check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("preload=0", p.stderr)
+        # Without --mount the program runs, all through the mount.
+        self.run_cmd(["dd", "if=/dev/zero", "of=" + self.m("z.bin"), "bs=1M", "count=4",
+                      "status=none"], mount=False)
+        t = self.total()
+        self.assertEqual(t["adopted"], 0, t)
+        self.assertEqual(os.path.getsize(self.b("z.bin")), 4 * MiB)
+
+
+# -------------------------------------------------------------------------------------------------
+WRITER = r"""
+import os, random, sys
+p = sys.argv[1]
+data = random.Random(7).randbytes(8 << 20)
+fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+off, rng = 0, random.Random(3)
+try:
+    while True:
+        n = rng.randint(64 << 10, 2 << 20)
+        start = off % len(data)
+        piece = (data[start:] + data)[:n]
+        os.pwrite(fd, piece, off)
+        off += n
+        if rng.random() < 0.3:
+            os.fsync(fd)
+            print("acked", off, flush=True)
+except OSError as e:
+    print("stopped", e.errno, flush=True)
+"""
+
+
+def expected(n):
+    data = pattern(7, 8 * MiB)
+    out = bytearray()
+    while len(out) < n:
+        out += data
+    return bytes(out[:n])
+
+
+class PreloadCrashTest(unittest.TestCase):
+    """kill -9 of a preloaded writer, and of the daemon under one: no fsync-acknowledged byte is
+    lost (the bytes went to the backing file directly; fsync through the mount made them
+    durable), and with the daemon gone the writer's next fsync fails instead of succeeding."""
+
+    def setUp(self):
+        reason = mh.skip_reason()
+        if reason:
+            self.skipTest(reason)
+        self.scratch = mh.Scratch(type(self).__name__)
+        self.addCleanup(self.scratch.cleanup)
+        self.mount = mh.Mount(self.scratch.backing, self.scratch.mnt)
+        self.addCleanup(self.mount.stop)
+        self.mount.start()
+
+    def start_writer(self, name):
+        stats = os.path.join(self.scratch.path, "stats.jsonl")
+        w = subprocess.Popen([dnvme_bin(), "run", "--stats", stats, "--", PY, "-c", WRITER,
+                              os.path.join(self.scratch.mnt, name)],
+                             stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: w.poll() is None and w.kill())
+        return w
+
+    def wait_acks(self, w, count):
+        acked = 0
+        for _ in range(count):
+            line = w.stdout.readline().split()
+            self.assertEqual(line[0], "acked", line)
+            acked = int(line[1])
+        return acked
+
+    def test_kill9_of_the_client(self):
+        w = self.start_writer("c.bin")
+        acked = self.wait_acks(w, 6)
+        w.send_signal(signal.SIGKILL)
+        w.wait(30)
+        for root in (self.scratch.mnt, self.scratch.backing):
+            with open(os.path.join(root, "c.bin"), "rb") as f:
+                got = f.read(acked)
+            self.assertEqual(got, expected(acked), "lost acknowledged bytes under %s" % root)
+        self.assertGreaterEqual(os.path.getsize(os.path.join(self.scratch.mnt, "c.bin")), acked)
+        self.assertTrue(self.mount.alive())
+
+    def test_kill9_of_the_daemon(self):
+        w = self.start_writer("d.bin")
+        acked = self.wait_acks(w, 6)
+        self.mount.kill9()
+        # The writer goes on until its next fsync through the dead mount fails.
+        last = None
+        for line in w.stdout:
+            last = line.split()
+            if last[0] == "acked":
+                acked = int(last[1])  # the fsync covered the backing file before the kill
+            else:
+                break
+        w.wait(60)
+        self.assertIsNotNone(last)
+        self.assertEqual(last[0], "stopped", last)
+        self.assertIn(int(last[1]), (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO), last)
+        with open(os.path.join(self.scratch.backing, "d.bin"), "rb") as f:
+            got = f.read(acked)
+        self.assertEqual(got, expected(acked), "lost acknowledged bytes")
+
+
+class PreloadNoSpaceTest(unittest.TestCase):
+    """ENOSPC from the backing file reaches the preloaded writer at the call, and the mount
+    keeps serving."""
+
+    def setUp(self):
+        reason = mh.skip_reason(need_root=True)
+        if reason:
+            self.skipTest(reason)
+        self.scratch = mh.Scratch(type(self).__name__)
+        self.addCleanup(self.scratch.cleanup)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", self.scratch.backing],
+                       check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", self.scratch.backing])
+        self.mount = mh.Mount(self.scratch.backing, self.scratch.mnt)
+        self.addCleanup(self.mount.stop)
+        self.mount.start()
+
+    def test_enospc_at_the_write(self):
+        p = subprocess.run([dnvme_bin(), "run", "--", "dd", "if=/dev/zero",
+                            "of=" + os.path.join(self.scratch.mnt, "big"), "bs=1M", "count=32"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("No space left on device", p.stderr)
+        self.assertTrue(self.mount.alive())
+        os.unlink(os.path.join(self.scratch.mnt, "big"))
+        with open(os.path.join(self.scratch.mnt, "small"), "wb") as f:
+            f.write(b"ok")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
