@@ -694,6 +694,14 @@ ssize_t DirectIo(Record& r, bool write, void* buf, size_t n, off_t off) {
   AioHandle* engine = g_engine;
   Status st;
   if (write) {
+    // ext4 runs an O_DIRECT write that extends the file synchronously, one request after the
+    // other (it must update the size when the data is in): extend it first, so the engine's
+    // requests run queue_depth deep into the new range. A reader may see the new size before
+    // the bytes, as with any write still in progress.
+    struct stat sb {};
+    const int64_t end = static_cast<int64_t>(off) + static_cast<int64_t>(n);
+    if (fstat(r.file.buffered_fd(), &sb) != 0) return -1;
+    if (sb.st_size < end && ::ftruncate(r.file.buffered_fd(), end) != 0) return -1;
     st = engine->sync_pwrite(buf, static_cast<int64_t>(n), r.file, off);
   } else {
     struct stat sb {};

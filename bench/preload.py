@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""`dnvme run` against the plain mount and raw fio, on one directory, alternated rounds.
+
+Usage (root): bench/preload.py --dir DIR [--size 2G] [--ckpt 1G] [--rounds 3]
+
+In DIR it mounts dnvmefs (DIR/backing at DIR/mnt, default options) and runs, every round, in this
+order (each read after dropping caches):
+  fio raw        fio --ioengine=libaio --direct=1 --iodepth=32 --bs=1M, write (end_fsync) and read,
+                 on DIR/raw.bin: the device's speed
+  fio mount      fio --ioengine=psync --direct=0 --bs=1M (a buffered program) on DIR/mnt/p.bin
+  fio run        the same command under `dnvme run` (libdnvme_preload.so)
+  torch ext4     torch.save(state) + fsync, then torch.load, on DIR/plain/x.pt (no mount)
+  torch mount    the same through the mount
+  torch run      the same through the mount under `dnvme run`
+It prints GiB/s medians, machine CPU seconds per GiB (all CPUs' busy time from /proc/stat
+around the job), and the ratios the issue asks about: run/raw, run/mount, torch run/ext4.
+Freed memory is held (bench/lib.sh's hold_freed_memory) for the run.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(REPO, "build", "bin")
+PY = "/usr/bin/python3"
+KNOB = "/sys/module/page_reporting/parameters/min_free_ms"
+
+TORCH_SAVE = r"""
+import os, sys, time, torch
+path, size = sys.argv[1], int(sys.argv[2])
+n = 16
+state = {"t%d" % i: torch.randn(size // n // 4) for i in range(n)}
+def busy():
+    f = open("/proc/stat").readline().split()[1:]
+    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
+c0, t0 = busy(), time.monotonic()
+torch.save(state, path)
+fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
+print(time.monotonic() - t0, busy() - c0)
+"""
+TORCH_LOAD = r"""
+import os, sys, time, torch
+path = sys.argv[1]
+def busy():
+    f = open("/proc/stat").readline().split()[1:]
+    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
+c0, t0 = busy(), time.monotonic()
+state = torch.load(path)
+print(time.monotonic() - t0, busy() - c0)
+"""
+
+
+def busy_s():
+    with open("/proc/stat") as f:
+        v = f.readline().split()[1:]
+    return (int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])) / os.sysconf("SC_CLK_TCK")
+
+
+def drop():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def settle():
+    os.sync()
+    time.sleep(3)
+
+
+def timed(cmd):
+    c0, t0 = busy_s(), time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("failed: %s\n%s%s" % (cmd, p.stdout, p.stderr[-3000:]))
+    return time.monotonic() - t0, busy_s() - c0, p.stdout
+
+
+def fio(path, size, rw, raw):
+    eng = ["--ioengine=libaio", "--direct=1", "--iodepth=32"] if raw else \
+        ["--ioengine=psync", "--direct=0"]
+    return ["fio", "--name=j", "--filename=" + path, "--rw=" + rw, "--bs=1M",
+            "--size=%d" % size, "--end_fsync=1" if rw == "write" else "--end_fsync=0"] + eng
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--size", default="2G")
+    ap.add_argument("--ckpt", default="1G")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    size = int(a.size[:-1]) * unit[a.size[-1]]
+    ckpt = int(a.ckpt[:-1]) * unit[a.ckpt[-1]]
+    d = os.path.abspath(a.dir)
+    backing, mnt, plain = (os.path.join(d, x) for x in ("backing", "mnt", "plain"))
+    for x in (backing, mnt, plain):
+        os.makedirs(x, exist_ok=True)
+    saved = None
+    if os.path.exists(KNOB):
+        saved = open(KNOB).read().strip()
+        open(KNOB, "w").write("300000")
+    subprocess.run([os.path.join(BIN, "dnvmefs"), backing, mnt], check=True)
+    run = [os.path.join(BIN, "dnvme"), "run", "--mount", mnt, "--"]
+    res = {}
+
+    def note(name, secs, cpu, nbytes):
+        res.setdefault(name, []).append((nbytes / secs / (1 << 30), cpu / (nbytes / (1 << 30))))
+
+    try:
+        for r in range(a.rounds):
+            for name, path, pre in (("fio raw", os.path.join(d, "raw.bin"), None),
+                                    ("fio mount", os.path.join(mnt, "p.bin"), []),
+                                    ("fio run", os.path.join(mnt, "p.bin"), run)):
+                raw = pre is None
+                settle()
+                s, c, _ = timed((pre or []) + fio(path, size, "write", raw))
+                note(name + " write", s, c, size)
+                drop()
+                s, c, _ = timed((pre or []) + fio(path, size, "read", raw))
+                note(name + " read", s, c, size)
+                os.unlink(path)
+            for name, path, pre in (("torch ext4", os.path.join(plain, "x.pt"), []),
+                                    ("torch mount", os.path.join(mnt, "x.pt"), []),
+                                    ("torch run", os.path.join(mnt, "x.pt"), run)):
+                settle()
+                _, _, out = timed(pre + [PY, "-c", TORCH_SAVE, path, str(ckpt)])
+                s, c = map(float, out.split())
+                note(name + " save", s, c, ckpt)
+                drop()
+                _, _, out = timed(pre + [PY, "-c", TORCH_LOAD, path])
+                s, c = map(float, out.split())
+                note(name + " load", s, c, ckpt)
+                os.unlink(path)
+            print("round %d done" % (r + 1), file=sys.stderr)
+    finally:
+        subprocess.run(["umount", mnt])
+        if saved is not None:
+            open(KNOB, "w").write(saved)
+    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+           for k, v in res.items()}
+    print("%-20s %8s %10s   (median of %d rounds, %s)" % ("variant", "GiB/s", "CPU s/GiB",
+                                                           a.rounds, d))
+    for k, (g, c) in med.items():
+        print("%-20s %8.2f %10.2f" % (k, g, c))
+    print("ratios:")
+    for op in ("write", "read"):
+        print("  fio run %s / raw fio:   %.2f  (CPU %.2f)" % (
+            op, med["fio run " + op][0] / med["fio raw " + op][0],
+            med["fio run " + op][1] / med["fio raw " + op][1]))
+        print("  fio run %s / mount:     %.2f" % (op, med["fio run " + op][0] /
+                                                  med["fio mount " + op][0]))
+    for op in ("save", "load"):
+        print("  torch run %s / ext4:   %.2f   torch mount %s / ext4: %.2f" % (
+            op, med["torch run " + op][0] / med["torch ext4 " + op][0], op,
+            med["torch mount " + op][0] / med["torch ext4 " + op][0]))
+    print(json.dumps({k: v for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()
