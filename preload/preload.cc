@@ -46,6 +46,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +62,7 @@
 #include "dnvme/config.h"
 #include "dnvme/handle.h"
 #include "dnvme/log.h"
+#include "dnvme/pinned.h"
 #include "engine/common/log.h"
 
 namespace {
@@ -240,6 +242,13 @@ struct Record {
   std::mutex mu;  // guards the two below
   int64_t pending_lo = -1, pending_hi = -1;  // written around the mount, kernel not yet told
   bool mapped = false;                       // mmap'ed: every write is announced at once
+  // Write-behind: writes copied into staging buffers and submitted return at once (the program
+  // computes its next piece -- torch's CRC, say -- while the disk writes this one). The first
+  // failure is kept and reported at the next write, fsync or close, as POSIX allows.
+  std::mutex wm;
+  std::condition_variable wcv;
+  int inflight = 0;    // guarded by wm
+  int first_err = 0;   // guarded by wm
 };
 
 std::mutex g_mu;                                            // guards the three below
@@ -247,6 +256,25 @@ std::unordered_map<int, std::shared_ptr<Record>> g_records;  // program fd -> re
 std::map<dev_t, std::shared_ptr<Conn>> g_conns;             // mount device -> broker connection
 AioHandle* g_engine = nullptr;  // created at the first adoption; leaked in forked children
 bool g_engine_failed = false;
+// Staging buffers of write-behind (null: writes are synchronous, e.g. RLIMIT_MEMLOCK too low).
+dnvme::PinnedPool* g_pool = nullptr;
+constexpr size_t kChunk = 8 << 20;
+constexpr size_t kChunks = 6;
+
+// Waits for the record's write-behind; returns (and clears) its first error, 0 if none.
+int WaitWrites(Record& r) {
+  std::unique_lock lock(r.wm);
+  r.wcv.wait(lock, [&] { return r.inflight == 0; });
+  const int err = r.first_err;
+  r.first_err = 0;
+  return err;
+}
+
+// The same without taking the error (it stays for fsync or close).
+void DrainWrites(Record& r) {
+  std::unique_lock lock(r.wm);
+  r.wcv.wait(lock, [&] { return r.inflight == 0; });
+}
 
 // ---- mounts ----
 
@@ -422,8 +450,10 @@ Status LeaseCall(Record& r, broker::Op op, int64_t off, int64_t len) {
   return Call(*r.conn, req, &rep, nullptr, 0, nullptr);
 }
 
-// Tells the daemon what was written around the mount since the last time (kernel caches drop).
+// Tells the daemon what was written around the mount since the last time (kernel caches drop),
+// once it is in the file.
 Status Announce(Record& r) {
+  DrainWrites(r);
   int64_t lo, hi;
   {
     std::lock_guard lock(r.mu);
@@ -467,6 +497,7 @@ void AnnounceAll() {
 }
 
 void EndLease(Record& r) {
+  DrainWrites(r);
   int64_t lo, hi;
   {
     std::lock_guard lock(r.mu);
@@ -505,6 +536,13 @@ AioHandle* Engine() {
     return nullptr;
   }
   g_engine = std::move(h).value().release();
+  auto pool = dnvme::PinnedPool::Create(kChunk + 4096, kChunks);
+  if (pool.ok()) {
+    g_pool = std::move(pool).value().release();
+  } else {
+    dnvme::Logger().info("dnvme run: no write-behind buffers ({}); writes are synchronous",
+                         pool.status().ToString());
+  }
   return g_engine;
 }
 
@@ -517,7 +555,9 @@ std::shared_ptr<Record> Lookup(int fd) {
   return it == g_records.end() ? nullptr : it->second;
 }
 
-void Drop(int fd) {
+// Forgets `fd`; returns the first write-behind error of its record when this was the record's last
+// descriptor (close reports it), else 0.
+int Drop(int fd) {
   std::shared_ptr<Record> r;
   {
     std::lock_guard lock(g_mu);
@@ -528,8 +568,19 @@ void Drop(int fd) {
     }
     SetState(fd, kUnknown);
   }
+  if (!r) return 0;
+  // Completions hold a reference until they ran: wait for them before counting.
+  int err = WaitWrites(*r);
   // The last descriptor of the record: the lease ends (announcing what was written).
-  if (r && r.use_count() == 1) EndLease(*r);
+  if (r.use_count() == 1) {
+    EndLease(*r);
+    return err;
+  }
+  if (err != 0) {  // not the last: the next fsync or close of the file reports it
+    std::lock_guard lock(r->wm);
+    r->first_err = err;
+  }
+  return 0;
 }
 
 std::shared_ptr<Record> Adopt(int fd) {
@@ -677,12 +728,63 @@ void BeforeMountUse(int fd) {
 // ---- transfers ----
 
 int ErrnoOf(const Status& st) { return st.error_number() != 0 ? st.error_number() : EIO; }
+int ErrnoOfResult(const Status& st) { return ErrnoOf(st); }
 
 // Direct transfer at `off`; returns bytes moved or -1 with errno. Reads stop at end of file.
-ssize_t DirectIo(Record& r, bool write, void* buf, size_t n, off_t off) {
+// Copies [buf, buf + n) into staging buffers and submits it at `off`; returns 0 or an errno.
+int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, off_t off) {
+  for (size_t done = 0; done < n;) {
+    const size_t piece = std::min(n - done, kChunk);
+    auto lease = std::make_shared<dnvme::PinnedPool::Lease>(g_pool->Acquire());
+    // The same offset in the page as in the file: the engine's requests then go O_DIRECT from
+    // the staging buffer, only the partial edge pages through the page cache.
+    char* dst = lease->data() + (static_cast<size_t>(off) + done) % 4096;
+    std::memcpy(dst, buf + done, piece);
+    {
+      std::lock_guard lock(rec->wm);
+      ++rec->inflight;
+    }
+    Status st = g_engine->submit_pwrite(
+        dst, static_cast<int64_t>(piece), rec->file, off + static_cast<off_t>(done),
+        [rec, lease](const dnvme::OpResult& res) {
+          lease->Reset();
+          std::lock_guard lock(rec->wm);
+          if (!res.status.ok() && rec->first_err == 0) {
+            rec->first_err = ErrnoOfResult(res.status);
+            g_counters.errors.fetch_add(1, std::memory_order_relaxed);
+            dnvme::Logger().debug("dnvme run: {}", res.status.ToString());
+          }
+          --rec->inflight;
+          rec->wcv.notify_all();
+        });
+    if (!st.ok()) {
+      std::lock_guard lock(rec->wm);
+      --rec->inflight;
+      rec->wcv.notify_all();
+      return ErrnoOfResult(st);
+    }
+    done += piece;
+  }
+  return 0;
+}
+
+ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_t n, off_t off) {
+  Record& r = *rp;
   if ((write && !r.can_write) || (!write && !r.can_read)) {
     errno = EBADF;
     return -1;
+  }
+  // Reads see this process's writes: let its write-behind land first. An earlier write's error
+  // is reported now, by the next write.
+  if (!write) {
+    DrainWrites(r);
+  } else {
+    std::lock_guard lock(r.wm);
+    if (r.first_err != 0) {
+      errno = r.first_err;
+      r.first_err = 0;
+      return -1;
+    }
   }
   if (r.word->mount_dirty.load(std::memory_order_seq_cst) != 0) {
     g_counters.drains.fetch_add(1, std::memory_order_relaxed);
@@ -702,7 +804,14 @@ ssize_t DirectIo(Record& r, bool write, void* buf, size_t n, off_t off) {
     const int64_t end = static_cast<int64_t>(off) + static_cast<int64_t>(n);
     if (fstat(r.file.buffered_fd(), &sb) != 0) return -1;
     if (sb.st_size < end && ::ftruncate(r.file.buffered_fd(), end) != 0) return -1;
-    st = engine->sync_pwrite(buf, static_cast<int64_t>(n), r.file, off);
+    if (g_pool != nullptr) {
+      if (int err = WriteBehind(rp, static_cast<const char*>(buf), n, off); err != 0) {
+        errno = err;
+        return -1;
+      }
+    } else {
+      st = engine->sync_pwrite(buf, static_cast<int64_t>(n), r.file, off);
+    }
   } else {
     struct stat sb {};
     if (fstat(r.file.buffered_fd(), &sb) != 0) return -1;
@@ -743,7 +852,7 @@ ssize_t DirectIo(Record& r, bool write, void* buf, size_t n, off_t off) {
 }
 
 // read/write at the descriptor's offset: the kernel's, in the program's descriptor.
-ssize_t DirectAtOffset(int fd, Record& r, bool write, void* buf, size_t n) {
+ssize_t DirectAtOffset(int fd, const std::shared_ptr<Record>& r, bool write, void* buf, size_t n) {
   off_t off = lseek(fd, 0, SEEK_CUR);
   if (off < 0) return -1;
   ssize_t got = DirectIo(r, write, buf, n, off);
@@ -758,7 +867,8 @@ size_t IovBytes(const iovec* iov, int cnt) {
 }
 
 // Vectored: one direct transfer per element, in order; stops at the first short one.
-ssize_t DirectVec(Record& r, bool write, const iovec* iov, int cnt, off_t off) {
+ssize_t DirectVec(const std::shared_ptr<Record>& r, bool write, const iovec* iov, int cnt,
+                  off_t off) {
   ssize_t total = 0;
   for (int i = 0; i < cnt; ++i) {
     if (iov[i].iov_len == 0) continue;
@@ -866,7 +976,7 @@ extern "C" {
 
 ssize_t read(int fd, void* buf, size_t n) {
   if (Large(n) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, *r, false, buf, n);
+    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, r, false, buf, n);
   }
   BeforeMountUse(fd);
   return C().read(fd, buf, n);
@@ -874,7 +984,7 @@ ssize_t read(int fd, void* buf, size_t n) {
 
 ssize_t write(int fd, const void* buf, size_t n) {
   if (Large(n) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, *r, true, const_cast<void*>(buf), n);
+    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, r, true, const_cast<void*>(buf), n);
   }
   BeforeMountUse(fd);
   return C().write(fd, buf, n);
@@ -882,7 +992,7 @@ ssize_t write(int fd, const void* buf, size_t n) {
 
 ssize_t pread(int fd, void* buf, size_t n, off_t off) {
   if (Large(n) && StateOf(fd) != kNotOurs && off >= 0) {
-    if (auto r = ForTransfer(fd)) return DirectIo(*r, false, buf, n, off);
+    if (auto r = ForTransfer(fd)) return DirectIo(r, false, buf, n, off);
   }
   BeforeMountUse(fd);
   return C().pread(fd, buf, n, off);
@@ -891,7 +1001,7 @@ ssize_t pread64(int fd, void* buf, size_t n, off_t off) { return pread(fd, buf, 
 
 ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) {
   if (Large(n) && StateOf(fd) != kNotOurs && off >= 0) {
-    if (auto r = ForTransfer(fd)) return DirectIo(*r, true, const_cast<void*>(buf), n, off);
+    if (auto r = ForTransfer(fd)) return DirectIo(r, true, const_cast<void*>(buf), n, off);
   }
   BeforeMountUse(fd);
   return C().pwrite(fd, buf, n, off);
@@ -903,7 +1013,7 @@ ssize_t readv(int fd, const iovec* iov, int cnt) {
     if (auto r = ForTransfer(fd)) {
       off_t off = lseek(fd, 0, SEEK_CUR);
       if (off < 0) return -1;
-      ssize_t got = DirectVec(*r, false, iov, cnt, off);
+      ssize_t got = DirectVec(r, false, iov, cnt, off);
       if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
       return got;
     }
@@ -917,7 +1027,7 @@ ssize_t writev(int fd, const iovec* iov, int cnt) {
     if (auto r = ForTransfer(fd)) {
       off_t off = lseek(fd, 0, SEEK_CUR);
       if (off < 0) return -1;
-      ssize_t got = DirectVec(*r, true, iov, cnt, off);
+      ssize_t got = DirectVec(r, true, iov, cnt, off);
       if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
       return got;
     }
@@ -928,7 +1038,7 @@ ssize_t writev(int fd, const iovec* iov, int cnt) {
 
 ssize_t preadv(int fd, const iovec* iov, int cnt, off_t off) {
   if (cnt > 0 && off >= 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) return DirectVec(*r, false, iov, cnt, off);
+    if (auto r = ForTransfer(fd)) return DirectVec(r, false, iov, cnt, off);
   }
   BeforeMountUse(fd);
   return C().preadv(fd, iov, cnt, off);
@@ -937,7 +1047,7 @@ ssize_t preadv64(int fd, const iovec* iov, int cnt, off_t off) { return preadv(f
 
 ssize_t pwritev(int fd, const iovec* iov, int cnt, off_t off) {
   if (cnt > 0 && off >= 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) return DirectVec(*r, true, iov, cnt, off);
+    if (auto r = ForTransfer(fd)) return DirectVec(r, true, iov, cnt, off);
   }
   BeforeMountUse(fd);
   return C().pwritev(fd, iov, cnt, off);
@@ -997,12 +1107,18 @@ int creat(const char* path, mode_t mode) { return OpenResult(C().creat(path, mod
 int creat64(const char* path, mode_t mode) { return OpenResult(C().creat64(path, mode)); }
 
 int close(int fd) {
+  int err = 0;
   if (StateOf(fd) == kOurs) {
-    Drop(fd);
+    err = Drop(fd);  // a write-behind error of the file's last descriptor is close's
   } else {
     SetState(fd, kUnknown);
   }
-  return C().close(fd);
+  const int rc = C().close(fd);
+  if (err != 0) {
+    errno = err;
+    return -1;
+  }
+  return rc;
 }
 
 int dup(int fd) {
@@ -1047,14 +1163,33 @@ int dup3(int fd, int nfd, int flags) {
   return DupTo(fd, nfd, C().dup3(fd, nfd, flags));
 }
 
+// The write-behind's first error, once it all landed (0 when `fd` is not adopted).
+static int LandWrites(int fd) {
+  if (StateOf(fd) != kOurs) return 0;
+  auto r = Lookup(fd);
+  return r ? WaitWrites(*r) : 0;
+}
+
 int fsync(int fd) {
+  const int err = LandWrites(fd);
   BeforeMountUse(fd);  // the kernel's view first; the daemon's fsync covers the direct bytes too
-  return C().fsync(fd);
+  const int rc = C().fsync(fd);
+  if (err != 0) {
+    errno = err;
+    return -1;
+  }
+  return rc;
 }
 
 int fdatasync(int fd) {
+  const int err = LandWrites(fd);
   BeforeMountUse(fd);
-  return C().fdatasync(fd);
+  const int rc = C().fdatasync(fd);
+  if (err != 0) {
+    errno = err;
+    return -1;
+  }
+  return rc;
 }
 
 int ftruncate(int fd, off_t len) {
