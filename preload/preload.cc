@@ -38,8 +38,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/sysmacros.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -234,12 +234,12 @@ struct Conn {
 // An adopted file: the program's descriptor(s) of the mount share it (dup).
 struct Record {
   std::shared_ptr<Conn> conn;
-  FileRef file;           // the backing file (O_DIRECT + buffered), as the broker opened it
-  int witness = -1;       // our duplicate of the program's descriptor (kcmp, and the FUSE open)
+  FileRef file;      // the backing file (O_DIRECT + buffered), as the broker opened it
+  int witness = -1;  // our duplicate of the program's descriptor (kcmp, and the FUSE open)
   uint64_t lease = 0;
   broker::LeaseWord* word = nullptr;
   bool can_read = false, can_write = false;
-  std::mutex mu;  // guards the two below
+  std::mutex mu;                             // guards the two below
   int64_t pending_lo = -1, pending_hi = -1;  // written around the mount, kernel not yet told
   bool mapped = false;                       // mmap'ed: every write is announced at once
   // Write-behind: writes copied into staging buffers and submitted return at once (the program
@@ -247,13 +247,13 @@ struct Record {
   // failure is kept and reported at the next write, fsync or close, as POSIX allows.
   std::mutex wm;
   std::condition_variable wcv;
-  int inflight = 0;    // guarded by wm
-  int first_err = 0;   // guarded by wm
+  int inflight = 0;   // guarded by wm
+  int first_err = 0;  // guarded by wm
 };
 
-std::mutex g_mu;                                            // guards the three below
+std::mutex g_mu;                                             // guards the three below
 std::unordered_map<int, std::shared_ptr<Record>> g_records;  // program fd -> record
-std::map<dev_t, std::shared_ptr<Conn>> g_conns;             // mount device -> broker connection
+std::map<dev_t, std::shared_ptr<Conn>> g_conns;              // mount device -> broker connection
 AioHandle* g_engine = nullptr;  // created at the first adoption; leaked in forked children
 bool g_engine_failed = false;
 // Staging buffers of write-behind (null: writes are synchronous, e.g. RLIMIT_MEMLOCK too low).
@@ -286,7 +286,8 @@ struct MountInfo {
 std::string Unescape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() + 0 && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+    if (s[i] == '\\' && i + 3 < s.size() + 0 &&
+        std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
       out.push_back(static_cast<char>(std::strtol(s.substr(i + 1, 3).c_str(), nullptr, 8)));
       i += 3;
     } else {
@@ -410,7 +411,8 @@ std::shared_ptr<Conn> Connect(const std::string& point) {
   SetState(c->sock, kNotOurs);
   const socklen_t alen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   if (connect(c->sock, reinterpret_cast<sockaddr*>(&addr), alen) != 0) {
-    dnvme::Logger().warn("dnvme run: cannot reach the broker of {}: {}", point, std::strerror(errno));
+    dnvme::Logger().warn("dnvme run: cannot reach the broker of {}: {}", point,
+                         std::strerror(errno));
     C().close(c->sock);
     return nullptr;
   }
@@ -522,7 +524,7 @@ AioHandle* Engine() {
     auto c = dnvme::HandleConfig::FromJsonFile(S().config_file);
     if (!c.ok()) {
       dnvme::Logger().warn("dnvme run: {}: {}; the mount serves every transfer", S().config_file,
-                     c.status().ToString());
+                           c.status().ToString());
       g_engine_failed = true;
       return nullptr;
     }
@@ -531,7 +533,7 @@ AioHandle* Engine() {
   auto h = AioHandle::Create(cfg);
   if (!h.ok()) {
     dnvme::Logger().warn("dnvme run: no engine ({}); the mount serves every transfer",
-                   h.status().ToString());
+                         h.status().ToString());
     g_engine_failed = true;
     return nullptr;
   }
@@ -686,7 +688,7 @@ std::shared_ptr<Record> Adopt(int fd) {
   SetState(r->witness, kNotOurs);
   if (!file.ok() || r->witness < 0) {
     dnvme::Logger().warn("dnvme run: '{}' stays on the mount: {}", path,
-                   file.ok() ? std::string(std::strerror(errno)) : file.status().ToString());
+                         file.ok() ? std::string(std::strerror(errno)) : file.status().ToString());
     EndLease(*r);
     SetState(fd, kNotOurs);
     return nullptr;
@@ -887,16 +889,14 @@ bool Large(size_t n) { return static_cast<int64_t>(n) >= S().min_bytes; }
 void WriteStats() {
   if (S().stats_file.empty()) return;
   auto v = [](const std::atomic<uint64_t>& a) { return std::to_string(a.load()); };
-  std::string line = "{\"pid\": " + std::to_string(getpid()) +
-                     ", \"adopted\": " + v(g_counters.adopted) +
-                     ", \"refused\": " + v(g_counters.refused) +
-                     ", \"reads\": " + v(g_counters.reads) + ", \"writes\": " + v(g_counters.writes) +
-                     ", \"bytes_read\": " + v(g_counters.bytes_read) +
-                     ", \"bytes_written\": " + v(g_counters.bytes_written) +
-                     ", \"drains\": " + v(g_counters.drains) +
-                     ", \"invalidations\": " + v(g_counters.invalidations) +
-                     ", \"errors\": " + v(g_counters.errors) + ", \"stale\": " + v(g_counters.stale) +
-                     "}\n";
+  std::string line =
+      "{\"pid\": " + std::to_string(getpid()) + ", \"adopted\": " + v(g_counters.adopted) +
+      ", \"refused\": " + v(g_counters.refused) + ", \"reads\": " + v(g_counters.reads) +
+      ", \"writes\": " + v(g_counters.writes) + ", \"bytes_read\": " + v(g_counters.bytes_read) +
+      ", \"bytes_written\": " + v(g_counters.bytes_written) +
+      ", \"drains\": " + v(g_counters.drains) +
+      ", \"invalidations\": " + v(g_counters.invalidations) +
+      ", \"errors\": " + v(g_counters.errors) + ", \"stale\": " + v(g_counters.stale) + "}\n";
   int fd = C().open(S().stats_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   ssize_t n;

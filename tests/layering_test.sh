@@ -7,6 +7,7 @@
 #      state (no thread_local under fs/transport/);
 #   3. fs/control/ reaches the core through ControlCore only: it does not include fs/fs.h
 #      except virtual.cc, which serves the control nodes from Fs's inode table;
+#   3b. fs/broker/ reaches the core through BrokerCore only (no fs/fs.h);
 #   4. tools/ include public headers (include/dnvme/) and their own only;
 #   5. no source file of fs/ is over 550 lines.
 # Prints every violation and exits 1 if there is one.
@@ -28,6 +29,10 @@ while IFS= read -r hit; do
   report "fs/control includes the core: $hit"
 done < <(grep -rn '#include "fs/fs.h"' fs/control --include='*.cc' --include='*.h' |
   grep -v '^fs/control/virtual.cc:')
+
+while IFS= read -r hit; do
+  report "fs/broker includes the core: $hit"
+done < <(grep -rn '#include "fs/fs.h"' fs/broker --include='*.cc' --include='*.h')
 
 while IFS= read -r hit; do
   report "tools/ includes a private header: $hit"

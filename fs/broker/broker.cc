@@ -273,8 +273,8 @@ void Broker::Serve(Conn* c) {
           if (ftruncate(mfd, static_cast<off_t>(broker::kLeasePageBytes)) != 0) {
             st = Status::FromErrno(errno, "ftruncate of the lease page");
           } else {
-            void* p = mmap(nullptr, broker::kLeasePageBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                           mfd, 0);
+            void* p =
+                mmap(nullptr, broker::kLeasePageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
             if (p == MAP_FAILED) {
               st = Status::FromErrno(errno, "mmap of the lease page");
             } else {
@@ -301,8 +301,8 @@ void Broker::Serve(Conn* c) {
         st = Status::InvalidArgument("bad access mode");
       }
       if (st.ok() && slot == broker::kMaxLeases) {
-        st = Status::ResourceExhausted(EMFILE, "this connection holds " +
-                                                   std::to_string(broker::kMaxLeases) + " leases");
+        st = Status::ResourceExhausted(
+            EMFILE, "this connection holds " + std::to_string(broker::kMaxLeases) + " leases");
       }
       if (st.ok()) {
         // Opened as the peer: the kernel decides, as it did for the peer's open of the mount.

@@ -37,8 +37,8 @@ class PreloadLeases {
   }
   void Remove(broker::LeaseWord* w) {
     std::lock_guard lock(mu_);
-    auto it = std::find_if(entries_.begin(), entries_.end(),
-                           [w](const Entry& e) { return e.word == w; });
+    auto it =
+        std::find_if(entries_.begin(), entries_.end(), [w](const Entry& e) { return e.word == w; });
     if (it == entries_.end()) return;
     entries_.erase(it);
     count_.fetch_sub(1, std::memory_order_release);

@@ -26,7 +26,7 @@ namespace dnvme::broker {
 
 inline constexpr uint32_t kMagic = 0x444e5642;  // "DNVB"
 inline constexpr uint32_t kProtocol = 1;
-inline constexpr uint32_t kMaxLeases = 512;     // per connection (the page's words)
+inline constexpr uint32_t kMaxLeases = 512;  // per connection (the page's words)
 inline constexpr uint32_t kMaxPath = 4096;
 inline constexpr const char* kAnnounceFile = "broker";  // in <mount>/.dnvme/
 
@@ -62,11 +62,11 @@ struct Request {
 
 struct Reply {
   uint32_t magic = kMagic;
-  int32_t error = 0;   // 0 or a positive errno
-  uint64_t lease = 0;  // kOpen: the lease's id
-  uint32_t slot = 0;   // kOpen: its LeaseWord in the page
-  uint32_t flags = 0;  // kHello: protocol; kOpen: kHasDirect when two descriptors came
-  int64_t size = 0;    // kOpen: the backing file's size
+  int32_t error = 0;       // 0 or a positive errno
+  uint64_t lease = 0;      // kOpen: the lease's id
+  uint32_t slot = 0;       // kOpen: its LeaseWord in the page
+  uint32_t flags = 0;      // kHello: protocol; kOpen: kHasDirect when two descriptors came
+  int64_t size = 0;        // kOpen: the backing file's size
   char message[512] = {};  // the reason, when error != 0
 };
 inline constexpr uint32_t kHasDirect = 1;

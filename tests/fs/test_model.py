@@ -740,6 +740,14 @@ class ModelPreloadTest(ModelTest):
     MIN_BYTES = "4K"
     BUDGET_FACTOR = 0.6
 
+    @classmethod
+    def setUpClass(cls):
+        if os.environ.get("DNVME_SANITIZED", "0") == "1":
+            raise unittest.SkipTest("sanitizer build: a sanitized libdnvme_preload.so cannot be "
+                                    "preloaded into an uninstrumented python3 (the release build "
+                                    "runs this test)")
+        super().setUpClass()
+
     def child_prefix(self):
         self.stats_file = os.path.join(self.scratch.path, "preload-stats.jsonl")
         dnvme = os.environ.get("DNVME_BIN") or os.path.join(os.path.dirname(mh.daemon_bin()),

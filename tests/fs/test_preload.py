@@ -29,6 +29,15 @@ KiB, MiB = 1024, 1024 * 1024
 PY = "/usr/bin/python3"
 
 
+def preload_skip_reason():
+    """libdnvme_preload.so of a sanitizer build needs the sanitizer runtime first in every
+    program it is preloaded into (python3, dd): those builds run the daemon's tests only."""
+    if os.environ.get("DNVME_SANITIZED", "0") == "1":
+        return "sanitizer build: a sanitized libdnvme_preload.so cannot be preloaded into " \
+            "uninstrumented programs (the release build runs these tests)"
+    return mh.skip_reason()
+
+
 def dnvme_bin():
     return os.environ.get("DNVME_BIN") or os.path.join(os.path.dirname(mh.daemon_bin()), "dnvme")
 
@@ -58,6 +67,13 @@ def read_stats(path):
 
 class PreloadBase(mh.MountedTestCase):
     MIN_BYTES = "64K"
+
+    @classmethod
+    def setUpClass(cls):
+        reason = preload_skip_reason()
+        if reason:
+            raise unittest.SkipTest(reason)
+        super().setUpClass()
 
     def setUp(self):
         super().setUp()
@@ -436,7 +452,7 @@ class PreloadCrashTest(unittest.TestCase):
     durable), and with the daemon gone the writer's next fsync fails instead of succeeding."""
 
     def setUp(self):
-        reason = mh.skip_reason()
+        reason = preload_skip_reason()
         if reason:
             self.skipTest(reason)
         self.scratch = mh.Scratch(type(self).__name__)
@@ -499,7 +515,7 @@ class PreloadNoSpaceTest(unittest.TestCase):
     keeps serving."""
 
     def setUp(self):
-        reason = mh.skip_reason(need_root=True)
+        reason = preload_skip_reason() or mh.skip_reason(need_root=True)
         if reason:
             self.skipTest(reason)
         self.scratch = mh.Scratch(type(self).__name__)

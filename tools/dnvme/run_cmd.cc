@@ -35,7 +35,8 @@ std::string FindLibrary() {
     std::string dir(self, static_cast<size_t>(n));
     dir = dir.substr(0, dir.rfind('/'));
     const std::string parent = dir.substr(0, dir.rfind('/'));
-    for (const std::string& c : {parent + "/lib/libdnvme_preload.so", dir + "/libdnvme_preload.so"}) {
+    for (const std::string& c :
+         {parent + "/lib/libdnvme_preload.so", dir + "/libdnvme_preload.so"}) {
       if (Exists(c)) return c;
     }
   }
@@ -71,11 +72,13 @@ Command AddRunCommand(CLI::App& parent) {
   };
   auto o = std::make_shared<Opts>();
   // One value per --mount: a vector option would otherwise take the command's words too.
-  c.app->add_option("--mount", o->mounts,
-                    "Only files on this mount (repeatable; default: every dnvmefs mount)")
+  c.app
+      ->add_option("--mount", o->mounts,
+                   "Only files on this mount (repeatable; default: every dnvmefs mount)")
       ->allow_extra_args(false);
-  c.app->add_option("--min-bytes", o->min_bytes,
-                    "Smallest read/write done on the engine; smaller ones go through the mount")
+  c.app
+      ->add_option("--min-bytes", o->min_bytes,
+                   "Smallest read/write done on the engine; smaller ones go through the mount")
       ->capture_default_str();
   c.app->add_option("--config", o->config, "The engine's HandleConfig JSON (as -o config=)");
   c.app->add_option("--stats", o->stats,
