@@ -449,8 +449,10 @@ void Fs::AfterExternalWrite(Inode& in) {
   // written around it. (Files shrink only through the mount, whose SETATTR updates the size.)
   struct stat st {};
   if (!S_ISREG(in.type) || fstat(in.fd, &st) != 0 || st.st_size == 0) return;
-  UniqueFd rd(open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME));
-  if (!rd.valid()) rd.Reset(open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd rd(
+      open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME));
+  if (!rd.valid())
+    rd.Reset(open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC));
   char last = 0;
   if (!rd.valid() || pread(rd.get(), &last, 1, st.st_size - 1) != 1) {
     Logger().warn("reading the last byte of inode {}: {}", in.ino, std::strerror(errno));
