@@ -215,7 +215,8 @@ Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolic
 
 Result<std::shared_ptr<IoFile>> AdoptIoFds(UniqueFd direct, UniqueFd buffered, FileAccess access,
                                            DirectPolicy policy, const std::string& label) {
-  if (!buffered.valid()) return Status::InvalidArgument("no buffered descriptor for '" + label + "'");
+  if (!buffered.valid())
+    return Status::InvalidArgument("no buffered descriptor for '" + label + "'");
   auto f = std::make_shared<IoFile>();
   f->label = label;
   f->can_read = access != FileAccess::kWrite;
