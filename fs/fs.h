@@ -71,9 +71,9 @@ struct Inode {
   mode_t type = 0;       // S_IFMT bits
   uint64_t nlookup = 0;  // guarded by Fs::inodes_mu_
 
-  WriteBehind wb;   // data accepted from writers, not yet on disk (fs/data/write_behind.h)
-  ReadAhead ra;     // the window fetched ahead of a sequential reader (fs/data/read_ahead.h)
-  OpenModes modes;  // regular files
+  WriteBehind wb;        // data accepted from writers, not yet on disk (fs/data/write_behind.h)
+  ReadAhead ra;          // the window fetched ahead of a sequential reader (fs/data/read_ahead.h)
+  OpenModes modes;       // regular files
   PreloadLeases leases;  // descriptors the broker handed to `dnvme run` clients (fs/broker/)
 
   Inode(const WriteBehindShared* w, const ReadAheadShared* r) : wb(w), ra(r) {}
