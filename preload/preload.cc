@@ -286,8 +286,7 @@ struct MountInfo {
 std::string Unescape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() + 0 &&
-        std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
       out.push_back(static_cast<char>(std::strtol(s.substr(i + 1, 3).c_str(), nullptr, 8)));
       i += 3;
     } else {
@@ -730,7 +729,6 @@ void BeforeMountUse(int fd) {
 // ---- transfers ----
 
 int ErrnoOf(const Status& st) { return st.error_number() != 0 ? st.error_number() : EIO; }
-int ErrnoOfResult(const Status& st) { return ErrnoOf(st); }
 
 // Direct transfer at `off`; returns bytes moved or -1 with errno. Reads stop at end of file.
 // Copies [buf, buf + n) into staging buffers and submits it at `off`; returns 0 or an errno.
@@ -752,7 +750,7 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
           lease->Reset();
           std::lock_guard lock(rec->wm);
           if (!res.status.ok() && rec->first_err == 0) {
-            rec->first_err = ErrnoOfResult(res.status);
+            rec->first_err = ErrnoOf(res.status);
             g_counters.errors.fetch_add(1, std::memory_order_relaxed);
             dnvme::Logger().debug("dnvme run: {}", res.status.ToString());
           }
@@ -763,7 +761,7 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
       std::lock_guard lock(rec->wm);
       --rec->inflight;
       rec->wcv.notify_all();
-      return ErrnoOfResult(st);
+      return ErrnoOf(st);
     }
     done += piece;
   }
