@@ -152,7 +152,8 @@ class ControlDirectoryTest(CtlCase):
     def test_directory_is_virtual_hidden_and_protected(self):
         st = os.stat(self.m(".dnvme"))
         self.assertTrue(st.st_mode & 0o040000)
-        self.assertEqual(sorted(os.listdir(self.m(".dnvme"))), ["config", "ctl", "stats"])
+        # `broker` is there because the preload broker is on by default (-o preload=1).
+        self.assertEqual(sorted(os.listdir(self.m(".dnvme"))), ["broker", "config", "ctl", "stats"])
         self.assertNotIn(".dnvme", os.listdir(self.mnt), "hidden from the root listing")
         self.assertFalse(os.path.exists(self.b(".dnvme")), "never stored in BACKING_DIR")
         for what, call, code in [
@@ -163,7 +164,8 @@ class ControlDirectoryTest(CtlCase):
                 ("rename it", lambda: os.rename(self.m(".dnvme"), self.m("x")), errno.EPERM),
                 ("mkdir over it", lambda: os.mkdir(self.m(".dnvme")), errno.EEXIST),
                 ("chmod ctl", lambda: os.chmod(self.m(".dnvme", "ctl"), 0o600), errno.EPERM),
-                ("write stats", lambda: open(self.m(".dnvme", "stats"), "w"), errno.EACCES)]:
+                ("write stats", lambda: open(self.m(".dnvme", "stats"), "w"), errno.EACCES),
+                ("write broker", lambda: open(self.m(".dnvme", "broker"), "w"), errno.EACCES)]:
             with self.assertRaises(OSError, msg=what) as cm:
                 call()
             self.assertEqual(cm.exception.errno, code, what)
