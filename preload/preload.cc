@@ -51,6 +51,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -164,6 +165,7 @@ struct Settings {
   std::vector<std::string> mounts;  // DNVME_PRELOAD_MOUNTS (':'-separated); empty: every mount
   std::string stats_file;           // DNVME_PRELOAD_STATS: a JSON line per process at exit
   std::string config_file;          // DNVME_PRELOAD_CONFIG: the engine's HandleConfig
+  int64_t readahead = 32 << 20;     // DNVME_PRELOAD_READAHEAD: bytes of read-ahead buffers; 0 off
 };
 
 Settings& S() {
@@ -189,6 +191,11 @@ Settings& S() {
         start = colon + 1;
       }
     }
+    if (const char* e = getenv("DNVME_PRELOAD_READAHEAD"); e && *e) {
+      char* end = nullptr;
+      long long n = std::strtoll(e, &end, 10);
+      if (end && *end == '\0' && n >= 0) v.readahead = n;
+    }
     if (const char* e = getenv("DNVME_PRELOAD_STATS"); e && *e) v.stats_file = e;
     if (const char* e = getenv("DNVME_PRELOAD_CONFIG"); e && *e) v.config_file = e;
     if (const char* e = getenv("DNVME_PRELOAD_LOG"); e && *e) {
@@ -204,7 +211,7 @@ Settings& S() {
 struct Counters {
   std::atomic<uint64_t> adopted{0}, refused{0}, reads{0}, writes{0};
   std::atomic<uint64_t> bytes_read{0}, bytes_written{0}, drains{0}, invalidations{0};
-  std::atomic<uint64_t> errors{0}, stale{0};
+  std::atomic<uint64_t> errors{0}, stale{0}, ahead_bytes{0};
 };
 Counters g_counters;
 
@@ -231,6 +238,17 @@ struct Conn {
   std::string mountpoint;
 };
 
+// A piece of read-ahead: [off, off + len) of the file, read into `buf` at off's offset in the
+// page (so the engine's requests go O_DIRECT).
+struct Ahead {
+  dnvme::PinnedPool::Lease buf;
+  int64_t off = 0;
+  int64_t len = 0;
+  bool done = false;  // guarded by the record's `am`
+  bool ok = false;    // guarded by the record's `am`
+  const char* data() const { return buf.data() + off % 4096; }
+};
+
 // An adopted file: the program's descriptor(s) of the mount share it (dup).
 struct Record {
   std::shared_ptr<Conn> conn;
@@ -249,6 +267,20 @@ struct Record {
   std::condition_variable wcv;
   int inflight = 0;   // guarded by wm
   int first_err = 0;  // guarded by wm
+  // The bytes the writes in flight cover, as one range (guarded by wm; valid while inflight > 0).
+  // Requests in flight complete in any order, so a write over these bytes waits for them first.
+  int64_t wb_lo = 0, wb_hi = 0;
+  // Read-ahead of a sequential reader (the kernel's read-ahead does this for a buffered file;
+  // O_DIRECT gets none): the next bytes are read into pinned buffers while the program works on
+  // the current ones. Reads of the record are serialised by `rm`, held across the wait for a
+  // buffer; completions take only `am`. Every piece in `ahead` is waited for before it is dropped
+  // (its request uses `file`).
+  std::mutex rm;
+  std::deque<std::shared_ptr<Ahead>> ahead;  // guarded by rm: contiguous, ascending
+  int64_t next_read = -1;                    // guarded by rm: where the last read ended
+  std::mutex am;
+  std::condition_variable acv;
+  int fds = 0;  // guarded by g_mu: the program's descriptors in g_records
 };
 
 std::mutex g_mu;                                             // guards the three below
@@ -260,6 +292,12 @@ bool g_engine_failed = false;
 dnvme::PinnedPool* g_pool = nullptr;
 constexpr size_t kChunk = 8 << 20;
 constexpr size_t kChunks = 6;
+// Read-ahead buffers (null: no read-ahead).
+dnvme::PinnedPool* g_rpool = nullptr;
+constexpr int64_t kAheadChunk = 4 << 20;
+// A read this far past where the last one ended still counts as sequential (a zip reader such as
+// torch.load skips each record's local header with a small read through the mount).
+constexpr int64_t kAheadSkip = 1 << 20;
 
 // Waits for the record's write-behind; returns (and clears) its first error, 0 if none.
 int WaitWrites(Record& r) {
@@ -544,7 +582,90 @@ AioHandle* Engine() {
     dnvme::Logger().info("dnvme run: no write-behind buffers ({}); writes are synchronous",
                          pool.status().ToString());
   }
+  if (S().readahead > 0) {
+    const auto count = static_cast<size_t>(std::max<int64_t>(2, S().readahead / kAheadChunk));
+    auto rpool = dnvme::PinnedPool::Create(kAheadChunk + 4096, count);
+    if (rpool.ok()) {
+      g_rpool = std::move(rpool).value().release();
+    } else {
+      dnvme::Logger().info("dnvme run: no read-ahead buffers ({}); reads are synchronous",
+                           rpool.status().ToString());
+    }
+  }
   return g_engine;
+}
+
+// ---- read-ahead ----
+
+void WaitAhead(Record& r, const Ahead& a) {
+  std::unique_lock lock(r.am);
+  r.acv.wait(lock, [&] { return a.done; });
+}
+
+// Drops the record's read-ahead once its requests are done. Caller holds r.rm.
+void ForgetAheadLocked(Record& r) {
+  for (const auto& a : r.ahead) WaitAhead(r, *a);
+  r.ahead.clear();
+  r.next_read = -1;
+}
+
+// Before a write, a truncate or the end of the record: what was read ahead may be stale.
+void ForgetAhead(Record& r) {
+  std::lock_guard lock(r.rm);
+  ForgetAheadLocked(r);
+}
+
+// Queues reads of the file from the end of the read-ahead (or `from` when there is none) up to
+// `until`, as far as free buffers go. Caller holds r.rm.
+void QueueAhead(const std::shared_ptr<Record>& rp, int64_t from, int64_t until) {
+  Record& r = *rp;
+  int64_t pos = r.ahead.empty() ? from : r.ahead.back()->off + r.ahead.back()->len;
+  while (pos < until) {
+    dnvme::PinnedPool::Lease lease = g_rpool->TryAcquire();
+    if (!lease) break;  // all out: what is not read ahead is read when asked for
+    auto a = std::make_shared<Ahead>();
+    a->buf = std::move(lease);
+    a->off = pos;
+    // Pieces end on a page boundary of the file, so only the first can start unaligned.
+    a->len = std::min(kAheadChunk - pos % 4096, until - pos);
+    // The completion holds the record, so its `file` outlives the request.
+    Status st = g_engine->submit_pread(const_cast<char*>(a->data()), a->len, r.file, pos,
+                                       [rp, a](const dnvme::OpResult& res) {
+                                         std::lock_guard lock(rp->am);
+                                         a->ok = res.status.ok();
+                                         a->done = true;
+                                         rp->acv.notify_all();
+                                       });
+    if (!st.ok()) break;
+    r.ahead.push_back(std::move(a));
+    pos += r.ahead.back()->len;
+  }
+}
+
+// Copies what the read-ahead holds of [off, off + n) from its start into `buf`; returns the bytes
+// copied. A failed piece drops the read-ahead: the caller reads the rest itself and so reports
+// the error. Caller holds r.rm.
+int64_t FromAhead(Record& r, char* buf, int64_t n, int64_t off) {
+  int64_t done = 0;
+  while (!r.ahead.empty() && done < n) {
+    const Ahead& a = *r.ahead.front();
+    const int64_t pos = off + done;
+    if (a.off > pos) break;  // the reader is behind the read-ahead
+    WaitAhead(r, a);
+    if (!a.ok) {
+      ForgetAheadLocked(r);
+      break;
+    }
+    if (a.off + a.len <= pos) {  // behind the reader (it skipped past)
+      r.ahead.pop_front();
+      continue;
+    }
+    const int64_t take = std::min(n - done, a.off + a.len - pos);
+    std::memcpy(buf + done, a.data() + (pos - a.off), static_cast<size_t>(take));
+    done += take;
+    if (pos + take == a.off + a.len) r.ahead.pop_front();
+  }
+  return done;
 }
 
 // ---- adoption ----
@@ -560,20 +681,22 @@ std::shared_ptr<Record> Lookup(int fd) {
 // descriptor (close reports it), else 0.
 int Drop(int fd) {
   std::shared_ptr<Record> r;
+  bool last = false;
   {
     std::lock_guard lock(g_mu);
     auto it = g_records.find(fd);
     if (it != g_records.end()) {
       r = std::move(it->second);
       g_records.erase(it);
+      last = --r->fds == 0;
     }
     SetState(fd, kUnknown);
   }
   if (!r) return 0;
-  // Completions hold a reference until they ran: wait for them before counting.
   int err = WaitWrites(*r);
   // The last descriptor of the record: the lease ends (announcing what was written).
-  if (r.use_count() == 1) {
+  if (last) {
+    ForgetAhead(*r);
     EndLease(*r);
     return err;
   }
@@ -696,6 +819,7 @@ std::shared_ptr<Record> Adopt(int fd) {
   g_counters.adopted.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(g_mu);
   g_records[fd] = r;
+  ++r->fds;
   SetState(fd, kOurs);
   return r;
 }
@@ -726,6 +850,14 @@ void BeforeMountUse(int fd) {
   }
 }
 
+// Before the mount changes `fd`'s file for this process (a small write, a truncate): what was
+// read ahead may be stale after it.
+void BeforeMountWrite(int fd) {
+  BeforeMountUse(fd);
+  if (StateOf(fd) != kOurs) return;
+  if (auto r = Lookup(fd)) ForgetAhead(*r);
+}
+
 // ---- transfers ----
 
 int ErrnoOf(const Status& st) { return st.error_number() != 0 ? st.error_number() : EIO; }
@@ -733,6 +865,15 @@ int ErrnoOf(const Status& st) { return st.error_number() != 0 ? st.error_number(
 // Direct transfer at `off`; returns bytes moved or -1 with errno. Reads stop at end of file.
 // Copies [buf, buf + n) into staging buffers and submits it at `off`; returns 0 or an errno.
 int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, off_t off) {
+  {
+    // Found by the model test: an overwrite of bytes still in flight landed first, and the older
+    // write then won. A sequential writer (the common case) never waits here.
+    std::unique_lock lock(rec->wm);
+    const int64_t end = static_cast<int64_t>(off) + static_cast<int64_t>(n);
+    if (rec->inflight > 0 && off < rec->wb_hi && end > rec->wb_lo) {
+      rec->wcv.wait(lock, [&] { return rec->inflight == 0; });
+    }
+  }
   for (size_t done = 0; done < n;) {
     const size_t piece = std::min(n - done, kChunk);
     auto lease = std::make_shared<dnvme::PinnedPool::Lease>(g_pool->Acquire());
@@ -742,6 +883,10 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
     std::memcpy(dst, buf + done, piece);
     {
       std::lock_guard lock(rec->wm);
+      const int64_t lo = static_cast<int64_t>(off + done);
+      const int64_t hi = lo + static_cast<int64_t>(piece);
+      rec->wb_lo = rec->inflight == 0 ? lo : std::min(rec->wb_lo, lo);
+      rec->wb_hi = rec->inflight == 0 ? hi : std::max(rec->wb_hi, hi);
       ++rec->inflight;
     }
     Status st = g_engine->submit_pwrite(
@@ -768,6 +913,41 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
   return 0;
 }
 
+// Reads [off, off + n) of a file of `size` bytes: from the read-ahead as far as it holds it, the
+// rest directly into `buf`; then, for a sequential reader, queues the next bytes.
+Status ReadThrough(const std::shared_ptr<Record>& rp, char* buf, int64_t n, int64_t off,
+                   int64_t size) {
+  Record& r = *rp;
+  std::lock_guard lock(r.rm);
+  // A file someone else has open may change under read-ahead: read only what is asked, now.
+  if (g_rpool == nullptr || r.word->shared.load(std::memory_order_seq_cst) != 0) {
+    ForgetAheadLocked(r);
+    return g_engine->sync_pread(buf, n, r.file, off);
+  }
+  const bool sequential =
+      r.next_read < 0 ? off == 0 : off >= r.next_read && off - r.next_read <= kAheadSkip;
+  int64_t done = 0;
+  if (sequential) {
+    done = FromAhead(r, buf, n, off);
+    g_counters.ahead_bytes.fetch_add(static_cast<uint64_t>(done), std::memory_order_relaxed);
+  } else {
+    ForgetAheadLocked(r);
+  }
+  // The rest now, before queueing more: it is what the program waits for.
+  Status st;
+  if (done < n) st = g_engine->sync_pread(buf + done, n - done, r.file, off + done);
+  if (!st.ok()) {
+    ForgetAheadLocked(r);
+    return st;
+  }
+  r.next_read = off + n;
+  if (sequential) {
+    const int64_t window = static_cast<int64_t>(g_rpool->count()) * kAheadChunk;
+    QueueAhead(rp, off + n, std::min(size, off + n + window));
+  }
+  return st;
+}
+
 ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_t n, off_t off) {
   Record& r = *rp;
   if ((write && !r.can_write) || (!write && !r.can_read)) {
@@ -786,7 +966,10 @@ ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_
       return -1;
     }
   }
+  if (write) ForgetAhead(r);
   if (r.word->mount_dirty.load(std::memory_order_seq_cst) != 0) {
+    // Someone wrote through the mount: what was read ahead may be older than the file.
+    ForgetAhead(r);
     g_counters.drains.fetch_add(1, std::memory_order_relaxed);
     if (Status st = LeaseCall(r, broker::Op::kDrain, 0, 0); !st.ok()) {
       errno = ErrnoOf(st);
@@ -813,11 +996,19 @@ ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_
       st = engine->sync_pwrite(buf, static_cast<int64_t>(n), r.file, off);
     }
   } else {
+    {
+      std::lock_guard lock(r.mu);
+      if (r.mapped) {
+        // The program may have written through its mapping: those pages are the kernel's, and
+        // only the mount reads them.
+        return C().pread(r.witness, buf, n, off);
+      }
+    }
     struct stat sb {};
     if (fstat(r.file.buffered_fd(), &sb) != 0) return -1;
     if (off >= sb.st_size) return 0;
     n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), sb.st_size - off));
-    st = engine->sync_pread(buf, static_cast<int64_t>(n), r.file, off);
+    st = ReadThrough(rp, static_cast<char*>(buf), static_cast<int64_t>(n), off, sb.st_size);
     if (st.code() == Status::Code::kEndOfFile) {
       // Truncated meanwhile: let the mount answer with what is there.
       return C().pread(r.witness, buf, n, off);
@@ -894,7 +1085,8 @@ void WriteStats() {
       ", \"bytes_written\": " + v(g_counters.bytes_written) +
       ", \"drains\": " + v(g_counters.drains) +
       ", \"invalidations\": " + v(g_counters.invalidations) +
-      ", \"errors\": " + v(g_counters.errors) + ", \"stale\": " + v(g_counters.stale) + "}\n";
+      ", \"errors\": " + v(g_counters.errors) + ", \"stale\": " + v(g_counters.stale) +
+      ", \"readahead_bytes\": " + v(g_counters.ahead_bytes) + "}\n";
   int fd = C().open(S().stats_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   ssize_t n;
@@ -935,10 +1127,14 @@ void ForkChild() {
   new (&g_conns) std::map<dev_t, std::shared_ptr<Conn>>();
   g_engine = nullptr;
   g_engine_failed = false;
+  // The pools' locks may have been held by a thread that is gone: new ones come with the engine.
+  g_pool = nullptr;
+  g_rpool = nullptr;
   // This process's counters are its own (its stats line says what it did).
   for (auto* c : {&g_counters.adopted, &g_counters.refused, &g_counters.reads, &g_counters.writes,
                   &g_counters.bytes_read, &g_counters.bytes_written, &g_counters.drains,
-                  &g_counters.invalidations, &g_counters.errors, &g_counters.stale}) {
+                  &g_counters.invalidations, &g_counters.errors, &g_counters.stale,
+                  &g_counters.ahead_bytes}) {
     c->store(0);
   }
 }
@@ -984,7 +1180,7 @@ ssize_t write(int fd, const void* buf, size_t n) {
   if (Large(n) && StateOf(fd) != kNotOurs) {
     if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, r, true, const_cast<void*>(buf), n);
   }
-  BeforeMountUse(fd);
+  BeforeMountWrite(fd);
   return C().write(fd, buf, n);
 }
 
@@ -1001,7 +1197,7 @@ ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) {
   if (Large(n) && StateOf(fd) != kNotOurs && off >= 0) {
     if (auto r = ForTransfer(fd)) return DirectIo(r, true, const_cast<void*>(buf), n, off);
   }
-  BeforeMountUse(fd);
+  BeforeMountWrite(fd);
   return C().pwrite(fd, buf, n, off);
 }
 ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) { return pwrite(fd, buf, n, off); }
@@ -1030,7 +1226,7 @@ ssize_t writev(int fd, const iovec* iov, int cnt) {
       return got;
     }
   }
-  BeforeMountUse(fd);
+  BeforeMountWrite(fd);
   return C().writev(fd, iov, cnt);
 }
 
@@ -1047,7 +1243,7 @@ ssize_t pwritev(int fd, const iovec* iov, int cnt, off_t off) {
   if (cnt > 0 && off >= 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
     if (auto r = ForTransfer(fd)) return DirectVec(r, true, iov, cnt, off);
   }
-  BeforeMountUse(fd);
+  BeforeMountWrite(fd);
   return C().pwritev(fd, iov, cnt, off);
 }
 ssize_t pwritev64(int fd, const iovec* iov, int cnt, off_t off) {
@@ -1066,7 +1262,7 @@ ssize_t preadv64v2(int fd, const iovec* iov, int cnt, off_t off, int flags) {
 }
 ssize_t pwritev2(int fd, const iovec* iov, int cnt, off_t off, int flags) {
   if (flags == 0 && off >= 0) return pwritev(fd, iov, cnt, off);
-  BeforeMountUse(fd);
+  BeforeMountWrite(fd);
   return C().pwritev2(fd, iov, cnt, off, flags);
 }
 ssize_t pwritev64v2(int fd, const iovec* iov, int cnt, off_t off, int flags) {
@@ -1128,6 +1324,7 @@ int dup(int fd) {
     auto it = g_records.find(fd);
     if (it != g_records.end()) {
       g_records[nfd] = it->second;  // the same open file: the same record
+      ++it->second->fds;
       SetState(nfd, kOurs);
     } else {
       SetState(nfd, StateOf(fd) == kNotOurs ? kNotOurs : kUnknown);
@@ -1142,6 +1339,7 @@ static int DupTo(int fd, int nfd, int rc) {
   auto it = g_records.find(fd);
   if (it != g_records.end()) {
     g_records[nfd] = it->second;
+    ++it->second->fds;
     SetState(nfd, kOurs);
   } else {
     SetState(nfd, kUnknown);
@@ -1191,7 +1389,7 @@ int fdatasync(int fd) {
 }
 
 int ftruncate(int fd, off_t len) {
-  BeforeMountUse(fd);
+  BeforeMountWrite(fd);
   return C().ftruncate(fd, len);
 }
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }

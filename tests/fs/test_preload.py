@@ -11,6 +11,7 @@ the same files, is in test_model.py (ModelPreload*).
 """
 
 import errno
+import hashlib
 import json
 import os
 import random
@@ -201,6 +202,29 @@ os.close(fd)
         t = self.total()
         self.assertEqual(t["bytes_written"], 6 * MiB, t)
         self.assertGreaterEqual(t["invalidations"], 6, t)  # shared: announced after each
+
+    def test_overwrite_of_bytes_still_in_flight_lands_last(self):
+        # Write-behind returns before the bytes land and the engine's requests complete in any
+        # order: a second write over the same bytes must still be the one the file keeps.
+        code = r"""
+import os
+fd = os.open(%r, os.O_CREAT | os.O_RDWR, 0o644)
+for i in range(40):
+    os.pwrite(fd, bytes([i]) * (8 << 20), 0)
+    os.pwrite(fd, bytes([100 + i]) * (1 << 20), (i %% 7) << 20)
+    os.pwrite(fd, bytes([200]) * 5000, (i %% 5) * 1234567)
+    os.fsync(fd)
+    want = bytearray([i]) * (8 << 20)
+    want[(i %% 7) << 20:((i %% 7) + 1) << 20] = bytes([100 + i]) * (1 << 20)
+    want[(i %% 5) * 1234567:(i %% 5) * 1234567 + 5000] = bytes([200]) * 5000
+    with open(%r, "rb") as f:
+        assert f.read() == want, i
+os.close(fd)
+""" % (self.m("over.bin"), self.b("over.bin"))
+        self.py(code, min_bytes="4K")
+        t = self.total()
+        self.assertGreaterEqual(t["bytes_written"], 40 * 9 * MiB, t)
+        self.assertEqual(t["errors"], 0, t)
 
     def test_appends_through_the_mount_land_after_direct_writes(self):
         p = self.m("app.bin")
@@ -398,6 +422,134 @@ class BrokerTest(PreloadBase):
             capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("Permission denied", p.stderr)
+
+
+# A preloaded reader driven line by line: "r OFF LEN" reads (printing the bytes' sha256),
+# "w OFF LEN BYTE" writes (large: direct), "s OFF BYTE" writes 10 bytes (small: through the mount),
+# "t SIZE" truncates.
+READER = r"""
+import hashlib, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+for line in sys.stdin:
+    op, *a = line.split()
+    a = [int(x) for x in a]
+    if op == "r":
+        print(hashlib.sha256(os.pread(fd, a[1], a[0])).hexdigest(), flush=True)
+        continue
+    if op == "w":
+        os.pwrite(fd, bytes([a[2]]) * a[1], a[0])
+    elif op == "s":
+        os.pwrite(fd, bytes([a[1]]) * 10, a[0])
+    elif op == "t":
+        os.ftruncate(fd, a[0])
+    print("ok", flush=True)
+os.close(fd)
+"""
+
+
+def sha(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+class ReadAheadTest(PreloadBase):
+    """A sequential reader's next bytes are read ahead into pinned buffers (the kernel's
+    read-ahead for O_DIRECT): they must never be served once the file changed under them."""
+
+    def test_sequential_reader_is_read_ahead_and_exact(self):
+        want = pattern(11, 40 * MiB + 4321)
+        with open(self.b("seq.bin"), "wb") as f:
+            f.write(want)
+        out = os.path.join(self.scratch.path, "seq.out")
+        for ra in ("33554432", "0"):
+            if os.path.exists(self.stats):
+                os.unlink(self.stats)
+            env = dict(os.environ, DNVME_PRELOAD_READAHEAD=ra)
+            self.run_cmd(["dd", "if=" + self.m("seq.bin"), "of=" + out, "bs=1M", "status=none"],
+                         env=env)
+            self.assertEqual(slurp(out), want, "readahead=" + ra)
+            t = self.total()
+            self.assertEqual(t["errors"], 0, t)
+            self.assertGreaterEqual(t["bytes_read"], 40 * MiB, t)
+            if ra == "0":
+                self.assertEqual(t["readahead_bytes"], 0, t)
+            else:
+                # Only the first 1 MiB read waits for the disk: the rest was read ahead.
+                self.assertGreaterEqual(t["readahead_bytes"], 38 * MiB, t)
+        # A reader that jumps about is not read ahead.
+        if os.path.exists(self.stats):
+            os.unlink(self.stats)
+        self.py("import os\nfd = os.open(%r, os.O_RDONLY)\n"
+                "for off in (30, 2, 17, 9, 25):\n"
+                "    assert os.pread(fd, 1 << 20, off << 20) == "
+                "open(%r, 'rb').read()[off << 20:(off + 1) << 20]\n" % (
+                    self.m("seq.bin"), self.b("seq.bin")))
+        self.assertEqual(self.total()["readahead_bytes"], 0, self.total())
+
+    def start_reader(self, path):
+        child = subprocess.Popen(
+            [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c",
+             READER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (child.kill(), child.wait(30)) if child.poll() is None else None)
+
+        def ask(line):
+            child.stdin.write(line + "\n")
+            child.stdin.flush()
+            got = child.stdout.readline().strip()
+            self.assertTrue(got, "reader died at " + line)
+            return got
+        return child, ask
+
+    def test_own_writes_and_truncates_after_read_ahead(self):
+        p = self.m("own.bin")
+        data = bytearray(pattern(12, 16 * MiB))
+        with open(self.b("own.bin"), "wb") as f:
+            f.write(data)
+        child, ask = self.start_reader(p)
+        self.assertEqual(ask("r 0 %d" % MiB), sha(data[:MiB]))  # the next 15 MiB are read ahead
+        self.assertEqual(ask("w %d %d 65" % (4 * MiB, MiB)), "ok")  # direct, into read-ahead
+        data[4 * MiB:5 * MiB] = b"A" * MiB
+        for i in range(1, 6):
+            self.assertEqual(ask("r %d %d" % (i * MiB, MiB)), sha(data[i * MiB:(i + 1) * MiB]),
+                             "MiB %d after a direct write" % i)
+        self.assertEqual(ask("s %d 66" % (7 * MiB + 5)), "ok")  # 10 bytes through the mount
+        data[7 * MiB + 5:7 * MiB + 15] = b"B" * 10
+        for i in range(6, 9):
+            self.assertEqual(ask("r %d %d" % (i * MiB, MiB)), sha(data[i * MiB:(i + 1) * MiB]),
+                             "MiB %d after a small write" % i)
+        self.assertEqual(ask("t %d" % (10 * MiB)), "ok")
+        self.assertEqual(ask("t %d" % (12 * MiB)), "ok")
+        data[10 * MiB:] = bytes(2 * MiB)
+        for i in range(9, 12):
+            self.assertEqual(ask("r %d %d" % (i * MiB, MiB)), sha(data[i * MiB:(i + 1) * MiB]),
+                             "MiB %d after truncate and extend" % i)
+        child.stdin.close()
+        self.assertEqual(child.wait(30), 0)
+        t = self.total()
+        self.assertEqual(t["errors"], 0, t)
+        self.assertGreater(t["readahead_bytes"], 0, t)  # it was there to be wrong
+        self.assertEqual(slurp(self.b("own.bin")), bytes(data))
+
+    def test_writer_through_the_mount_after_read_ahead(self):
+        p = self.m("other.bin")
+        data = bytearray(pattern(13, 16 * MiB))
+        with open(self.b("other.bin"), "wb") as f:
+            f.write(data)
+        child, ask = self.start_reader(p)
+        self.assertEqual(ask("r 0 %d" % MiB), sha(data[:MiB]))
+        self.assertEqual(ask("r %d %d" % (MiB, MiB)), sha(data[MiB:2 * MiB]))
+        # Another process, plain, writes ahead of the reader through the mount.
+        fd = os.open(p, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"C" * (3 * MiB), 3 * MiB)
+            data[3 * MiB:6 * MiB] = b"C" * (3 * MiB)
+            for i in range(2, 8):
+                self.assertEqual(ask("r %d %d" % (i * MiB, MiB)),
+                                 sha(data[i * MiB:(i + 1) * MiB]), "MiB %d" % i)
+        finally:
+            os.close(fd)
+        child.stdin.close()
+        self.assertEqual(child.wait(30), 0)
+        self.assertEqual(self.total()["errors"], 0)
 
 
 class PreloadOffTest(PreloadBase):
