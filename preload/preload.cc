@@ -289,15 +289,20 @@ std::map<dev_t, std::shared_ptr<Conn>> g_conns;              // mount device -> 
 AioHandle* g_engine = nullptr;  // created at the first adoption; leaked in forked children
 bool g_engine_failed = false;
 // Staging buffers of write-behind (null: writes are synchronous, e.g. RLIMIT_MEMLOCK too low).
-dnvme::PinnedPool* g_pool = nullptr;
+dnvme::PinnedPool* g_pool = nullptr;  // guarded by g_mu until made (WritePool)
+bool g_pool_tried = false;            // guarded by g_mu
 constexpr size_t kChunk = 8 << 20;
 constexpr size_t kChunks = 6;
 // Read-ahead buffers (null: no read-ahead).
-dnvme::PinnedPool* g_rpool = nullptr;
+dnvme::PinnedPool* g_rpool = nullptr;  // guarded by g_mu until made (ReadPool)
+bool g_rpool_tried = false;            // guarded by g_mu
 constexpr int64_t kAheadChunk = 4 << 20;
 // A read this far past where the last one ended still counts as sequential (a zip reader such as
 // torch.load skips each record's local header with a small read through the mount).
 constexpr int64_t kAheadSkip = 1 << 20;
+// Reads this large are not read ahead: one such call keeps the disk busy by itself (torch.load
+// reads a tensor per call), and on two cores the copy out of read-ahead buffers measured slower.
+constexpr int64_t kAheadMaxRead = 8 << 20;
 
 // Waits for the record's write-behind; returns (and clears) its first error, 0 if none.
 int WaitWrites(Record& r) {
@@ -575,24 +580,42 @@ AioHandle* Engine() {
     return nullptr;
   }
   g_engine = std::move(h).value().release();
-  auto pool = dnvme::PinnedPool::Create(kChunk + 4096, kChunks);
-  if (pool.ok()) {
-    g_pool = std::move(pool).value().release();
-  } else {
-    dnvme::Logger().info("dnvme run: no write-behind buffers ({}); writes are synchronous",
-                         pool.status().ToString());
-  }
-  if (S().readahead > 0) {
-    const auto count = static_cast<size_t>(std::max<int64_t>(2, S().readahead / kAheadChunk));
-    auto rpool = dnvme::PinnedPool::Create(kAheadChunk + 4096, count);
-    if (rpool.ok()) {
-      g_rpool = std::move(rpool).value().release();
+  return g_engine;
+}
+
+// The pools are made at their first use (pinning fresh memory costs): a program that only reads
+// pins no write-behind buffers, one that only writes or reads in large calls no read-ahead ones.
+dnvme::PinnedPool* WritePool() {
+  std::lock_guard lock(g_mu);
+  if (!g_pool_tried) {
+    g_pool_tried = true;
+    auto pool = dnvme::PinnedPool::Create(kChunk + 4096, kChunks);
+    if (pool.ok()) {
+      g_pool = std::move(pool).value().release();
     } else {
-      dnvme::Logger().info("dnvme run: no read-ahead buffers ({}); reads are synchronous",
-                           rpool.status().ToString());
+      dnvme::Logger().info("dnvme run: no write-behind buffers ({}); writes are synchronous",
+                           pool.status().ToString());
     }
   }
-  return g_engine;
+  return g_pool;
+}
+
+dnvme::PinnedPool* ReadPool() {
+  std::lock_guard lock(g_mu);
+  if (!g_rpool_tried) {
+    g_rpool_tried = true;
+    if (S().readahead > 0) {
+      const auto count = static_cast<size_t>(std::max<int64_t>(2, S().readahead / kAheadChunk));
+      auto rpool = dnvme::PinnedPool::Create(kAheadChunk + 4096, count);
+      if (rpool.ok()) {
+        g_rpool = std::move(rpool).value().release();
+      } else {
+        dnvme::Logger().info("dnvme run: no read-ahead buffers ({}); reads are synchronous",
+                             rpool.status().ToString());
+      }
+    }
+  }
+  return g_rpool;
 }
 
 // ---- read-ahead ----
@@ -920,7 +943,8 @@ Status ReadThrough(const std::shared_ptr<Record>& rp, char* buf, int64_t n, int6
   Record& r = *rp;
   std::lock_guard lock(r.rm);
   // A file someone else has open may change under read-ahead: read only what is asked, now.
-  if (g_rpool == nullptr || r.word->shared.load(std::memory_order_seq_cst) != 0) {
+  if (n >= kAheadMaxRead || r.word->shared.load(std::memory_order_seq_cst) != 0 ||
+      ReadPool() == nullptr) {
     ForgetAheadLocked(r);
     return g_engine->sync_pread(buf, n, r.file, off);
   }
@@ -942,7 +966,7 @@ Status ReadThrough(const std::shared_ptr<Record>& rp, char* buf, int64_t n, int6
   }
   r.next_read = off + n;
   if (sequential) {
-    const int64_t window = static_cast<int64_t>(g_rpool->count()) * kAheadChunk;
+    const int64_t window = static_cast<int64_t>(ReadPool()->count()) * kAheadChunk;
     QueueAhead(rp, off + n, std::min(size, off + n + window));
   }
   return st;
@@ -987,7 +1011,7 @@ ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_
     const int64_t end = static_cast<int64_t>(off) + static_cast<int64_t>(n);
     if (fstat(r.file.buffered_fd(), &sb) != 0) return -1;
     if (sb.st_size < end && ::ftruncate(r.file.buffered_fd(), end) != 0) return -1;
-    if (g_pool != nullptr) {
+    if (WritePool() != nullptr) {
       if (int err = WriteBehind(rp, static_cast<const char*>(buf), n, off); err != 0) {
         errno = err;
         return -1;
@@ -1130,6 +1154,7 @@ void ForkChild() {
   // The pools' locks may have been held by a thread that is gone: new ones come with the engine.
   g_pool = nullptr;
   g_rpool = nullptr;
+  g_pool_tried = g_rpool_tried = false;
   // This process's counters are its own (its stats line says what it did).
   for (auto* c : {&g_counters.adopted, &g_counters.refused, &g_counters.reads, &g_counters.writes,
                   &g_counters.bytes_read, &g_counters.bytes_written, &g_counters.drains,
