@@ -585,37 +585,31 @@ AioHandle* Engine() {
 
 // The pools are made at their first use (pinning fresh memory costs): a program that only reads
 // pins no write-behind buffers, one that only writes or reads in large calls no read-ahead ones.
-dnvme::PinnedPool* WritePool() {
+// Null when they cannot be pinned (RLIMIT_MEMLOCK): the caller then does without.
+dnvme::PinnedPool* PoolOnce(dnvme::PinnedPool** pool, bool* tried, size_t size, size_t count,
+                            const char* without) {
   std::lock_guard lock(g_mu);
-  if (!g_pool_tried) {
-    g_pool_tried = true;
-    auto pool = dnvme::PinnedPool::Create(kChunk + 4096, kChunks);
-    if (pool.ok()) {
-      g_pool = std::move(pool).value().release();
+  if (!*tried) {
+    *tried = true;
+    auto made = dnvme::PinnedPool::Create(size, count);
+    if (made.ok()) {
+      *pool = std::move(made).value().release();
     } else {
-      dnvme::Logger().info("dnvme run: no write-behind buffers ({}); writes are synchronous",
-                           pool.status().ToString());
+      dnvme::Logger().info("dnvme run: no pinned buffers ({}); {}", made.status().ToString(),
+                           without);
     }
   }
-  return g_pool;
+  return *pool;
+}
+
+dnvme::PinnedPool* WritePool() {
+  return PoolOnce(&g_pool, &g_pool_tried, kChunk + 4096, kChunks, "writes are synchronous");
 }
 
 dnvme::PinnedPool* ReadPool() {
-  std::lock_guard lock(g_mu);
-  if (!g_rpool_tried) {
-    g_rpool_tried = true;
-    if (S().readahead > 0) {
-      const auto count = static_cast<size_t>(std::max<int64_t>(2, S().readahead / kAheadChunk));
-      auto rpool = dnvme::PinnedPool::Create(kAheadChunk + 4096, count);
-      if (rpool.ok()) {
-        g_rpool = std::move(rpool).value().release();
-      } else {
-        dnvme::Logger().info("dnvme run: no read-ahead buffers ({}); reads are synchronous",
-                             rpool.status().ToString());
-      }
-    }
-  }
-  return g_rpool;
+  if (S().readahead <= 0) return nullptr;
+  const auto count = static_cast<size_t>(std::max<int64_t>(2, S().readahead / kAheadChunk));
+  return PoolOnce(&g_rpool, &g_rpool_tried, kAheadChunk + 4096, count, "no read-ahead");
 }
 
 // ---- read-ahead ----
