@@ -289,13 +289,13 @@ std::map<dev_t, std::shared_ptr<Conn>> g_conns;              // mount device -> 
 AioHandle* g_engine = nullptr;  // created at the first adoption; leaked in forked children
 bool g_engine_failed = false;
 // Staging buffers of write-behind (null: writes are synchronous, e.g. RLIMIT_MEMLOCK too low).
-dnvme::PinnedPool* g_pool = nullptr;  // guarded by g_mu until made (WritePool)
-bool g_pool_tried = false;            // guarded by g_mu
+dnvme::PinnedPool* g_pool = nullptr;    // written once, under g_mu, before g_pool_tried (WritePool)
+std::atomic<bool> g_pool_tried{false};  // set (under g_mu) once g_pool is final
 constexpr size_t kChunk = 8 << 20;
 constexpr size_t kChunks = 6;
 // Read-ahead buffers (null: no read-ahead).
-dnvme::PinnedPool* g_rpool = nullptr;  // guarded by g_mu until made (ReadPool)
-bool g_rpool_tried = false;            // guarded by g_mu
+dnvme::PinnedPool* g_rpool = nullptr;    // written once, under g_mu, before g_rpool_tried
+std::atomic<bool> g_rpool_tried{false};  // set (under g_mu) once g_rpool is final
 constexpr int64_t kAheadChunk = 4 << 20;
 // A read this far past where the last one ended still counts as sequential (a zip reader such as
 // torch.load skips each record's local header with a small read through the mount).
@@ -586,11 +586,12 @@ AioHandle* Engine() {
 // The pools are made at their first use (pinning fresh memory costs): a program that only reads
 // pins no write-behind buffers, one that only writes or reads in large calls no read-ahead ones.
 // Null when they cannot be pinned (RLIMIT_MEMLOCK): the caller then does without.
-dnvme::PinnedPool* PoolOnce(dnvme::PinnedPool** pool, bool* tried, size_t size, size_t count,
-                            const char* without) {
+// Every transfer asks, so after the first the answer costs one atomic load, not g_mu.
+dnvme::PinnedPool* PoolOnce(dnvme::PinnedPool** pool, std::atomic<bool>* tried, size_t size,
+                            size_t count, const char* without) {
+  if (tried->load(std::memory_order_acquire)) return *pool;
   std::lock_guard lock(g_mu);
-  if (!*tried) {
-    *tried = true;
+  if (!tried->load(std::memory_order_relaxed)) {
     auto made = dnvme::PinnedPool::Create(size, count);
     if (made.ok()) {
       *pool = std::move(made).value().release();
@@ -598,6 +599,7 @@ dnvme::PinnedPool* PoolOnce(dnvme::PinnedPool** pool, bool* tried, size_t size, 
       dnvme::Logger().info("dnvme run: no pinned buffers ({}); {}", made.status().ToString(),
                            without);
     }
+    tried->store(true, std::memory_order_release);
   }
   return *pool;
 }
@@ -984,10 +986,11 @@ ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_
       return -1;
     }
   }
-  if (write) ForgetAhead(r);
-  if (r.word->mount_dirty.load(std::memory_order_seq_cst) != 0) {
-    // Someone wrote through the mount: what was read ahead may be older than the file.
-    ForgetAhead(r);
+  const bool mount_dirty = r.word->mount_dirty.load(std::memory_order_seq_cst) != 0;
+  // What was read ahead may be older than the file after this write, or once someone wrote
+  // through the mount.
+  if (write || mount_dirty) ForgetAhead(r);
+  if (mount_dirty) {
     g_counters.drains.fetch_add(1, std::memory_order_relaxed);
     if (Status st = LeaseCall(r, broker::Op::kDrain, 0, 0); !st.ok()) {
       errno = ErrnoOf(st);
@@ -1061,10 +1064,12 @@ ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_
 }
 
 // read/write at the descriptor's offset: the kernel's, in the program's descriptor.
-ssize_t DirectAtOffset(int fd, const std::shared_ptr<Record>& r, bool write, void* buf, size_t n) {
+// `io(off)` (a direct pread/pwrite-like transfer) at the descriptor's offset, which it advances.
+template <typename Io>
+ssize_t AtOffset(int fd, Io io) {
   off_t off = lseek(fd, 0, SEEK_CUR);
   if (off < 0) return -1;
-  ssize_t got = DirectIo(r, write, buf, n, off);
+  ssize_t got = io(off);
   if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
   return got;
 }
@@ -1148,7 +1153,8 @@ void ForkChild() {
   // The pools' locks may have been held by a thread that is gone: new ones come with the engine.
   g_pool = nullptr;
   g_rpool = nullptr;
-  g_pool_tried = g_rpool_tried = false;
+  g_pool_tried.store(false);
+  g_rpool_tried.store(false);
   // This process's counters are its own (its stats line says what it did).
   for (auto* c : {&g_counters.adopted, &g_counters.refused, &g_counters.reads, &g_counters.writes,
                   &g_counters.bytes_read, &g_counters.bytes_written, &g_counters.drains,
@@ -1189,7 +1195,9 @@ extern "C" {
 
 ssize_t read(int fd, void* buf, size_t n) {
   if (Large(n) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, r, false, buf, n);
+    if (auto r = ForTransfer(fd)) {
+      return AtOffset(fd, [&](off_t off) { return DirectIo(r, false, buf, n, off); });
+    }
   }
   BeforeMountUse(fd);
   return C().read(fd, buf, n);
@@ -1197,7 +1205,10 @@ ssize_t read(int fd, void* buf, size_t n) {
 
 ssize_t write(int fd, const void* buf, size_t n) {
   if (Large(n) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) return DirectAtOffset(fd, r, true, const_cast<void*>(buf), n);
+    if (auto r = ForTransfer(fd)) {
+      return AtOffset(fd,
+                      [&](off_t off) { return DirectIo(r, true, const_cast<void*>(buf), n, off); });
+    }
   }
   BeforeMountWrite(fd);
   return C().write(fd, buf, n);
@@ -1224,11 +1235,7 @@ ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) { return pwrite(f
 ssize_t readv(int fd, const iovec* iov, int cnt) {
   if (cnt > 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
     if (auto r = ForTransfer(fd)) {
-      off_t off = lseek(fd, 0, SEEK_CUR);
-      if (off < 0) return -1;
-      ssize_t got = DirectVec(r, false, iov, cnt, off);
-      if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
-      return got;
+      return AtOffset(fd, [&](off_t off) { return DirectVec(r, false, iov, cnt, off); });
     }
   }
   BeforeMountUse(fd);
@@ -1238,11 +1245,7 @@ ssize_t readv(int fd, const iovec* iov, int cnt) {
 ssize_t writev(int fd, const iovec* iov, int cnt) {
   if (cnt > 0 && Large(IovBytes(iov, cnt)) && StateOf(fd) != kNotOurs) {
     if (auto r = ForTransfer(fd)) {
-      off_t off = lseek(fd, 0, SEEK_CUR);
-      if (off < 0) return -1;
-      ssize_t got = DirectVec(r, true, iov, cnt, off);
-      if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
-      return got;
+      return AtOffset(fd, [&](off_t off) { return DirectVec(r, true, iov, cnt, off); });
     }
   }
   BeforeMountWrite(fd);
