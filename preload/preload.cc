@@ -65,6 +65,7 @@
 #include "dnvme/log.h"
 #include "dnvme/pinned.h"
 #include "engine/common/log.h"
+#include "preload/internal.h"
 
 namespace {
 
@@ -98,11 +99,15 @@ struct Libc {
   int (*creat)(const char*, mode_t);
   int (*creat64)(const char*, mode_t);
   int (*close)(int);
+  int (*fcntl)(int, int, ...);
   int (*dup)(int);
   int (*dup2)(int, int);
   int (*dup3)(int, int, int);
   int (*fsync)(int);
   int (*fdatasync)(int);
+  ssize_t (*copy_file_range)(int, off64_t*, int, off64_t*, size_t, unsigned);
+  ssize_t (*sendfile)(int, int, off_t*, size_t);
+  ssize_t (*splice)(int, off64_t*, int, off64_t*, size_t, unsigned);
   int (*ftruncate)(int, off_t);
   int (*ftruncate64)(int, off_t);
   void* (*mmap)(void*, size_t, int, int, int, off_t);
@@ -137,11 +142,15 @@ Libc& C() {
     l.creat = Next<decltype(l.creat)>("creat");
     l.creat64 = Next<decltype(l.creat64)>("creat64");
     l.close = Next<decltype(l.close)>("close");
+    l.fcntl = Next<decltype(l.fcntl)>("fcntl");
     l.dup = Next<decltype(l.dup)>("dup");
     l.dup2 = Next<decltype(l.dup2)>("dup2");
     l.dup3 = Next<decltype(l.dup3)>("dup3");
     l.fsync = Next<decltype(l.fsync)>("fsync");
     l.fdatasync = Next<decltype(l.fdatasync)>("fdatasync");
+    l.copy_file_range = Next<decltype(l.copy_file_range)>("copy_file_range");
+    l.sendfile = Next<decltype(l.sendfile)>("sendfile64");
+    l.splice = Next<decltype(l.splice)>("splice");
     l.ftruncate = Next<decltype(l.ftruncate)>("ftruncate64");
     l.ftruncate64 = l.ftruncate;
     l.mmap = Next<decltype(l.mmap)>("mmap64");
@@ -738,10 +747,29 @@ std::shared_ptr<Record> Adopt(int fd) {
     SetState(fd, kNotOurs);
     return nullptr;
   }
-  const int flags = fcntl(fd, F_GETFL);
+  const int flags = C().fcntl(fd, F_GETFL);
   if (flags < 0 || (flags & O_APPEND) || (flags & O_PATH)) {
     SetState(fd, kNotOurs);
     return nullptr;
+  }
+  // A duplicate made before the file was adopted (dup, or the open file inherited twice) shares
+  // the record already made for its open file: one offset, one write-behind, one lease.
+  {
+    std::lock_guard lock(g_mu);
+    std::shared_ptr<Record> same;
+    for (const auto& [n, rec] : g_records) {
+      if (rec->witness >= 0 &&
+          syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, fd, rec->witness) == 0) {
+        same = rec;
+        break;
+      }
+    }
+    if (same) {
+      g_records[fd] = same;
+      ++same->fds;
+      SetState(fd, kOurs);
+      return same;
+    }
   }
   MountInfo m;
   std::shared_ptr<Conn> conn;
@@ -825,7 +853,7 @@ std::shared_ptr<Record> Adopt(int fd) {
                       : acc == O_WRONLY ? dnvme::FileAccess::kWrite
                                         : dnvme::FileAccess::kReadWrite;
   auto file = engine->adopt_fds(nfds == 2 ? fds[1] : -1, fds[0], access, path);
-  r->witness = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  r->witness = C().fcntl(fd, F_DUPFD_CLOEXEC, 0);
   SetState(r->witness, kNotOurs);
   if (!file.ok() || r->witness < 0) {
     dnvme::Logger().warn("dnvme run: '{}' stays on the mount: {}", path,
@@ -1171,6 +1199,44 @@ __attribute__((constructor)) void Init() {
   atexit(AtExit);
 }
 
+// `nfd` (or -1) was just made a duplicate of `fd` (dup, dup2, dup3, F_DUPFD): the same open
+// file, so the same record. Returns nfd.
+int Duplicated(int fd, int nfd) {
+  if (nfd < 0) return nfd;
+  if (StateOf(nfd) == kOurs) Drop(nfd);  // a number freed behind our back (fclose, close_range)
+  std::lock_guard lock(g_mu);
+  auto it = g_records.find(fd);
+  if (it != g_records.end()) {
+    g_records[nfd] = it->second;
+    ++it->second->fds;
+    SetState(nfd, kOurs);
+  } else {
+    SetState(nfd, StateOf(fd) == kNotOurs ? kNotOurs : kUnknown);
+  }
+  return nfd;
+}
+
+// `fd`'s open file leaves the engine (it becomes O_APPEND): every descriptor of its record goes
+// back to the mount once the record's writes landed and were announced. Returns the first error
+// of those writes, 0 if none.
+int Disown(int fd) {
+  std::shared_ptr<Record> r = Lookup(fd);
+  if (!r) return 0;
+  std::vector<int> fds;
+  {
+    std::lock_guard lock(g_mu);
+    for (const auto& [n, rec] : g_records) {
+      if (rec == r) fds.push_back(n);
+    }
+  }
+  int err = 0;
+  for (int n : fds) {
+    if (int e = Drop(n); e != 0) err = e;
+    SetState(n, kNotOurs);
+  }
+  return err;
+}
+
 int OpenResult(int fd) {
   if (fd >= 0) {
     // A number reused behind our back (closed by fclose, say) is a new file.
@@ -1188,6 +1254,33 @@ mode_t ModeArg(int flags, va_list ap) {
 }
 
 }  // namespace
+
+// ---- what stdio.cc uses (preload/internal.h) ----
+
+namespace dnvme::preload {
+
+bool IsLarge(size_t n) { return Large(n); }
+
+bool DirectAtOffset(int fd, bool write, void* buf, size_t n, ssize_t* got) {
+  if (StateOf(fd) == kNotOurs) return false;
+  auto r = ForTransfer(fd);
+  if (!r) return false;
+  *got = AtOffset(fd, [&](off_t off) { return DirectIo(r, write, buf, n, off); });
+  return true;
+}
+
+void BeforeMountUse(int fd) { ::BeforeMountUse(fd); }
+void BeforeMountWrite(int fd) { ::BeforeMountWrite(fd); }
+
+int ForgetBeforeClose(int fd) {
+  if (StateOf(fd) == kOurs) return Drop(fd);
+  SetState(fd, kUnknown);
+  return 0;
+}
+
+void AnnounceEverything() { AnnounceAll(); }
+
+}  // namespace dnvme::preload
 
 // ---- the interposed functions ----
 
@@ -1339,46 +1432,78 @@ int close(int fd) {
 
 int dup(int fd) {
   BeforeMountUse(fd);
-  int nfd = C().dup(fd);
-  if (nfd >= 0) {
-    if (StateOf(nfd) == kOurs) Drop(nfd);
-    std::lock_guard lock(g_mu);
-    auto it = g_records.find(fd);
-    if (it != g_records.end()) {
-      g_records[nfd] = it->second;  // the same open file: the same record
-      ++it->second->fds;
-      SetState(nfd, kOurs);
-    } else {
-      SetState(nfd, StateOf(fd) == kNotOurs ? kNotOurs : kUnknown);
-    }
-  }
-  return nfd;
-}
-
-static int DupTo(int fd, int nfd, int rc) {
-  if (rc < 0 || fd == nfd) return rc;
-  std::lock_guard lock(g_mu);
-  auto it = g_records.find(fd);
-  if (it != g_records.end()) {
-    g_records[nfd] = it->second;
-    ++it->second->fds;
-    SetState(nfd, kOurs);
-  } else {
-    SetState(nfd, kUnknown);
-  }
-  return rc;
+  return Duplicated(fd, C().dup(fd));
 }
 
 int dup2(int fd, int nfd) {
   BeforeMountUse(fd);
   if (fd != nfd && StateOf(nfd) == kOurs) Drop(nfd);  // dup2 closes nfd first
-  return DupTo(fd, nfd, C().dup2(fd, nfd));
+  const int rc = C().dup2(fd, nfd);
+  return fd == nfd ? rc : Duplicated(fd, rc);
 }
 
 int dup3(int fd, int nfd, int flags) {
   BeforeMountUse(fd);
   if (fd != nfd && StateOf(nfd) == kOurs) Drop(nfd);
-  return DupTo(fd, nfd, C().dup3(fd, nfd, flags));
+  return Duplicated(fd, C().dup3(fd, nfd, flags));
+}
+
+// fcntl's third argument is an int, a long or a pointer by command; passing it on as a pointer
+// hands every one over unchanged (the x86-64 and aarch64 calling conventions carry each in a full
+// register). Python's os.dup is F_DUPFD_CLOEXEC.
+int fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  switch (cmd) {
+    case F_DUPFD:
+    case F_DUPFD_CLOEXEC:
+      BeforeMountUse(fd);
+      return Duplicated(fd, C().fcntl(fd, cmd, static_cast<int>(reinterpret_cast<intptr_t>(arg))));
+    case F_SETFL: {
+      // Appends must stay atomic at the end of the file: the mount serves it from now on. What
+      // this process wrote directly lands first; a failure of it is this call's (flags unset).
+      if ((reinterpret_cast<intptr_t>(arg) & O_APPEND) && StateOf(fd) == kOurs) {
+        if (int err = Disown(fd); err != 0) {
+          errno = err;
+          return -1;
+        }
+      }
+      return C().fcntl(fd, cmd, static_cast<int>(reinterpret_cast<intptr_t>(arg)));
+    }
+    default:
+      return C().fcntl(fd, cmd, arg);
+  }
+}
+int fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return fcntl(fd, cmd, arg);
+}
+
+// The kernel copies these through the mount: it must see this process's direct writes of the
+// source first, and what was read ahead of the destination is stale after them.
+ssize_t copy_file_range(int in, off64_t* in_off, int out, off64_t* out_off, size_t len,
+                        unsigned flags) {
+  BeforeMountUse(in);
+  BeforeMountWrite(out);
+  return C().copy_file_range(in, in_off, out, out_off, len, flags);
+}
+ssize_t sendfile(int out, int in, off_t* off, size_t count) {
+  BeforeMountUse(in);
+  BeforeMountWrite(out);
+  return C().sendfile(out, in, off, count);
+}
+ssize_t sendfile64(int out, int in, off64_t* off, size_t count) {
+  return sendfile(out, in, off, count);
+}
+ssize_t splice(int in, off64_t* in_off, int out, off64_t* out_off, size_t len, unsigned flags) {
+  BeforeMountUse(in);
+  BeforeMountWrite(out);
+  return C().splice(in, in_off, out, out_off, len, flags);
 }
 
 // The write-behind's first error, once it all landed (0 when `fd` is not adopted).

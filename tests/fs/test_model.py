@@ -41,7 +41,31 @@ ALIGN = 4096
 
 # The second process: one fd on the mount at a time, driven over stdin/stdout (JSON lines).
 CHILD = r"""
-import hashlib, json, os, random, sys
+import ctypes, hashlib, json, os, random, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fdopen.restype = ctypes.c_void_p
+libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+libc.fseek.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+libc.fclose.argtypes = [ctypes.c_void_p]
+for name in ("fread", "fwrite"):
+    getattr(libc, name).restype = ctypes.c_size_t
+    getattr(libc, name).argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                    ctypes.c_void_p]
+def stdio(off, data=None, n=0):
+    # fread/fwrite on a FILE of a duplicate, as numpy's tofile/fromfile do.
+    f = libc.fdopen(os.dup(fd), b"r+b")
+    if not f or libc.fseek(f, off, 0) != 0:
+        raise OSError(ctypes.get_errno(), "fdopen/fseek")
+    if data is not None:
+        buf = ctypes.create_string_buffer(data, len(data))
+        got = libc.fwrite(buf, 1, len(data), f)
+    else:
+        buf = ctypes.create_string_buffer(n)
+        got = libc.fread(buf, 1, n, f)
+    e = ctypes.get_errno()
+    if libc.fclose(f) != 0 or (data is not None and got != len(data)):
+        raise OSError(ctypes.get_errno() or e, "fwrite/fclose")
+    return got if data is not None else buf.raw[:got]
 fd = None
 for line in sys.stdin:
     c = json.loads(line)
@@ -54,10 +78,12 @@ for line in sys.stdin:
             r = {"ok": 1}
         elif op == "pwrite":
             data = random.Random(c["seed"]).randbytes(c["n"])
-            # The same bytes by pwrite, lseek + write, or writev of two pieces (what the preload
-            # library intercepts, docs/preload.md); the reference always uses pwrite.
-            how = c["seed"] % 3
-            if how == 0:
+            # The same bytes by pwrite, lseek + write, writev of two pieces or fwrite (what the
+            # preload library intercepts, docs/preload.md); the reference always uses pwrite.
+            how = c["seed"] % 4
+            if how == 3:
+                r = {"ok": stdio(c["off"], data=data)}
+            elif how == 0:
                 r = {"ok": os.pwrite(fd, data, c["off"])}
             else:
                 os.lseek(fd, c["off"], os.SEEK_SET)
@@ -67,7 +93,9 @@ for line in sys.stdin:
                     h = len(data) // 3
                     r = {"ok": os.writev(fd, [data[:h], data[h:]])}
         elif op == "pread":
-            if c["off"] % 2 == 0:
+            if c["n"] % 3 == 0:
+                d = stdio(c["off"], n=c["n"])
+            elif c["off"] % 2 == 0:
                 d = os.pread(fd, c["n"], c["off"])
             else:
                 os.lseek(fd, c["off"], os.SEEK_SET)

@@ -552,6 +552,172 @@ class ReadAheadTest(PreloadBase):
         self.assertEqual(self.total()["errors"], 0)
 
 
+# A stdio program, run through ctypes so its FILE calls are libc's (and, under `dnvme run`, the
+# preload's): prints one JSON line of everything a caller can observe -- return values, ftell,
+# feof/ferror, hashes of what it read -- so a run on the mount under `dnvme run` and a plain run
+# on a plain directory can be compared line for line.
+STDIO = r"""
+import ctypes, hashlib, json, os, random, sys
+libc = ctypes.CDLL(None, use_errno=True)
+P, L = ctypes.c_void_p, ctypes.c_long
+libc.fopen.restype = P; libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+for name in ("fread", "fwrite"):
+    getattr(libc, name).restype = ctypes.c_size_t
+    getattr(libc, name).argtypes = [P, ctypes.c_size_t, ctypes.c_size_t, P]
+libc.ftell.restype = L; libc.ftell.argtypes = [P]
+libc.fseek.argtypes = [P, L, ctypes.c_int]
+for name in ("fclose", "feof", "ferror", "clearerr", "fflush", "fgetc"):
+    getattr(libc, name).argtypes = [P]
+libc.fputs.argtypes = [ctypes.c_char_p, P]
+libc.ungetc.argtypes = [ctypes.c_int, P]
+path = sys.argv[1]
+trace = []
+def data(seed, n):
+    return random.Random(seed).randbytes(n)
+def w(f, b, size=1):
+    buf = ctypes.create_string_buffer(b, len(b))
+    trace.append(("w", len(b), libc.fwrite(buf, size, len(b) // size, f), libc.ftell(f)))
+def r(f, n, size=1):
+    buf = ctypes.create_string_buffer(n)
+    got = libc.fread(buf, size, n // size, f)
+    trace.append(("r", n, got, hashlib.sha256(buf.raw[:got * size]).hexdigest()[:16],
+                  libc.ftell(f), libc.feof(f), libc.ferror(f)))
+f = libc.fopen(path.encode(), b"w+b")
+w(f, data(1, 100))                   # small: in the FILE's buffer
+w(f, data(2, (1 << 20) + 333))       # large: the header is flushed first
+libc.fputs(b"a line between large writes\n", f)
+w(f, data(3, 300 << 10))
+w(f, data(4, 256 << 10), size=4096)  # items
+libc.fseek(f, 50, 0)
+r(f, 10)                             # small: fills the buffer
+r(f, 700 << 10)                      # large: buffer first, then the rest
+trace.append(("ungetc", libc.ungetc(0x41, f), libc.ftell(f)))
+r(f, 200 << 10)                      # the pushed-back byte, then the file
+libc.fseek(f, -1000, 2)
+r(f, 512 << 10)                      # short at the end of file: feof
+r(f, 128 << 10)                      # sticky end of file
+libc.clearerr(f)
+libc.fseek(f, 3000, 0)
+w(f, data(5, 400 << 10))             # overwrite in the middle
+libc.fseek(f, 0, 1)
+r(f, 300 << 10, size=4096)           # items, from where the write ended
+libc.fseek(f, (1 << 20) + 500, 0)
+trace.append(("getc", libc.fgetc(f), libc.ftell(f)))
+w(f, data(6, 200 << 10))             # after a read, no seek: glibc allows it
+trace.append(("close", libc.fclose(f)))
+f = libc.fopen(path.encode(), b"ab")
+w(f, data(7, 300 << 10))             # append mode: the end of file, through the mount
+trace.append(("close", libc.fclose(f)))
+f = libc.fopen(path.encode(), b"rb")
+r(f, 4 << 20)                        # the whole file, short
+trace.append(("close", libc.fclose(f)))
+f = libc.fopen(path.encode(), b"rb")  # and in large items after a partial small read
+r(f, 7)
+r(f, 1 << 20, size=1000)
+trace.append(("close", libc.fclose(f)))
+print(json.dumps(trace))
+"""
+
+
+class StdioTest(PreloadBase):
+    """fread/fwrite of large blocks go to the engine with the FILE's buffer honoured; numpy's
+    np.save/np.load (tofile/fromfile through fdopen) are such programs."""
+
+    def test_stream_matches_a_plain_file(self):
+        plain = os.path.join(self.scratch.path, "stdio-plain.bin")
+        want = subprocess.run([PY, "-c", STDIO, plain], capture_output=True, text=True,
+                              timeout=120, check=True).stdout
+        got = self.run_cmd([PY, "-c", STDIO, self.m("stdio.bin")]).stdout
+        self.assertEqual(json.loads(got), json.loads(want))
+        self.assertEqual(slurp(self.m("stdio.bin")), slurp(plain))
+        self.assertEqual(slurp(self.b("stdio.bin")), slurp(plain))
+        t = self.total()
+        self.assertEqual(t["errors"], 0, t)
+        # The large fwrite and fread calls, not the appends, went to the engine.
+        self.assertGreaterEqual(t["bytes_written"], (1 << 20) + 333 + (956 << 10), t)
+        self.assertGreaterEqual(t["bytes_read"], 2 << 20, t)
+
+    def test_numpy_save_and_load(self):
+        code = r"""
+import numpy as np, sys
+a = np.random.default_rng(7).standard_normal(12 << 20, dtype=np.float32)  # 48 MiB
+np.save(sys.argv[1], a)
+b = np.load(sys.argv[1])
+assert b.dtype == a.dtype and b.shape == a.shape and np.array_equal(a, b)
+with open(sys.argv[1], "rb") as f:  # np.fromfile from a Python file object, past a header
+    f.seek(128)
+    c = np.fromfile(f, dtype=np.float32, count=a.size)
+    assert np.array_equal(a, c)
+"""
+        plain = os.path.join(self.scratch.path, "np-plain.npy")
+        subprocess.run([PY, "-c", code, plain], check=True, timeout=120)
+        self.run_cmd([PY, "-c", code, self.m("a.npy")])
+        self.assertEqual(slurp(self.b("a.npy")), slurp(plain))
+        t = self.total()
+        self.assertEqual(t["errors"], 0, t)
+        self.assertGreaterEqual(t["bytes_written"], 48 * MiB, t)
+        # Both loads, but for what glibc's fseek read into the FILE's buffer (a block each).
+        self.assertGreaterEqual(t["bytes_read"], 2 * 48 * MiB - 64 * KiB, t)
+
+
+class DescriptorTest(PreloadBase):
+    def test_fcntl_dup_shares_the_file_and_o_append_leaves_the_engine(self):
+        code = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
+fd2 = os.dup(fd)  # F_DUPFD_CLOEXEC
+assert os.write(fd, b"a" * (4 << 20)) == 4 << 20
+assert os.write(fd2, b"b" * (4 << 20)) == 4 << 20  # the shared offset: after the first
+fcntl.fcntl(fd2, fcntl.F_SETFL, os.O_APPEND)
+os.lseek(fd, 0, 0)
+assert os.write(fd, b"c" * (1 << 20)) == 1 << 20  # O_APPEND: at the end, through the mount
+assert os.lseek(fd, 0, 1) == 9 << 20
+os.close(fd)
+os.close(fd2)
+"""
+        self.run_cmd([PY, "-c", code, self.m("dup.bin")])
+        t = self.total()
+        self.assertEqual(t["adopted"], 1, t)  # one open file, one record
+        self.assertEqual(t["bytes_written"], 8 * MiB, t)  # not the append
+        self.assertEqual(slurp(self.b("dup.bin")), b"a" * (4 * MiB) + b"b" * (4 * MiB) + b"c" * MiB)
+
+    def test_copy_and_sendfile_see_direct_writes(self):
+        old, new = pattern(21, 4 * MiB), pattern(22, 4 * MiB)
+        with open(self.b("cp.bin"), "wb") as f:
+            f.write(old)
+        out = os.path.join(self.scratch.path, "cp-out")
+        code = r"""
+import os, sys
+src, out = sys.argv[1], sys.argv[2]
+fd = os.open(src, os.O_RDWR)
+while os.read(fd, 32 << 10):  # small reads: the mount's, into the kernel's cache
+    pass
+new = open(sys.argv[3], "rb").read()
+assert os.pwrite(fd, new, 0) == len(new)  # direct, not yet announced
+o = os.open(out + ".sendfile", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+assert os.sendfile(o, fd, 0, len(new)) == len(new)
+os.close(o)
+assert os.pwrite(fd, new[::-1], 0) == len(new)
+o = os.open(sys.argv[4], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+n = 0
+while n < len(new):
+    got = os.copy_file_range(fd, o, len(new) - n, n, n)
+    assert got > 0
+    n += got
+os.close(o)
+os.close(fd)
+"""
+        newfile = os.path.join(self.scratch.path, "cp-new")
+        with open(newfile, "wb") as f:
+            f.write(new)
+        # copy_file_range stays on one file system: its copy is on the mount too.
+        self.run_cmd([PY, "-c", code, self.m("cp.bin"), out, newfile, self.m("cp.cfr")])
+        self.assertEqual(slurp(out + ".sendfile"), new)
+        self.assertEqual(slurp(self.m("cp.cfr")), new[::-1])
+        self.assertEqual(slurp(self.b("cp.cfr")), new[::-1])
+        self.assertGreaterEqual(self.total()["bytes_written"], 8 * MiB, self.total())
+
+
 class PreloadOffTest(PreloadBase):
     MOUNT_OPTIONS = ("preload=0",)
 
@@ -689,6 +855,33 @@ class PreloadNoSpaceTest(unittest.TestCase):
         os.unlink(os.path.join(self.scratch.mnt, "big"))
         with open(os.path.join(self.scratch.mnt, "small"), "wb") as f:
             f.write(b"ok")
+
+    def test_enospc_at_fwrite_or_fclose(self):
+        code = r"""
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.fwrite.restype = ctypes.c_size_t
+libc.fwrite.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+f = libc.fopen(sys.argv[1].encode(), b"wb")
+buf = ctypes.create_string_buffer(b"z" * (1 << 20))
+failed = []
+for i in range(32):
+    if libc.fwrite(buf, 1, 1 << 20, f) != 1 << 20:
+        failed.append(("fwrite", i, ctypes.get_errno()))
+        break
+if libc.fclose(f) != 0:
+    failed.append(("fclose", ctypes.get_errno()))
+print(failed)
+assert failed and failed[0][-1] == errno.ENOSPC, failed
+"""
+        p = subprocess.run([dnvme_bin(), "run", "--", PY, "-c", code,
+                            os.path.join(self.scratch.mnt, "big")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertTrue(self.mount.alive())
 
 
 if __name__ == "__main__":

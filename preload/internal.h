@@ -1,0 +1,37 @@
+// What the stdio interposers (stdio.cc) use of libdnvme_preload.so's core (preload.cc).
+//
+// Thread contract: every function is thread-safe, as the interposed functions are.
+#ifndef DNVME_PRELOAD_INTERNAL_H_
+#define DNVME_PRELOAD_INTERNAL_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+
+namespace dnvme::preload {
+
+// Whether a transfer of `n` bytes is large enough for the engine (DNVME_PRELOAD_MIN_BYTES).
+bool IsLarge(size_t n);
+
+// A transfer of [buf, buf + n) at `fd`'s file offset by the engine, as read(2)/write(2) would do
+// it (the offset advances; a read stops at end of file). Returns false, doing nothing, when the
+// mount is to serve `fd`; else true with *got = the bytes moved or -1 (errno set).
+bool DirectAtOffset(int fd, bool write, void* buf, size_t n, ssize_t* got);
+
+// Before the mount serves `fd`: this process's direct writes of its file are announced (they
+// landed and the kernel's cached pages were dropped).
+void BeforeMountUse(int fd);
+
+// The same before the mount writes `fd`'s file; what was read ahead of it is dropped too.
+void BeforeMountWrite(int fd);
+
+// Before fd is closed behind libc's interposable close (fclose): forgets it; returns the first
+// error of its file's write-behind when it was the file's last descriptor, else 0.
+int ForgetBeforeClose(int fd);
+
+// Every adopted file's pending announcement (fflush(NULL)).
+void AnnounceEverything();
+
+}  // namespace dnvme::preload
+
+#endif  // DNVME_PRELOAD_INTERNAL_H_
