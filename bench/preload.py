@@ -2,6 +2,7 @@
 """`dnvme run` against the plain mount and raw fio, on one directory, alternated rounds.
 
 Usage (root): bench/preload.py --dir DIR [--size 2G] [--ckpt 1G] [--rounds 3]
+                               [--programs torch,numpy]
 
 In DIR it mounts dnvmefs (DIR/backing at DIR/mnt, default options) and runs, every round, in this
 order (each read after dropping caches):
@@ -12,8 +13,13 @@ order (each read after dropping caches):
   torch ext4     torch.save(state) + fsync, then torch.load, on DIR/plain/x.pt (no mount)
   torch mount    the same through the mount
   torch run      the same through the mount under `dnvme run`
-It prints GiB/s medians, machine CPU seconds per GiB (all CPUs' busy time from /proc/stat
-around the job), and the ratios the issue asks about: run/raw, run/mount, torch run/ext4.
+  numpy ext4/mount/run  np.save(array) + fsync, then np.load, the same three ways (numpy writes
+                 and reads the array with one fwrite/fread: the preload's stdio path)
+  torch/numpy tmpfs  the same on /dev/shm: no device at all, the program's own ceiling (torch
+                 1.13 computes a CRC32 of every record in the saving thread)
+It prints GiB/s medians (fio: its own job time, not its start-up), machine CPU seconds per GiB
+(all CPUs' busy time from /proc/stat around the job, less the start-up CPU of a 1 MiB job of the
+same variant), and the ratios the issue asks about: run/raw, run/mount, torch run/ext4.
 Freed memory is held (bench/lib.sh's hold_freed_memory) for the run.
 """
 import argparse
@@ -53,6 +59,29 @@ c0, t0 = busy(), time.monotonic()
 state = torch.load(path)
 print(time.monotonic() - t0, busy() - c0)
 """
+NP_SAVE = r"""
+import os, sys, time, numpy as np
+path, size = sys.argv[1], int(sys.argv[2])
+a = np.random.default_rng(1).standard_normal(size // 4, dtype=np.float32)
+def busy():
+    f = open("/proc/stat").readline().split()[1:]
+    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
+c0, t0 = busy(), time.monotonic()
+np.save(path, a)
+fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
+print(time.monotonic() - t0, busy() - c0)
+"""
+NP_LOAD = r"""
+import os, sys, time, numpy as np
+path = sys.argv[1]
+def busy():
+    f = open("/proc/stat").readline().split()[1:]
+    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
+c0, t0 = busy(), time.monotonic()
+a = np.load(path)
+print(time.monotonic() - t0, busy() - c0)
+"""
+PROGRAMS = {"torch": (TORCH_SAVE, TORCH_LOAD, "x.pt"), "numpy": (NP_SAVE, NP_LOAD, "x.npy")}
 
 
 def busy_s():
@@ -84,7 +113,26 @@ def fio(path, size, rw, raw):
     eng = ["--ioengine=libaio", "--direct=1", "--iodepth=32"] if raw else \
         ["--ioengine=psync", "--direct=0"]
     return ["fio", "--name=j", "--filename=" + path, "--rw=" + rw, "--bs=1M",
-            "--size=%d" % size, "--end_fsync=1" if rw == "write" else "--end_fsync=0"] + eng
+            "--size=%d" % size, "--end_fsync=1" if rw == "write" else "--end_fsync=0",
+            "--output-format=json"] + eng
+
+
+def fio_secs(out, rw):
+    """The job's own time (fio's runtime, end_fsync included), not fio's start-up: fio takes
+    about 0.27 s and 0.14 CPU s to start, as long as a 1 GiB read of the RAM ext4 itself."""
+    job = json.loads(out[out.index("{"):])["jobs"][0][rw]
+    return job["io_bytes"] / job["bw_bytes"]
+
+
+def startup_cpu(pre, path, raw):
+    """Machine CPU seconds of a 1 MiB job of this variant (fio's and the preload's start-up),
+    median of 3: subtracted from each measured job's CPU."""
+    cpus = []
+    for _ in range(3):
+        _, c, _ = timed((pre or []) + fio(path, 1 << 20, "write", raw))
+        cpus.append(c)
+        os.unlink(path)
+    return statistics.median(cpus)
 
 
 def main():
@@ -93,13 +141,19 @@ def main():
     ap.add_argument("--size", default="2G")
     ap.add_argument("--ckpt", default="1G")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--programs", default="torch,numpy")
     a = ap.parse_args()
+    programs = [x for x in a.programs.split(",") if x]
+    for x in programs:
+        if x not in PROGRAMS:
+            sys.exit("unknown program %r (torch, numpy)" % x)
     unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     size = int(a.size[:-1]) * unit[a.size[-1]]
     ckpt = int(a.ckpt[:-1]) * unit[a.ckpt[-1]]
     d = os.path.abspath(a.dir)
     backing, mnt, plain = (os.path.join(d, x) for x in ("backing", "mnt", "plain"))
-    for x in (backing, mnt, plain):
+    shm = "/dev/shm/dnvme-bench-%d" % os.getpid()
+    for x in (backing, mnt, plain, shm):
         os.makedirs(x, exist_ok=True)
     saved = None
     if os.path.exists(KNOB):
@@ -113,33 +167,40 @@ def main():
         res.setdefault(name, []).append((nbytes / secs / (1 << 30), cpu / (nbytes / (1 << 30))))
 
     try:
+        fios = (("fio raw", os.path.join(d, "raw.bin"), None),
+                ("fio mount", os.path.join(mnt, "p.bin"), []),
+                ("fio run", os.path.join(mnt, "p.bin"), run))
+        base = {name: startup_cpu(pre, path, pre is None) for name, path, pre in fios}
+        print("start-up CPU s subtracted: %s" % base, file=sys.stderr)
         for r in range(a.rounds):
-            for name, path, pre in (("fio raw", os.path.join(d, "raw.bin"), None),
-                                    ("fio mount", os.path.join(mnt, "p.bin"), []),
-                                    ("fio run", os.path.join(mnt, "p.bin"), run)):
+            for name, path, pre in fios:
                 raw = pre is None
                 settle()
-                s, c, _ = timed((pre or []) + fio(path, size, "write", raw))
-                note(name + " write", s, c, size)
+                _, c, out = timed((pre or []) + fio(path, size, "write", raw))
+                note(name + " write", fio_secs(out, "write"), c - base[name], size)
                 drop()
-                s, c, _ = timed((pre or []) + fio(path, size, "read", raw))
-                note(name + " read", s, c, size)
+                _, c, out = timed((pre or []) + fio(path, size, "read", raw))
+                note(name + " read", fio_secs(out, "read"), c - base[name], size)
                 os.unlink(path)
-            for name, path, pre in (("torch ext4", os.path.join(plain, "x.pt"), []),
-                                    ("torch mount", os.path.join(mnt, "x.pt"), []),
-                                    ("torch run", os.path.join(mnt, "x.pt"), run)):
-                settle()
-                _, _, out = timed(pre + [PY, "-c", TORCH_SAVE, path, str(ckpt)])
-                s, c = map(float, out.split())
-                note(name + " save", s, c, ckpt)
-                drop()
-                _, _, out = timed(pre + [PY, "-c", TORCH_LOAD, path])
-                s, c = map(float, out.split())
-                note(name + " load", s, c, ckpt)
-                os.unlink(path)
+            for prog in programs:
+                save, load, fname = PROGRAMS[prog]
+                for name, path, pre in ((prog + " ext4", os.path.join(plain, fname), []),
+                                        (prog + " mount", os.path.join(mnt, fname), []),
+                                        (prog + " run", os.path.join(mnt, fname), run),
+                                        (prog + " tmpfs", os.path.join(shm, fname), [])):
+                    settle()
+                    _, _, out = timed(pre + [PY, "-c", save, path, str(ckpt)])
+                    s, c = map(float, out.split())
+                    note(name + " save", s, c, ckpt)
+                    drop()
+                    _, _, out = timed(pre + [PY, "-c", load, path])
+                    s, c = map(float, out.split())
+                    note(name + " load", s, c, ckpt)
+                    os.unlink(path)
             print("round %d done" % (r + 1), file=sys.stderr)
     finally:
         subprocess.run(["umount", mnt])
+        shutil.rmtree(shm, ignore_errors=True)
         if saved is not None:
             open(KNOB, "w").write(saved)
     med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
@@ -155,10 +216,14 @@ def main():
             med["fio run " + op][1] / med["fio raw " + op][1]))
         print("  fio run %s / mount:     %.2f" % (op, med["fio run " + op][0] /
                                                   med["fio mount " + op][0]))
-    for op in ("save", "load"):
-        print("  torch run %s / ext4:   %.2f   torch mount %s / ext4: %.2f" % (
-            op, med["torch run " + op][0] / med["torch ext4 " + op][0], op,
-            med["torch mount " + op][0] / med["torch ext4 " + op][0]))
+    for prog in programs:
+        for op in ("save", "load"):
+            ext4 = med["%s ext4 %s" % (prog, op)][0]
+            print("  %s run %s / ext4:   %.2f   %s mount %s / ext4: %.2f   "
+                  "(ceiling: %s tmpfs %s / ext4: %.2f)" % (
+                      prog, op, med["%s run %s" % (prog, op)][0] / ext4, prog, op,
+                      med["%s mount %s" % (prog, op)][0] / ext4, prog, op,
+                      med["%s tmpfs %s" % (prog, op)][0] / ext4))
     print(json.dumps({k: v for k, v in res.items()}))
 
 
