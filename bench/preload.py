@@ -36,47 +36,42 @@ BIN = os.path.join(REPO, "build", "bin")
 PY = "/usr/bin/python3"
 KNOB = "/sys/module/page_reporting/parameters/min_free_ms"
 
-TORCH_SAVE = r"""
+# Each program times itself (not the interpreter's start-up) with this.
+BUSY = r"""
+import os, sys, time
+def busy():
+    f = open("/proc/stat").readline().split()[1:]
+    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
+"""
+TORCH_SAVE = BUSY + r"""
 import os, sys, time, torch
 path, size = sys.argv[1], int(sys.argv[2])
 n = 16
 state = {"t%d" % i: torch.randn(size // n // 4) for i in range(n)}
-def busy():
-    f = open("/proc/stat").readline().split()[1:]
-    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
 c0, t0 = busy(), time.monotonic()
 torch.save(state, path)
 fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
 print(time.monotonic() - t0, busy() - c0)
 """
-TORCH_LOAD = r"""
+TORCH_LOAD = BUSY + r"""
 import os, sys, time, torch
 path = sys.argv[1]
-def busy():
-    f = open("/proc/stat").readline().split()[1:]
-    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
 c0, t0 = busy(), time.monotonic()
 state = torch.load(path)
 print(time.monotonic() - t0, busy() - c0)
 """
-NP_SAVE = r"""
+NP_SAVE = BUSY + r"""
 import os, sys, time, numpy as np
 path, size = sys.argv[1], int(sys.argv[2])
 a = np.random.default_rng(1).standard_normal(size // 4, dtype=np.float32)
-def busy():
-    f = open("/proc/stat").readline().split()[1:]
-    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
 c0, t0 = busy(), time.monotonic()
 np.save(path, a)
 fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
 print(time.monotonic() - t0, busy() - c0)
 """
-NP_LOAD = r"""
+NP_LOAD = BUSY + r"""
 import os, sys, time, numpy as np
 path = sys.argv[1]
-def busy():
-    f = open("/proc/stat").readline().split()[1:]
-    return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
 c0, t0 = busy(), time.monotonic()
 a = np.load(path)
 print(time.monotonic() - t0, busy() - c0)
