@@ -698,6 +698,11 @@ int64_t FromAhead(Record& r, char* buf, int64_t n, int64_t off) {
 
 // ---- adoption ----
 
+// Whether descriptors `a` and `b` of this process name the same open file (dup, fcntl, fork).
+bool SameOpenFile(int a, int b) {
+  return syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, a, b) == 0;
+}
+
 // The record of `fd` if it is an adopted file still open as adopted; adopts an unknown one.
 std::shared_ptr<Record> Lookup(int fd) {
   std::lock_guard lock(g_mu);
@@ -758,8 +763,7 @@ std::shared_ptr<Record> Adopt(int fd) {
     std::lock_guard lock(g_mu);
     std::shared_ptr<Record> same;
     for (const auto& [n, rec] : g_records) {
-      if (rec->witness >= 0 &&
-          syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, fd, rec->witness) == 0) {
+      if (rec->witness >= 0 && SameOpenFile(fd, rec->witness)) {
         same = rec;
         break;
       }
@@ -879,7 +883,7 @@ std::shared_ptr<Record> ForTransfer(int fd) {
   auto r = Lookup(fd);
   if (!r) return nullptr;
   // Still the same open file? (fclose and close_range close behind our back.)
-  if (syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, fd, r->witness) != 0) {
+  if (!SameOpenFile(fd, r->witness)) {
     g_counters.stale.fetch_add(1, std::memory_order_relaxed);
     Drop(fd);
     return Adopt(fd);
@@ -1237,6 +1241,21 @@ int Disown(int fd) {
   return err;
 }
 
+// `fd` is being closed: forgets it; returns the first write-behind error of its record when this
+// was the record's last descriptor (close reports it), else 0.
+int ForgetClosing(int fd) {
+  if (StateOf(fd) == kOurs) return Drop(fd);
+  SetState(fd, kUnknown);
+  return 0;
+}
+
+// A call's result after libc's: an earlier write-behind error `err`, if any, is what it reports.
+int ErrorFirst(int err, int rc) {
+  if (err == 0) return rc;
+  errno = err;
+  return -1;
+}
+
 int OpenResult(int fd) {
   if (fd >= 0) {
     // A number reused behind our back (closed by fclose, say) is a new file.
@@ -1262,7 +1281,6 @@ namespace dnvme::preload {
 bool IsLarge(size_t n) { return Large(n); }
 
 bool DirectAtOffset(int fd, bool write, void* buf, size_t n, ssize_t* got) {
-  if (StateOf(fd) == kNotOurs) return false;
   auto r = ForTransfer(fd);
   if (!r) return false;
   *got = AtOffset(fd, [&](off_t off) { return DirectIo(r, write, buf, n, off); });
@@ -1272,11 +1290,7 @@ bool DirectAtOffset(int fd, bool write, void* buf, size_t n, ssize_t* got) {
 void BeforeMountUse(int fd) { ::BeforeMountUse(fd); }
 void BeforeMountWrite(int fd) { ::BeforeMountWrite(fd); }
 
-int ForgetBeforeClose(int fd) {
-  if (StateOf(fd) == kOurs) return Drop(fd);
-  SetState(fd, kUnknown);
-  return 0;
-}
+int ForgetBeforeClose(int fd) { return ForgetClosing(fd); }
 
 void AnnounceEverything() { AnnounceAll(); }
 
@@ -1287,21 +1301,16 @@ void AnnounceEverything() { AnnounceAll(); }
 extern "C" {
 
 ssize_t read(int fd, void* buf, size_t n) {
-  if (Large(n) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) {
-      return AtOffset(fd, [&](off_t off) { return DirectIo(r, false, buf, n, off); });
-    }
-  }
+  ssize_t got;
+  if (Large(n) && dnvme::preload::DirectAtOffset(fd, false, buf, n, &got)) return got;
   BeforeMountUse(fd);
   return C().read(fd, buf, n);
 }
 
 ssize_t write(int fd, const void* buf, size_t n) {
-  if (Large(n) && StateOf(fd) != kNotOurs) {
-    if (auto r = ForTransfer(fd)) {
-      return AtOffset(fd,
-                      [&](off_t off) { return DirectIo(r, true, const_cast<void*>(buf), n, off); });
-    }
+  ssize_t got;
+  if (Large(n) && dnvme::preload::DirectAtOffset(fd, true, const_cast<void*>(buf), n, &got)) {
+    return got;
   }
   BeforeMountWrite(fd);
   return C().write(fd, buf, n);
@@ -1416,18 +1425,8 @@ int creat(const char* path, mode_t mode) { return OpenResult(C().creat(path, mod
 int creat64(const char* path, mode_t mode) { return OpenResult(C().creat64(path, mode)); }
 
 int close(int fd) {
-  int err = 0;
-  if (StateOf(fd) == kOurs) {
-    err = Drop(fd);  // a write-behind error of the file's last descriptor is close's
-  } else {
-    SetState(fd, kUnknown);
-  }
-  const int rc = C().close(fd);
-  if (err != 0) {
-    errno = err;
-    return -1;
-  }
-  return rc;
+  const int err = ForgetClosing(fd);  // a write-behind error of the file's last descriptor
+  return ErrorFirst(err, C().close(fd));
 }
 
 int dup(int fd) {
@@ -1516,23 +1515,13 @@ static int LandWrites(int fd) {
 int fsync(int fd) {
   const int err = LandWrites(fd);
   BeforeMountUse(fd);  // the kernel's view first; the daemon's fsync covers the direct bytes too
-  const int rc = C().fsync(fd);
-  if (err != 0) {
-    errno = err;
-    return -1;
-  }
-  return rc;
+  return ErrorFirst(err, C().fsync(fd));
 }
 
 int fdatasync(int fd) {
   const int err = LandWrites(fd);
   BeforeMountUse(fd);
-  const int rc = C().fdatasync(fd);
-  if (err != 0) {
-    errno = err;
-    return -1;
-  }
-  return rc;
+  return ErrorFirst(err, C().fdatasync(fd));
 }
 
 int ftruncate(int fd, off_t len) {

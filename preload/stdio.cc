@@ -103,10 +103,15 @@ void ResetBuffer(FILE* f) {
   f->_offset = kPosBad;
 }
 
+// The call's bytes in *n when they make a large transfer (and fit in a size_t).
+bool LargeCall(size_t size, size_t nmemb, size_t* n) {
+  return !__builtin_mul_overflow(size, nmemb, n) && pl::IsLarge(*n);
+}
+
 size_t Read(void* ptr, size_t size, size_t nmemb, FILE* f, bool lock) {
   size_t n = 0;
   if (size == 0 || nmemb == 0) return 0;
-  if (__builtin_mul_overflow(size, nmemb, &n) || !pl::IsLarge(n)) {
+  if (!LargeCall(size, nmemb, &n)) {
     pl::BeforeMountUse(FdOf(f));
     FileLock held(f, lock);
     return L().fread_unlocked(ptr, size, nmemb, f);
@@ -155,7 +160,7 @@ size_t Read(void* ptr, size_t size, size_t nmemb, FILE* f, bool lock) {
 size_t Write(const void* ptr, size_t size, size_t nmemb, FILE* f, bool lock) {
   size_t n = 0;
   if (size == 0 || nmemb == 0) return 0;
-  if (__builtin_mul_overflow(size, nmemb, &n) || !pl::IsLarge(n)) {
+  if (!LargeCall(size, nmemb, &n)) {
     pl::BeforeMountWrite(FdOf(f));
     FileLock held(f, lock);
     return L().fwrite_unlocked(ptr, size, nmemb, f);
