@@ -5,7 +5,7 @@ Usage (root): bench/preload.py --dir DIR [--size 2G] [--ckpt 1G] [--rounds 3]
                                [--programs torch,numpy]
 
 In DIR it mounts dnvmefs (DIR/backing at DIR/mnt, default options) and runs, every round, in this
-order (each read after dropping caches):
+order, reversed every other round (each read after dropping caches):
   fio raw        fio --ioengine=libaio --direct=1 --iodepth=32 --bs=1M, write (end_fsync) and read,
                  on DIR/raw.bin: the device's speed
   fio mount      fio --ioengine=psync --direct=0 --bs=1M (a buffered program) on DIR/mnt/p.bin
@@ -168,7 +168,8 @@ def main():
         base = {name: startup_cpu(pre, path, pre is None) for name, path, pre in fios}
         print("start-up CPU s subtracted: %s" % base, file=sys.stderr)
         for r in range(a.rounds):
-            for name, path, pre in fios:
+            # Alternated: no variant always runs first (after the settle) or last.
+            for name, path, pre in (fios if r % 2 == 0 else fios[::-1]):
                 raw = pre is None
                 settle()
                 _, c, out = timed((pre or []) + fio(path, size, "write", raw))
@@ -179,10 +180,11 @@ def main():
                 os.unlink(path)
             for prog in programs:
                 save, load, fname = PROGRAMS[prog]
-                for name, path, pre in ((prog + " ext4", os.path.join(plain, fname), []),
-                                        (prog + " mount", os.path.join(mnt, fname), []),
-                                        (prog + " run", os.path.join(mnt, fname), run),
-                                        (prog + " tmpfs", os.path.join(shm, fname), [])):
+                variants = ((prog + " ext4", os.path.join(plain, fname), []),
+                            (prog + " mount", os.path.join(mnt, fname), []),
+                            (prog + " run", os.path.join(mnt, fname), run),
+                            (prog + " tmpfs", os.path.join(shm, fname), []))
+                for name, path, pre in (variants if r % 2 == 0 else variants[::-1]):
                     settle()
                     _, _, out = timed(pre + [PY, "-c", save, path, str(ckpt)])
                     s, c = map(float, out.split())
@@ -203,7 +205,7 @@ def main():
     print("%-20s %8s %10s   (median of %d rounds, %s)" % ("variant", "GiB/s", "CPU s/GiB",
                                                            a.rounds, d))
     for k, (g, c) in med.items():
-        print("%-20s %8.2f %10.2f" % (k, g, c))
+        print("%-20s %8.2f %10.3f" % (k, g, c))
     print("ratios:")
     for op in ("write", "read"):
         print("  fio run %s / raw fio:   %.2f  (CPU %.2f)" % (

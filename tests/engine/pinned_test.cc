@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
@@ -57,6 +58,44 @@ TEST(PinnedBufferTest, LargerAlignmentIsHonoured) {
   DNVME_ASSERT_OK_AND_ASSIGN(PinnedBuffer small, PinnedBuffer::Allocate(4096, 512));
   EXPECT_TRUE(IsAligned(small.data(), static_cast<size_t>(::sysconf(_SC_PAGESIZE))))
       << small.data();
+}
+
+// Buffers of a huge page or more sit on huge-page boundaries and are madvised for transparent
+// huge pages: the read-ahead and bounce buffers of the engine, which O_DIRECT pins per request.
+// Whether the kernel then finds huge pages depends on fragmentation, so what is checked is the
+// request (the mapping is THP-eligible), not the outcome.
+TEST(PinnedBufferTest, LargeBuffersAskForHugePages) {
+  DNVME_ASSERT_OK_AND_ASSIGN(PinnedBuffer buf, PinnedBuffer::Allocate(4 * kMiB + 4096));
+  EXPECT_TRUE(IsAligned(buf.data(), PinnedBuffer::kHugePage)) << buf.data();
+  EXPECT_TRUE(test::AllBytesAre(buf.data(), buf.size(), 0));
+  std::string mode;
+  if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {
+    char line[128] = {};
+    if (std::fgets(line, sizeof line, f) != nullptr) mode = line;
+    std::fclose(f);
+  }
+  if (mode.empty() || mode.find("[never]") != std::string::npos) {
+    GTEST_SKIP() << "transparent huge pages are off here ('" << mode << "'): nothing to ask for";
+  }
+  // The smaps entry of the mapping that holds the buffer says whether it may get huge pages.
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  ASSERT_NE(f, nullptr) << std::strerror(errno);
+  const auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  bool inside = false;
+  int eligible = -1;
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+        std::strchr(line, '-') < std::strchr(line, ' ')) {
+      inside = lo <= addr && addr < hi;
+      continue;
+    }
+    if (inside && std::sscanf(line, "THPeligible: %d", &eligible) == 1) break;
+  }
+  std::fclose(f);
+  EXPECT_EQ(eligible, 1) << "the mapping at " << buf.data() << " was not madvised for THP (mode "
+                         << mode << ")";
 }
 
 TEST(PinnedBufferTest, FreshBuffersAreZeroEvenAfterReuse) {
