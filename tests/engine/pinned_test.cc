@@ -86,8 +86,8 @@ TEST(PinnedBufferTest, LargeBuffersAskForHugePages) {
   char line[512];
   while (std::fgets(line, sizeof line, f) != nullptr) {
     unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
-        std::strchr(line, '-') < std::strchr(line, ' ')) {
+    // Only a mapping's header line is "hex-hex ..."; no field name is.
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
       inside = lo <= addr && addr < hi;
       continue;
     }
