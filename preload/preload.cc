@@ -476,7 +476,9 @@ std::shared_ptr<Conn> Connect(const std::string& point) {
     st = Status::IoError(EPROTO, "broker protocol " + std::to_string(rep.flags));
   }
   if (st.ok()) {
-    void* p = mmap(nullptr, broker::kLeasePageBytes, PROT_READ, MAP_SHARED, page_fd, 0);
+    // Writable: this process keeps its words' writes_inflight (include/dnvme/broker.h).
+    void* p =
+        mmap(nullptr, broker::kLeasePageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, page_fd, 0);
     if (p == MAP_FAILED) {
       st = Status::FromErrno(errno, "mmap of the lease page");
     } else {
@@ -939,6 +941,9 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
       rec->wb_lo = rec->inflight == 0 ? lo : std::min(rec->wb_lo, lo);
       rec->wb_hi = rec->inflight == 0 ? hi : std::max(rec->wb_hi, hi);
       ++rec->inflight;
+      // Counted before DirectIo reads `shared`: the daemon waits for it before it lets anyone
+      // else open, truncate or stamp the file (include/dnvme/broker.h).
+      rec->word->writes_inflight.fetch_add(1, std::memory_order_seq_cst);
     }
     Status st = g_engine->submit_pwrite(
         dst, static_cast<int64_t>(piece), rec->file, off + static_cast<off_t>(done),
@@ -951,11 +956,13 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
             dnvme::Logger().debug("dnvme run: {}", res.status.ToString());
           }
           --rec->inflight;
+          rec->word->writes_inflight.fetch_sub(1, std::memory_order_seq_cst);
           rec->wcv.notify_all();
         });
     if (!st.ok()) {
       std::lock_guard lock(rec->wm);
       --rec->inflight;
+      rec->word->writes_inflight.fetch_sub(1, std::memory_order_seq_cst);
       rec->wcv.notify_all();
       return ErrnoOf(st);
     }

@@ -349,7 +349,14 @@ void Broker::Serve(Conn* c) {
           broker::LeaseWord& w = c->page[slot];
           w.shared.store(0);
           w.mount_dirty.store(0);
+          w.writes_inflight.store(0);
           const bool other_client = leases.Add(c->id, &w);
+          // Another client's writes that returned to its program land before this one reads
+          // the file (Add marked the holders shared first: include/dnvme/broker.h).
+          if (other_client && !leases.WaitForWrites()) {
+            Logger().warn("broker: another client's writes of '{}' did not land in {} ms", rel,
+                          PreloadLeases::kWriteWait.count());
+          }
           // Opens through the mount beyond this client's leases: someone else has it open.
           if (!other_client && core_.OpenCount(*in) > leases.count()) w.shared.store(1);
           core_.AfterExternalWrite(*in);

@@ -6,13 +6,15 @@
 // else (shared) or a WRITE whose data sits in write-behind (mount_dirty).
 //
 // Thread contract: every method is thread-safe; `mu` is a leaf lock (taken after everything in
-// Fs's lock order, nothing taken under it).
+// Fs's lock order, nothing taken under it, never held while WaitForWrites sleeps).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "dnvme/broker.h"
@@ -47,6 +49,30 @@ class PreloadLeases {
   void MarkShared() {
     std::lock_guard lock(mu_);
     MarkSharedLocked();
+  }
+  // Waits until no holder has a direct write in flight (LeaseWord::writes_inflight), or `limit`
+  // passed; returns false then. A lease that ends stops counting: a client that died had its
+  // requests completed by the kernel before its socket closed (exit_aio runs before exit_files),
+  // though its counter never came down. Polls: the wait is rare (an open, truncate or utimes of a
+  // file whose holder's write(2) returned a moment ago) and short (the writes in flight).
+  // How long a holder's writes may keep the mount waiting (a client that is stopped, say).
+  static constexpr std::chrono::milliseconds kWriteWait{10000};
+  bool WaitForWrites(std::chrono::milliseconds limit = kWriteWait) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    auto nap = std::chrono::microseconds(20);
+    for (;;) {
+      {
+        std::lock_guard lock(mu_);
+        if (std::none_of(entries_.begin(), entries_.end(), [](const Entry& e) {
+              return e.word->writes_inflight.load(std::memory_order_seq_cst) != 0;
+            })) {
+          return true;
+        }
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(nap);
+      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(2));
+    }
   }
   // A WRITE reached write-behind: holders drain before their next direct transfer.
   void MarkMountDirty() {

@@ -27,6 +27,14 @@
 
 namespace dnvme::fs::ops {
 
+void WaitForLeaseWrites(Inode& in, const char* before) {
+  if (in.leases.count() == 0) return;
+  if (!in.leases.WaitForWrites()) {
+    Logger().warn("inode {}: a `dnvme run` client's writes did not land in {} ms; going on with {}",
+                  in.ino, PreloadLeases::kWriteWait.count(), before);
+  }
+}
+
 Caller CallerOf(fuse_req_t req) {
   Caller c;
   const fuse_ctx* ctx = fuse_req_ctx(req);

@@ -52,6 +52,13 @@ bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err);
 // Answers `err` when (parent, name) names the control dir or an entry inside it.
 bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err);
 
+// A `dnvme run` client's direct writes that returned to its program may still be in flight
+// (its write-behind, include/dnvme/broker.h writes_inflight). Before the mount lets someone else
+// open the file, or truncates it or sets its times, they must land, as they would have on ext4
+// (found by the model test: an in-flight write re-extended a file an O_TRUNC open had emptied).
+// Waits at most PreloadLeases::kWriteWait (a stopped client), then goes on with a warning.
+void WaitForLeaseWrites(Inode& in, const char* before);
+
 // FUSE_CAP_DONT_MASK (asked for in init) makes the kernel send create/mkdir/mknod modes without
 // the caller's umask and the umask beside them (fuse_ctx::umask). The backing create then runs
 // under the caller's umask, so ext4 applies it exactly as for the caller -- or, where the parent

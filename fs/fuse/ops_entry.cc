@@ -77,7 +77,9 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
     // A truncate by a user clears set-user-ID/set-group-ID as a write does. The kernel sent the
     // mode it cleared already (applied above) but not the rest of ext4's rule (KillPrivs).
     if (fuse_req_ctx(req)->uid != 0) err = KillPrivs(req, in);
-    // Pending write-behind data must not land after (and undo) the truncation.
+    // Pending write-behind data -- the mount's, and a `dnvme run` client's -- must not land
+    // after (and undo) the truncation.
+    WaitForLeaseWrites(in, "the truncate");
     if (!err) err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
     in.ra.Invalidate();
     if (!err) {
@@ -103,7 +105,10 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
       tv[1] = attr->st_mtim;
     }
     // Write-behind flushes would move mtime after we set it: land them first.
-    if (S_ISREG(in.type)) err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+    if (S_ISREG(in.type)) {
+      WaitForLeaseWrites(in, "setting the times");
+      err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+    }
     if (!err) {
       int rc = fi ? futimens(Fh(fi).fd.get(), tv) : utimensat(AT_FDCWD, proc.c_str(), tv, 0);
       if (rc != 0) err = errno;

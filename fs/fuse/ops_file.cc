@@ -91,11 +91,14 @@ void AbandonOpen(Fs& fs, FileHandle* fh) {
 }
 
 // A `dnvme run` client writes this file around the mount (fs/broker/): a new opener must see its
-// bytes, so every holder now invalidates after each write, and what the kernel or the read-ahead
-// cached until now goes (before the open is answered).
+// bytes, so every holder now invalidates after each write, the writes it has in flight land, and
+// what the kernel or the read-ahead cached until now goes (before the open is answered; an
+// O_TRUNC open's SETATTR follows it). Shared first, then the wait: a write either is counted in
+// flight or sees `shared` and is announced before it returns (include/dnvme/broker.h).
 void TellLeaseHolders(Fs& fs, Inode& in) {
   if (in.leases.count() == 0) return;
   in.leases.MarkShared();
+  WaitForLeaseWrites(in, "the open");
   fs.AfterExternalWrite(in);
 }
 

@@ -10,12 +10,22 @@
 // as that peer (fsuid, fsgid, groups; openat2 RESOLVE_BENEATH under BACKING_DIR), so the kernel
 // decides permission as open(2) would have.
 //
-// A connection owns a lease page (a memfd the daemon sends with the hello reply): kMaxLeases
-// LeaseWords the daemon sets and the client reads, without a round trip:
+// A connection owns a lease page (a memfd the daemon sends with the hello reply, mapped by both):
+// kMaxLeases LeaseWords, read without a round trip. The daemon sets two flags:
 //   shared:      someone other than this client has the file open through the mount (or another
 //                client holds a lease on it): the client invalidates after every direct write.
 //   mount_dirty: a WRITE reached the daemon through the mount since the last drain: before its
 //                next direct transfer the client asks the daemon to land the write-behind data.
+// The client keeps one counter:
+//   writes_inflight: its direct writes of the file submitted and not yet complete (write-behind:
+//                the program's write(2) has returned). Before the mount lets someone else open
+//                the file, or truncates it or sets its times, the daemon waits for it to reach
+//                0, so a write that returned to its program lands before what follows it.
+//                Ordering (all seq_cst): the client increments it *before* it reads `shared`
+//                after a write, the daemon sets `shared` *before* it reads the counter -- so
+//                either the daemon waits for the write or the client sees `shared` and lands
+//                and announces the write before write(2) returns. The daemon trusts the counter
+//                for nothing but this bounded wait (a client only delays opens of its own files).
 // Thread contract: the structs are plain data; LeaseWord fields are atomics shared by processes.
 #pragma once
 
@@ -25,8 +35,8 @@
 namespace dnvme::broker {
 
 inline constexpr uint32_t kMagic = 0x444e5642;  // "DNVB"
-inline constexpr uint32_t kProtocol = 1;
-inline constexpr uint32_t kMaxLeases = 512;  // per connection (the page's words)
+inline constexpr uint32_t kProtocol = 2;        // 2: LeaseWord::writes_inflight
+inline constexpr uint32_t kMaxLeases = 512;     // per connection (the page's words)
 inline constexpr uint32_t kMaxPath = 4096;
 inline constexpr const char* kAnnounceFile = "broker";  // in <mount>/.dnvme/
 
@@ -41,11 +51,14 @@ enum class Op : uint32_t {
   kClose = 5,  // lease, offset, length (as kWrote, length < 0: nothing written): end the lease
 };
 
-struct alignas(8) LeaseWord {
-  std::atomic<uint32_t> shared;
-  std::atomic<uint32_t> mount_dirty;
+struct alignas(16) LeaseWord {
+  std::atomic<uint32_t> shared;           // daemon writes, client reads
+  std::atomic<uint32_t> mount_dirty;      // daemon writes, client reads and the daemon clears
+  std::atomic<uint32_t> writes_inflight;  // client writes, daemon reads
+  uint32_t reserved;
 };
-static_assert(sizeof(LeaseWord) == 8);
+static_assert(sizeof(LeaseWord) == 16);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);  // shared between processes
 inline constexpr uint64_t kLeasePageBytes = kMaxLeases * sizeof(LeaseWord);
 
 struct Request {

@@ -226,6 +226,51 @@ os.close(fd)
         self.assertGreaterEqual(t["bytes_written"], 40 * 9 * MiB, t)
         self.assertEqual(t["errors"], 0, t)
 
+    def test_truncation_waits_for_writes_in_flight(self):
+        # A preloaded writer's pwrite returns while its bytes are still in flight (write-behind).
+        # A plain process that then empties the file -- an O_TRUNC open, truncate(2) by path --
+        # must find it empty and it must stay empty: on ext4 the write came first, so it may not
+        # land after the truncation and re-extend the file (found by the model test, seed
+        # 193413603). A fresh descriptor per round, so the lease is not already `shared` (a
+        # shared lease lands every write before it returns).
+        p = self.m("trunc.bin")
+        child = subprocess.Popen(
+            [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c",
+             "import os, sys\n"
+             "buf = b'w' * (48 << 20)\n"
+             "for line in sys.stdin:\n"
+             "    if line.strip() == 'write':\n"
+             "        fd = os.open(%r, os.O_CREAT | os.O_RDWR, 0o644)\n"
+             "        os.pwrite(fd, buf, 0)\n"
+             "    else:\n"
+             "        os.close(fd)\n"
+             "    print('ok', flush=True)\n" % p],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            for i in range(8):
+                child.stdin.write("write\n")
+                child.stdin.flush()
+                self.assertEqual(child.stdout.readline().strip(), "ok")
+                if i % 2 == 0:
+                    os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+                else:
+                    os.truncate(p, 0)
+                self.assertEqual(os.stat(p).st_size, 0, "round %d" % i)
+                child.stdin.write("close\n")
+                child.stdin.flush()
+                self.assertEqual(child.stdout.readline().strip(), "ok")
+                self.assertEqual(os.stat(self.b("trunc.bin")).st_size, 0,
+                                 "round %d: a write that returned before the truncation landed "
+                                 "after it" % i)
+                self.assertEqual(os.stat(p).st_size, 0, "round %d" % i)
+        finally:
+            child.stdin.close()
+            self.assertEqual(child.wait(30), 0)
+            child.stdout.close()
+        t = self.total()
+        self.assertEqual(t["bytes_written"], 8 * 48 * MiB, t)  # every write went direct
+        self.assertEqual(t["errors"], 0, t)
+
     def test_appends_through_the_mount_land_after_direct_writes(self):
         p = self.m("app.bin")
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
