@@ -203,14 +203,14 @@ class TorchZipWriter:
                              len(extra)) + name_bytes + extra
         offset = self._pos
         data_at = offset + len(header)
-        _pwrite_all(self._fd, header, offset, self.path)
+        self._write_small(header, offset)
         if large:
-            # The engine writes (GIL released) while this thread computes the CRC of the same
-            # bytes (_C.crc32 releases the GIL too).
+            # The write runs on the helper thread (GIL released) while this one computes the
+            # CRC of the same bytes (_C.crc32 releases the GIL too).
             if self._writer is None:
                 self._writer = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="deepnvme-zip")
-            written = self._writer.submit(self._file.pwrite, address, nbytes, data_at)
+            written = self._writer.submit(self._write_large, buf, address, nbytes, data_at)
             try:
                 crc = _C.crc32(buf)
             finally:
@@ -218,14 +218,26 @@ class TorchZipWriter:
         else:
             crc = _C.crc32(buf)
             if nbytes:
-                _pwrite_all(self._fd, buf, data_at, self.path)
+                self._write_small(buf, data_at)
         if zip64:
             descriptor = struct.pack("<IIQQ", 0x08074B50, crc, nbytes, nbytes)
         else:
             descriptor = struct.pack("<IIII", 0x08074B50, crc, nbytes, nbytes)
-        _pwrite_all(self._fd, descriptor, data_at + nbytes, self.path)
+        self._write_small(descriptor, data_at + nbytes)
         self._pos = data_at + nbytes + len(descriptor)
         self._entries.append((name_bytes, offset, nbytes, crc))
+
+    # The writes, in file order. Headers, descriptors, small records and the tail go here:
+    def _write_small(self, data, offset):
+        _pwrite_all(self._fd, data, offset, self.path)
+
+    # A large record's bytes (on the helper thread): straight from the tensor's memory by the
+    # engine's O_DIRECT requests.
+    def _write_large(self, buf, address, nbytes, offset):
+        self._file.pwrite(address, nbytes, offset)
+
+    def _write_held(self):
+        """Writes whatever _write_small held back (nothing here)."""
 
     def _central_directory(self):
         out = bytearray()
@@ -261,8 +273,9 @@ class TorchZipWriter:
         try:
             self.write_record("version", b"3\n", 2)
             tail = self._central_directory()
-            _pwrite_all(self._fd, tail, self._pos, self.path)
+            self._write_small(tail, self._pos)
             self._pos += len(tail)
+            self._write_held()
             if self._fsync:
                 os.fsync(self._fd)
         except BaseException:
@@ -277,12 +290,78 @@ class TorchZipWriter:
             self._writer = None
         self._file = None
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            os.close(fd)  # may raise: under `dnvme run` a write-behind error arrives here
 
     def abort(self):
         """Closes without finishing the archive (a failed save: the caller removes the file)."""
         self._release()
+
+
+class MountZipWriter(TorchZipWriter):
+    """A TorchZipWriter that writes `path` with plain os.pwritev calls: what `torch.save` to a
+    file on a dnvmefs mount becomes in a program under `dnvme run` (deepnvme/_run_hook.py).
+    libdnvme_preload.so takes each large call to its engine (write-behind from pinned buffers,
+    parallel O_DIRECT on the backing file) and keeps the mount coherent; this class only has to
+    make the calls large. The archive is written front to back, so the small pieces (headers,
+    data descriptors, small records) are held and go out in front of the next large record in
+    one pwritev: a small write through the mount between two direct ones would make the library
+    land and announce the first before it (docs/preload.md). Each record's CRC-32 is computed
+    while the library copies it (the write runs on the helper thread).
+
+    Not durable when it returns (as torch.save): fsync=True adds an os.fsync."""
+
+    HOLD_LIMIT = 8 << 20  # held small pieces beyond this go out on their own (one large write)
+
+    def __init__(self, path, fsync=False):
+        self.path = path
+        self._fsync = fsync
+        self._entries = []
+        self._pos = 0
+        self._writer = None
+        self._file = None
+        self._held = bytearray()
+        self._held_at = 0
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+
+    def _write_small(self, data, offset):
+        if not self._held:
+            self._held_at = offset
+        elif offset != self._held_at + len(self._held):
+            raise AssertionError("MountZipWriter: write at %d, %d expected" %
+                                 (offset, self._held_at + len(self._held)))
+        self._held += data
+        if len(self._held) >= self.HOLD_LIMIT:
+            self._write_held()
+
+    def _write_large(self, buf, address, nbytes, offset):
+        parts = [memoryview(buf)]
+        at = offset
+        if self._held:
+            parts.insert(0, memoryview(self._held))
+            at = self._held_at
+        _pwritev_all(self._fd, parts, at, self.path)
+        self._held = bytearray()
+
+    def _write_held(self):
+        if self._held:
+            _pwrite_all(self._fd, self._held, self._held_at, self.path)
+            self._held = bytearray()
+
+
+def _pwritev_all(fd, parts, offset, path):
+    """os.pwritev of `parts` (memoryviews of 1-byte items) at `offset`, continued after a short
+    write."""
+    while parts:
+        n = os.pwritev(fd, parts, offset)
+        if n == 0:
+            raise OSError(errno.EIO, "pwritev wrote nothing at offset %d" % offset, path)
+        offset += n
+        while parts and n >= len(parts[0]):
+            n -= len(parts[0])
+            parts = parts[1:]
+        if parts and n:
+            parts = [parts[0][n:]] + parts[1:]
 
 
 class TorchZipReader:
@@ -319,8 +398,8 @@ class TorchZipReader:
     def close(self):
         self._file = None
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            os.close(fd)  # may raise: under `dnvme run` a write-behind error arrives here
 
     def __enter__(self):
         return self

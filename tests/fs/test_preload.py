@@ -52,6 +52,10 @@ def slurp(path):
         return f.read()
 
 
+def have_torch():
+    return subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode == 0
+
+
 def read_stats(path):
     """Sums the per-process lines; returns (total, lines)."""
     lines = []
@@ -82,12 +86,12 @@ class PreloadBase(mh.MountedTestCase):
         if os.path.exists(self.stats):
             os.unlink(self.stats)
 
-    def run_cmd(self, argv, check=True, min_bytes=None, mount=True, **kw):
+    def run_cmd(self, argv, check=True, min_bytes=None, mount=True, options=(), **kw):
         cmd = [dnvme_bin(), "run", "--stats", self.stats,
                "--min-bytes", min_bytes or self.MIN_BYTES]
         if mount:
             cmd += ["--mount", self.mnt]
-        cmd += ["--"] + list(argv)
+        cmd += list(options) + ["--"] + list(argv)
         if "stdout" in kw:
             p = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, timeout=120, **kw)
         else:
@@ -321,7 +325,9 @@ os.close(fd)
         self.assertEqual(total["errors"], 0, lines)
 
     def test_torch_save_and_load(self):
-        if subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode != 0:
+        # torch's own save and load, their writes and reads taken by the library (TorchHookTest
+        # has the default, torch.save through deepnvme).
+        if not have_torch():
             self.skipTest("torch is not importable by %s" % PY)
         code = r"""
 import os, torch
@@ -330,8 +336,9 @@ t = {"a": torch.randn(3 << 20), "b": torch.arange(1 << 20, dtype=torch.int64), "
 torch.save(t, %r)
 u = torch.load(%r)
 assert all(torch.equal(t[k], u[k]) for k in t)
+assert not getattr(torch.save, "__dnvme_hook__", False)
 """ % (self.m("ck.pt"), self.m("ck.pt"))
-        self.py(code)
+        self.py(code, options=["--no-torch-hook"])
         t = self.total()
         self.assertGreater(t["bytes_written"], 20 * MiB, t)
         self.assertGreater(t["bytes_read"], 16 * MiB, t)
@@ -763,6 +770,93 @@ os.close(fd)
         self.assertGreaterEqual(self.total()["bytes_written"], 8 * MiB, self.total())
 
 
+class TorchHookTest(PreloadBase):
+    """`dnvme run` puts deepnvme's sitecustomize on PYTHONPATH: a Python program's torch.save of
+    a file on the mount writes through deepnvme.torchzip.MountZipWriter (deepnvme/run_hook.py),
+    and everything else stays torch's. The files are read back by plain torch.load, outside
+    `dnvme run`."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not have_torch():
+            raise unittest.SkipTest("torch is not importable by %s" % PY)
+        super().setUpClass()
+
+    PROGRAM = r"""
+import io, json, pathlib, sys, torch
+torch.manual_seed(0)
+state = {"w": torch.randn(3 << 20), "i": torch.arange(1 << 20),
+         "small": [torch.ones(7) * k for k in range(50)], "meta": {"step": 3, "name": "x"}}
+on, on2, off, legacy = sys.argv[1:5]
+torch.save(state, on)                                   # on the mount: deepnvme
+torch.save(state, pathlib.Path(on2))                    # a PathLike on the mount: deepnvme
+torch.save(state, off)                                  # elsewhere: torch's own
+buf = io.BytesIO(); torch.save(state, buf)              # a file object: torch's own
+torch.save(state, legacy, _use_new_zipfile_serialization=False)  # legacy format: torch's own
+try:
+    torch.save(state)                                   # torch's own error, not ours
+except TypeError as e:
+    print("TypeError", e, file=sys.stderr)
+else:
+    raise SystemExit("no TypeError")
+hooked = getattr(torch.save, "__dnvme_hook__", False)
+counters = sys.modules["deepnvme.run_hook"].counters if hooked else {}
+print(json.dumps({"hooked": hooked, "counters": counters,
+                  "same": torch.save is torch.serialization.save}))
+"""
+
+    def run_program(self, *extra):
+        files = [self.m("on.pt"), self.m("on2.pt"), os.path.join(self.scratch.path, "off.pt"),
+                 self.m("legacy.pt")]
+        cmd = [dnvme_bin(), "run", "--stats", self.stats, "--mount", self.mnt] + list(extra) + \
+            ["--", PY, "-c", self.PROGRAM] + files
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        # Every file loads in a plain process and holds the state.
+        check = ("import sys, torch\ntorch.manual_seed(0)\n"
+                 "w = torch.randn(3 << 20)\n"
+                 "for f in sys.argv[1:]:\n"
+                 "    s = torch.load(f)\n"
+                 "    assert torch.equal(s['w'], w) and torch.equal(s['i'], torch.arange(1 << 20)), f\n"
+                 "    assert [float(t[0]) for t in s['small']] == list(range(50)), f\n"
+                 "    assert s['meta'] == {'step': 3, 'name': 'x'}, f\n")
+        subprocess.run([PY, "-c", check] + files, check=True, timeout=180)
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    def test_torch_save_on_the_mount_goes_through_deepnvme(self):
+        out = self.run_program()
+        self.assertTrue(out["hooked"], out)
+        self.assertTrue(out["same"], out)
+        # Two saves on the mount; the other three calls (and the bad one) went to torch.
+        self.assertEqual(out["counters"], {"saves": 2, "fallbacks": 4}, out)
+        t = self.total()
+        # Both archives' large records went to the engine (20 MiB of tensors each).
+        self.assertGreaterEqual(t["bytes_written"], 2 * 20 * MiB, t)
+        self.assertEqual(t["errors"], 0, t)
+
+    def test_no_torch_hook_leaves_torch_alone(self):
+        out = self.run_program("--no-torch-hook")
+        self.assertFalse(out["hooked"], out)
+
+    def test_other_programs_and_sitecustomize_are_untouched(self):
+        # A program that never imports torch loads neither torch nor deepnvme, and a
+        # sitecustomize of its own further along PYTHONPATH still runs.
+        own = os.path.join(self.scratch.path, "own-site")
+        os.makedirs(own, exist_ok=True)
+        with open(os.path.join(own, "sitecustomize.py"), "w") as f:
+            f.write("import builtins\nbuiltins.OWN_SITE = True\n")
+        env = dict(os.environ, PYTHONPATH=own)
+        p = self.run_cmd([PY, "-c", "import builtins, sys\n"
+                          "print(getattr(builtins, 'OWN_SITE', False), 'torch' in sys.modules, "
+                          "'deepnvme' in sys.modules)"], env=env)
+        self.assertEqual(p.stdout.split(), ["True", "False", "False"], p.stdout + p.stderr)
+        # And torch, once imported, is patched all the same.
+        p = self.run_cmd([PY, "-c", "import builtins, torch\n"
+                          "print(getattr(builtins, 'OWN_SITE', False), "
+                          "getattr(torch.save, '__dnvme_hook__', False))"], env=env)
+        self.assertEqual(p.stdout.split(), ["True", "True"], p.stdout + p.stderr)
+
+
 class PreloadOffTest(PreloadBase):
     MOUNT_OPTIONS = ("preload=0",)
 
@@ -900,6 +994,23 @@ class PreloadNoSpaceTest(unittest.TestCase):
         os.unlink(os.path.join(self.scratch.mnt, "big"))
         with open(os.path.join(self.scratch.mnt, "small"), "wb") as f:
             f.write(b"ok")
+
+    def test_enospc_at_torch_save(self):
+        if not have_torch():
+            self.skipTest("torch is not importable by %s" % PY)
+        code = ("import errno, sys, torch\n"
+                "try:\n"
+                "    torch.save({'x': torch.zeros(8 << 20)}, sys.argv[1])\n"
+                "except OSError as e:\n"
+                "    assert e.errno == errno.ENOSPC, e\n"
+                "    print('ENOSPC')\n"
+                "assert getattr(torch.save, '__dnvme_hook__', False)\n")
+        p = subprocess.run([dnvme_bin(), "run", "--", PY, "-c", code,
+                            os.path.join(self.scratch.mnt, "ck.pt")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(p.stdout.strip(), "ENOSPC", p.stdout + p.stderr)
+        self.assertTrue(self.mount.alive())
 
     def test_enospc_at_fwrite_or_fclose(self):
         code = r"""

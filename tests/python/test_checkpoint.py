@@ -309,6 +309,59 @@ def test_save_writes_a_standard_zip_with_aligned_records(deepnvme, torch, scratc
     assert torch.equal(deepnvme.load(path, weights_only=True)["big"], state["big"])
 
 
+def test_mount_zip_writer_coalesces_into_large_writes(deepnvme, torch, scratch, monkeypatch):
+    """MountZipWriter (what torch.save becomes under `dnvme run`, deepnvme/run_hook.py) writes
+    the same archive with plain pwritev calls: every small piece (headers, descriptors, small
+    records, the tail) rides in front of the next large record or in one last write, so a
+    preloaded process makes no small write between two large ones."""
+    from deepnvme import torchzip
+    calls = []
+    real_pwrite, real_pwritev = os.pwrite, os.pwritev
+
+    def pwrite(fd, data, off):
+        calls.append(("pwrite", off, len(memoryview(data))))
+        return real_pwrite(fd, data, off)
+
+    def pwritev(fd, parts, off):
+        calls.append(("pwritev", off, sum(len(memoryview(p)) for p in parts)))
+        # A short write now and then: the writer must continue it.
+        if len(calls) % 2 and sum(len(memoryview(p)) for p in parts) > 5000:
+            first = memoryview(parts[0])
+            return real_pwritev(fd, [first[:len(first) // 2 + 1]], off)
+        return real_pwritev(fd, parts, off)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    path = os.path.join(scratch, "mount.pt")
+    state = odd_state(torch)
+    state["many"] = [torch.full((100,), float(i)) for i in range(300)]  # 300 small records
+    state["big2"] = torch.randn(1 << 20)
+    writer = torchzip.MountZipWriter(path)
+    torchzip.save(state, writer, pickle, 2)
+    size = writer.close()
+    monkeypatch.undo()
+    assert size == os.path.getsize(path)
+    zip_layout(path)  # Python's zipfile reads it and checks every CRC
+    assert_same_state(torch, state, torch.load(path), "torch.load")
+    # In file order, with no gap or overlap; small calls only at the very end.
+    pos = 0
+    for i, (kind, off, n) in enumerate(calls):
+        assert off <= pos, (i, calls[i - 1:i + 1])
+        pos = max(pos, off + n)
+    assert pos == size
+    large = [c for c in calls if c[2] >= 1 << 20]
+    assert len(large) >= 2, calls
+    last_large = calls.index(large[-1])
+    assert all(n >= 1 << 20 or i > last_large for i, (_, _, n) in enumerate(calls)), calls
+    # Held pieces over HOLD_LIMIT go out on their own, in file order too.
+    monkeypatch.setattr(torchzip.MountZipWriter, "HOLD_LIMIT", 4096)
+    small_path = os.path.join(scratch, "small.pt")
+    writer = torchzip.MountZipWriter(small_path)
+    torchzip.save({"many": state["many"]}, writer, pickle, 2)
+    writer.close()
+    assert_same_state(torch, {"many": state["many"]}, torch.load(small_path), "small records")
+
+
 def test_zip64_structures(deepnvme, torch, scratch, monkeypatch):
     """Checkpoints over 4 GiB need zip64 sizes, offsets and end records; the limit is lowered so
     a few MiB take every zip64 branch, and both zip readers must still accept the file."""

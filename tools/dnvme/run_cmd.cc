@@ -1,4 +1,5 @@
-// `dnvme run [--mount MNT]... [--min-bytes SIZE] [--config FILE] [--stats FILE] -- CMD ARGS`:
+// `dnvme run [--mount MNT]... [--min-bytes SIZE] [--config FILE] [--stats FILE] [--no-torch-hook]
+// -- CMD ARGS`:
 // runs CMD with libdnvme_preload.so preloaded (docs/preload.md), so its large reads and writes of
 // files on dnvmefs mounts go to the backing files through its own engine, with no FUSE copy.
 #include <limits.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -25,22 +27,33 @@ bool Exists(const std::string& p) {
   return stat(p.c_str(), &st) == 0;
 }
 
+// The first of `paths` (relative to this binary's directory) that exists, as an absolute path;
+// "" when none does.
+std::string BesideThisBinary(std::initializer_list<const char*> paths) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  std::string dir(self, static_cast<size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const char* p : paths) {
+    if (Exists(dir + "/" + p)) return dir + "/" + p;
+  }
+  return "";
+}
+
 // The library: $DNVME_PRELOAD_LIB, else beside this binary (build/bin -> build/lib, or an
 // install's bin -> lib).
 std::string FindLibrary() {
   if (const char* e = getenv("DNVME_PRELOAD_LIB"); e && *e) return e;
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n > 0) {
-    std::string dir(self, static_cast<size_t>(n));
-    dir = dir.substr(0, dir.rfind('/'));
-    const std::string parent = dir.substr(0, dir.rfind('/'));
-    for (const std::string& c :
-         {parent + "/lib/libdnvme_preload.so", dir + "/libdnvme_preload.so"}) {
-      if (Exists(c)) return c;
-    }
-  }
-  return "";
+  return BesideThisBinary({"../lib/libdnvme_preload.so", "libdnvme_preload.so"});
+}
+
+// The directory whose sitecustomize.py installs deepnvme.run_hook (torch.save on the engine):
+// build/python-run beside build/bin, or an install's lib/dnvme/python-run; "" when there is none.
+std::string FindPythonHook() {
+  std::string site = BesideThisBinary(
+      {"../python-run/sitecustomize.py", "../lib/dnvme/python-run/sitecustomize.py"});
+  return site.empty() ? "" : site.substr(0, site.rfind('/'));
 }
 
 // "@name" when MNT serves a broker; throws UsageError otherwise.
@@ -68,6 +81,7 @@ Command AddRunCommand(CLI::App& parent) {
     std::string min_bytes = "128K";
     std::string config;
     std::string stats;
+    bool no_torch_hook = false;
     std::vector<std::string> cmd;
   };
   auto o = std::make_shared<Opts>();
@@ -83,6 +97,9 @@ Command AddRunCommand(CLI::App& parent) {
   c.app->add_option("--config", o->config, "The engine's HandleConfig JSON (as -o config=)");
   c.app->add_option("--stats", o->stats,
                     "Append each process's counters (one JSON line per process) to this file");
+  c.app->add_flag("--no-torch-hook", o->no_torch_hook,
+                  "Leave torch.save to torch (by default a Python program's torch.save of a file "
+                  "on the mount writes through deepnvme: docs/preload.md)");
   c.app->add_option("cmd", o->cmd, "The command and its arguments (after --)")->required();
   c.run = [o]() -> int {
     auto min = ParseSize(o->min_bytes);
@@ -116,6 +133,13 @@ Command AddRunCommand(CLI::App& parent) {
     if (!mounts.empty()) setenv("DNVME_PRELOAD_MOUNTS", mounts.c_str(), 1);
     if (!o->config.empty()) setenv("DNVME_PRELOAD_CONFIG", o->config.c_str(), 1);
     if (!o->stats.empty()) setenv("DNVME_PRELOAD_STATS", o->stats.c_str(), 1);
+    if (o->no_torch_hook) {
+      setenv("DNVME_PRELOAD_TORCH", "0", 1);
+    } else if (const std::string hook = FindPythonHook(); !hook.empty()) {
+      std::string path = hook;
+      if (const char* old = getenv("PYTHONPATH"); old && *old) path += std::string(":") + old;
+      setenv("PYTHONPATH", path.c_str(), 1);
+    }
     std::vector<char*> argv;
     for (auto& a : o->cmd) argv.push_back(a.data());
     argv.push_back(nullptr);
