@@ -276,6 +276,10 @@ struct Record {
   std::condition_variable wcv;
   int inflight = 0;   // guarded by wm
   int first_err = 0;  // guarded by wm
+  // Set by EndLease once the writes drained: the lease word may belong to another file after
+  // kClose, so no write may be counted in it any more (a thread still inside a transfer on a
+  // descriptor another thread closed gets EBADF).
+  bool ended = false;  // guarded by wm
   // The bytes the writes in flight cover, as one range (guarded by wm; valid while inflight > 0).
   // Requests in flight complete in any order, so a write over these bytes waits for them first.
   int64_t wb_lo = 0, wb_hi = 0;
@@ -552,7 +556,11 @@ void AnnounceAll() {
 }
 
 void EndLease(Record& r) {
-  DrainWrites(r);
+  {
+    std::unique_lock lock(r.wm);
+    r.wcv.wait(lock, [&] { return r.inflight == 0; });
+    r.ended = true;
+  }
   int64_t lo, hi;
   {
     std::lock_guard lock(r.mu);
@@ -936,6 +944,7 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
     std::memcpy(dst, buf + done, piece);
     {
       std::lock_guard lock(rec->wm);
+      if (rec->ended) return EBADF;  // (the lease went with the last descriptor meanwhile)
       const int64_t lo = static_cast<int64_t>(off + done);
       const int64_t hi = lo + static_cast<int64_t>(piece);
       rec->wb_lo = rec->inflight == 0 ? lo : std::min(rec->wb_lo, lo);
@@ -1049,6 +1058,8 @@ ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_
     if (sb.st_size < end && ::ftruncate(r.file.buffered_fd(), end) != 0) return -1;
     if (WritePool() != nullptr) {
       if (int err = WriteBehind(rp, static_cast<const char*>(buf), n, off); err != 0) {
+        // Pieces submitted before the failure may still land: announce the range all the same.
+        NoteWritten(r, off, static_cast<int64_t>(n));
         errno = err;
         return -1;
       }
@@ -1126,6 +1137,12 @@ ssize_t DirectVec(const std::shared_ptr<Record>& r, bool write, const iovec* iov
   for (int i = 0; i < cnt; ++i) {
     if (iov[i].iov_len == 0) continue;
     ssize_t got = DirectIo(r, write, iov[i].iov_base, iov[i].iov_len, off + total);
+    if (got < 0 && total > 0 && write) {
+      // The call returns the bytes already written; the error (a write-behind error DirectIo
+      // took, say) must still reach the program: keep it for the next write, fsync or close.
+      std::lock_guard lock(r->wm);
+      if (r->first_err == 0) r->first_err = errno;
+    }
     if (got < 0) return total > 0 ? total : -1;
     total += got;
     if (static_cast<size_t>(got) < iov[i].iov_len) break;

@@ -26,13 +26,14 @@ class PreloadLeases {
   // Leases held now; the ops test this before anything else.
   int count() const { return count_.load(std::memory_order_acquire); }
 
-  // Adds a lease of connection `conn` whose word is `w`; returns true when another connection
-  // holds a lease on the same inode (the file is then shared).
-  bool Add(uint64_t conn, broker::LeaseWord* w) {
+  // Adds a lease of connection `conn` whose word is `w` (`writable`: its descriptors may write);
+  // returns true when another connection holds a lease on the same inode (the file is then
+  // shared).
+  bool Add(uint64_t conn, broker::LeaseWord* w, bool writable) {
     std::lock_guard lock(mu_);
     bool other = std::any_of(entries_.begin(), entries_.end(),
                              [conn](const Entry& e) { return e.conn != conn; });
-    entries_.push_back({conn, w});
+    entries_.push_back({conn, w, writable, false});
     count_.fetch_add(1, std::memory_order_release);
     if (other) MarkSharedLocked();
     return other;
@@ -50,26 +51,37 @@ class PreloadLeases {
     std::lock_guard lock(mu_);
     MarkSharedLocked();
   }
-  // Waits until no holder has a direct write in flight (LeaseWord::writes_inflight), or `limit`
-  // passed; returns false then. A lease that ends stops counting: a client that died had its
-  // requests completed by the kernel before its socket closed (exit_aio runs before exit_files),
-  // though its counter never came down. Polls: the wait is rare (an open, truncate or utimes of a
-  // file whose holder's write(2) returned a moment ago) and short (the writes in flight).
-  // How long a holder's writes may keep the mount waiting (a client that is stopped, say).
+  // Waits until no writable holder has a direct write in flight (LeaseWord::writes_inflight), or
+  // `limit` passed; returns false then. A lease that ends stops counting: a client that died had
+  // its requests completed by the kernel before its socket closed (exit_aio runs before
+  // exit_files), though its counter never came down. The counter is the client's to write, so it
+  // is trusted for this wait alone: read-only leases are not waited for, and a holder that kept
+  // one wait to its limit (a stopped client, or one that lies) is passed over until its counter
+  // reads 0 again -- one stall per episode, not one per open. Polls: the wait is rare (an open,
+  // truncate or utimes of a file whose holder's write(2) returned a moment ago) and short (the
+  // writes in flight).
   static constexpr std::chrono::milliseconds kWriteWait{10000};
   bool WaitForWrites(std::chrono::milliseconds limit = kWriteWait) {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     auto nap = std::chrono::microseconds(20);
     for (;;) {
+      const bool late = std::chrono::steady_clock::now() >= deadline;
       {
         std::lock_guard lock(mu_);
-        if (std::none_of(entries_.begin(), entries_.end(), [](const Entry& e) {
-              return e.word->writes_inflight.load(std::memory_order_seq_cst) != 0;
-            })) {
-          return true;
+        bool busy = false;
+        for (Entry& e : entries_) {
+          if (!e.writable) continue;
+          const bool flying = e.word->writes_inflight.load(std::memory_order_seq_cst) != 0;
+          if (!flying) {
+            e.stuck = false;
+          } else if (!e.stuck) {
+            busy = true;
+            if (late) e.stuck = true;
+          }
         }
+        if (!busy) return true;
+        if (late) return false;
       }
-      if (std::chrono::steady_clock::now() >= deadline) return false;
       std::this_thread::sleep_for(nap);
       nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(2));
     }
@@ -84,6 +96,8 @@ class PreloadLeases {
   struct Entry {
     uint64_t conn;
     broker::LeaseWord* word;
+    bool writable;
+    bool stuck;  // its writes kept a wait to the limit; not waited for until they read 0
   };
   void MarkSharedLocked() {
     for (Entry& e : entries_) e.word->shared.store(1, std::memory_order_seq_cst);

@@ -34,25 +34,47 @@ def _patch(torch):
 
 class _TorchFinder:
     """A meta-path finder for `torch` alone: finds it through the rest of sys.meta_path and
-    patches the module once it has executed."""
+    patches the module once it has executed. It stays until torch has been imported: a probe
+    (importlib.util.find_spec("torch"), as transformers and accelerate make before importing)
+    gets a spec that is thrown away, and the import that follows asks again."""
+
+    def __init__(self):
+        import threading
+        self._inside = threading.local()  # our own find_spec below must not come back here
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != "torch" or getattr(self._inside, "on", False):
             return None
-        import importlib.util
-        sys.meta_path.remove(self)  # once, and not for the lookup below
-        spec = importlib.util.find_spec(name)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
+        try:
+            import importlib.util
+            self._inside.on = True
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                self._inside.on = False
+            loader = getattr(spec, "loader", None)
+            if loader is None or not hasattr(loader, "exec_module"):
+                return spec
+            run = loader.exec_module
+            finder = self
+
+            def exec_module(module):
+                if getattr(module, "__name__", None) != "torch":  # a loader shared by modules
+                    return run(module)
+                try:
+                    del loader.exec_module  # the loader's own again
+                except AttributeError:
+                    pass
+                run(module)
+                if finder in sys.meta_path:
+                    sys.meta_path.remove(finder)
+                _patch(module)
+
+            loader.exec_module = exec_module
             return spec
-        run = loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        loader.exec_module = exec_module
-        return spec
+        except Exception as e:  # the import goes on without us
+            _debug("torch.save hook: finding torch: %r" % (e,))
+            return None
 
 
 def _install():
@@ -73,8 +95,9 @@ def _chain():
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
     try:
         import sitecustomize  # noqa: F401
-    except ImportError:
-        pass
+    except ImportError as e:
+        if e.name != "sitecustomize":  # its own failure: site reports it, as without us
+            raise
     finally:
         sys.path[:] = saved
         sys.modules.setdefault(__name__, me)

@@ -850,11 +850,20 @@ print(json.dumps({"hooked": hooked, "counters": counters,
                           "print(getattr(builtins, 'OWN_SITE', False), 'torch' in sys.modules, "
                           "'deepnvme' in sys.modules)"], env=env)
         self.assertEqual(p.stdout.split(), ["True", "False", "False"], p.stdout + p.stderr)
-        # And torch, once imported, is patched all the same.
-        p = self.run_cmd([PY, "-c", "import builtins, torch\n"
+        # And torch, once imported, is patched all the same -- also after a probe for it
+        # (transformers and accelerate call find_spec before they import).
+        p = self.run_cmd([PY, "-c", "import builtins, importlib.util\n"
+                          "assert importlib.util.find_spec('torch') is not None\n"
+                          "import torch\n"
                           "print(getattr(builtins, 'OWN_SITE', False), "
                           "getattr(torch.save, '__dnvme_hook__', False))"], env=env)
         self.assertEqual(p.stdout.split(), ["True", "True"], p.stdout + p.stderr)
+        # A sitecustomize that fails still fails as Python reports it, after ours.
+        with open(os.path.join(own, "sitecustomize.py"), "w") as f:
+            f.write("import no_such_module_here\n")
+        p = self.run_cmd([PY, "-c", "print('ran')"], env=env)
+        self.assertEqual(p.stdout.strip(), "ran", p.stdout + p.stderr)
+        self.assertIn("no_such_module_here", p.stderr)
 
 
 class PreloadOffTest(PreloadBase):
