@@ -12,7 +12,10 @@ order, reversed every other round (each read after dropping caches):
   fio run        the same command under `dnvme run` (libdnvme_preload.so)
   torch ext4     torch.save(state) + fsync, then torch.load, on DIR/plain/x.pt (no mount)
   torch mount    the same through the mount
-  torch run      the same through the mount under `dnvme run`
+  torch run      the same through the mount under `dnvme run` (torch.save through deepnvme's
+                 hook: docs/preload.md)
+  torch run-nohook  the same under `dnvme run --no-torch-hook`: torch's own save, its writes
+                 taken by the preload library
   numpy ext4/mount/run  np.save(array) + fsync, then np.load, the same three ways (numpy writes
                  and reads the array with one fwrite/fread: the preload's stdio path)
   torch/numpy tmpfs  the same on /dev/shm: no device at all, the program's own ceiling (torch
@@ -156,6 +159,7 @@ def main():
         open(KNOB, "w").write("300000")
     subprocess.run([os.path.join(BIN, "dnvmefs"), backing, mnt], check=True)
     run = [os.path.join(BIN, "dnvme"), "run", "--mount", mnt, "--"]
+    run_nohook = run[:-1] + ["--no-torch-hook", "--"]
     res = {}
 
     def note(name, secs, cpu, nbytes):
@@ -184,6 +188,8 @@ def main():
                             (prog + " mount", os.path.join(mnt, fname), []),
                             (prog + " run", os.path.join(mnt, fname), run),
                             (prog + " tmpfs", os.path.join(shm, fname), []))
+                if prog == "torch":
+                    variants += (("torch run-nohook", os.path.join(mnt, fname), run_nohook),)
                 for name, path, pre in (variants if r % 2 == 0 else variants[::-1]):
                     settle()
                     _, _, out = timed(pre + [PY, "-c", save, path, str(ckpt)])
@@ -221,6 +227,10 @@ def main():
                       prog, op, med["%s run %s" % (prog, op)][0] / ext4, prog, op,
                       med["%s mount %s" % (prog, op)][0] / ext4, prog, op,
                       med["%s tmpfs %s" % (prog, op)][0] / ext4))
+    if "torch" in programs:
+        print("  torch run-nohook save / ext4: %.2f   load: %.2f" % tuple(
+            med["torch run-nohook " + op][0] / med["torch ext4 " + op][0]
+            for op in ("save", "load")))
     print(json.dumps({k: v for k, v in res.items()}))
 
 
