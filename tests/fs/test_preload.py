@@ -103,6 +103,23 @@ class PreloadBase(mh.MountedTestCase):
     def py(self, code, **kw):
         return self.run_cmd([PY, "-c", code], **kw)
 
+    def child(self, code, *args):
+        """A preloaded python3 running `code`, which reads lines on stdin and answers each (ask):
+        the test decides what happens between the child's steps."""
+        return subprocess.Popen(
+            [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c", code]
+            + list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, child, line):
+        child.stdin.write(line + "\n")
+        child.stdin.flush()
+        self.assertEqual(child.stdout.readline().strip(), "ok")
+
+    def end(self, child):
+        child.stdin.close()
+        self.assertEqual(child.wait(30), 0)
+        child.stdout.close()
+
     def total(self):
         return read_stats(self.stats)[0]
 
@@ -181,26 +198,20 @@ os.close(fd)
         fd = os.open(p, os.O_RDWR)
         try:
             self.assertEqual(os.pread(fd, 2 * MiB, 0), b"a" * (2 * MiB))  # cached now
-            child = subprocess.Popen(
-                [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c",
-                 "import os, sys\nfd = os.open(%r, os.O_RDWR)\n"
-                 "for line in sys.stdin:\n"
-                 "    i = int(line)\n"
-                 "    os.pwrite(fd, bytes([98 + i]) * (1 << 20), i * (1 << 20))\n"
-                 "    print('ok', flush=True)\n" % p],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            child = self.child("import os, sys\nfd = os.open(%r, os.O_RDWR)\n"
+                               "for line in sys.stdin:\n"
+                               "    i = int(line)\n"
+                               "    os.pwrite(fd, bytes([98 + i]) * (1 << 20), i * (1 << 20))\n"
+                               "    print('ok', flush=True)\n" % p)
             try:
                 for i in range(6):
-                    child.stdin.write("%d\n" % i)
-                    child.stdin.flush()
-                    self.assertEqual(child.stdout.readline().strip(), "ok")
+                    self.ask(child, "%d" % i)
                     want = bytes([98 + i]) * MiB
                     self.assertEqual(os.pread(fd, MiB, i * MiB), want, "write %d not seen" % i)
                     self.assertEqual(os.fstat(fd).st_size, max(4, i + 1) * MiB)
                     self.assertEqual(os.stat(p).st_size, max(4, i + 1) * MiB)
             finally:
-                child.stdin.close()
-                self.assertEqual(child.wait(30), 0)
+                self.end(child)
         finally:
             os.close(fd)
         t = self.total()
@@ -238,39 +249,30 @@ os.close(fd)
         # 193413603). A fresh descriptor per round, so the lease is not already `shared` (a
         # shared lease lands every write before it returns).
         p = self.m("trunc.bin")
-        child = subprocess.Popen(
-            [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c",
-             "import os, sys\n"
-             "buf = b'w' * (48 << 20)\n"
-             "for line in sys.stdin:\n"
-             "    if line.strip() == 'write':\n"
-             "        fd = os.open(%r, os.O_CREAT | os.O_RDWR, 0o644)\n"
-             "        os.pwrite(fd, buf, 0)\n"
-             "    else:\n"
-             "        os.close(fd)\n"
-             "    print('ok', flush=True)\n" % p],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = self.child("import os, sys\n"
+                           "buf = b'w' * (48 << 20)\n"
+                           "for line in sys.stdin:\n"
+                           "    if line.strip() == 'write':\n"
+                           "        fd = os.open(%r, os.O_CREAT | os.O_RDWR, 0o644)\n"
+                           "        os.pwrite(fd, buf, 0)\n"
+                           "    else:\n"
+                           "        os.close(fd)\n"
+                           "    print('ok', flush=True)\n" % p)
         try:
             for i in range(8):
-                child.stdin.write("write\n")
-                child.stdin.flush()
-                self.assertEqual(child.stdout.readline().strip(), "ok")
+                self.ask(child, "write")
                 if i % 2 == 0:
                     os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
                 else:
                     os.truncate(p, 0)
                 self.assertEqual(os.stat(p).st_size, 0, "round %d" % i)
-                child.stdin.write("close\n")
-                child.stdin.flush()
-                self.assertEqual(child.stdout.readline().strip(), "ok")
+                self.ask(child, "close")
                 self.assertEqual(os.stat(self.b("trunc.bin")).st_size, 0,
                                  "round %d: a write that returned before the truncation landed "
                                  "after it" % i)
                 self.assertEqual(os.stat(p).st_size, 0, "round %d" % i)
         finally:
-            child.stdin.close()
-            self.assertEqual(child.wait(30), 0)
-            child.stdout.close()
+            self.end(child)
         t = self.total()
         self.assertEqual(t["bytes_written"], 8 * 48 * MiB, t)  # every write went direct
         self.assertEqual(t["errors"], 0, t)
@@ -538,9 +540,7 @@ class ReadAheadTest(PreloadBase):
         self.assertEqual(self.total()["readahead_bytes"], 0, self.total())
 
     def start_reader(self, path):
-        child = subprocess.Popen(
-            [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c",
-             READER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = self.child(READER, path)
         self.addCleanup(lambda: (child.kill(), child.wait(30)) if child.poll() is None else None)
 
         def ask(line):
