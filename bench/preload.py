@@ -22,7 +22,8 @@ order, reversed every other round (each read after dropping caches):
                  1.13 computes a CRC32 of every record in the saving thread)
 It prints GiB/s medians (fio: its own job time, not its start-up), machine CPU seconds per GiB
 (all CPUs' busy time from /proc/stat around the job, less the start-up CPU of a 1 MiB job of the
-same variant), and the ratios the issue asks about: run/raw, run/mount, torch run/ext4.
+same variant and op), and the ratios the issue asks about: run/raw (also round by round: the
+rounds run back to back, so a round's pair saw the same machine), run/mount, torch run/ext4.
 Freed memory is held (bench/lib.sh's hold_freed_memory) for the run.
 """
 import argparse
@@ -123,14 +124,19 @@ def fio_secs(out, rw):
 
 
 def startup_cpu(pre, path, raw):
-    """Machine CPU seconds of a 1 MiB job of this variant (fio's and the preload's start-up),
-    median of 3: subtracted from each measured job's CPU."""
-    cpus = []
-    for _ in range(3):
-        _, c, _ = timed((pre or []) + fio(path, 1 << 20, "write", raw))
-        cpus.append(c)
+    """Machine CPU seconds of a 1 MiB job of this variant, per op (fio's and the preload's
+    start-up; a read's includes pinning the read-ahead buffers, a write's fio's laying out and
+    fsync of the file), median of 5: subtracted from each measured job of that op. A write's
+    start-up is not a read's: raw fio's 1 MiB write job costs 0.44 CPU s on the RAM ext4, its
+    read job 0.28, and subtracting the first from reads had made raw reads look cheaper."""
+    cpus = {"write": [], "read": []}
+    for _ in range(5):
+        for rw in ("write", "read"):
+            drop()
+            _, c, _ = timed((pre or []) + fio(path, 1 << 20, rw, raw))
+            cpus[rw].append(c)
         os.unlink(path)
-    return statistics.median(cpus)
+    return {rw: statistics.median(v) for rw, v in cpus.items()}
 
 
 def main():
@@ -177,10 +183,10 @@ def main():
                 raw = pre is None
                 settle()
                 _, c, out = timed((pre or []) + fio(path, size, "write", raw))
-                note(name + " write", fio_secs(out, "write"), c - base[name], size)
+                note(name + " write", fio_secs(out, "write"), c - base[name]["write"], size)
                 drop()
                 _, c, out = timed((pre or []) + fio(path, size, "read", raw))
-                note(name + " read", fio_secs(out, "read"), c - base[name], size)
+                note(name + " read", fio_secs(out, "read"), c - base[name]["read"], size)
                 os.unlink(path)
             for prog in programs:
                 save, load, fname = PROGRAMS[prog]
@@ -214,9 +220,11 @@ def main():
         print("%-20s %8.2f %10.3f" % (k, g, c))
     print("ratios:")
     for op in ("write", "read"):
-        print("  fio run %s / raw fio:   %.2f  (CPU %.2f)" % (
+        run, raw = res["fio run " + op], res["fio raw " + op]
+        print("  fio run %s / raw fio:   %.2f  (CPU %.2f)   per round: %s" % (
             op, med["fio run " + op][0] / med["fio raw " + op][0],
-            med["fio run " + op][1] / med["fio raw " + op][1]))
+            med["fio run " + op][1] / med["fio raw " + op][1],
+            ", ".join("%.2f (CPU %.2f)" % (x[0] / y[0], x[1] / y[1]) for x, y in zip(run, raw))))
         print("  fio run %s / mount:     %.2f" % (op, med["fio run " + op][0] /
                                                   med["fio mount " + op][0]))
     for prog in programs:
