@@ -265,13 +265,18 @@ void Broker::Serve(Conn* c) {
       st = Status::InvalidArgument("malformed broker request");
     } else if (op == broker::Op::kHello) {
       if (c->page == nullptr) {
-        int mfd = memfd_create("dnvmefs-leases", MFD_CLOEXEC);
+        // The client gets this descriptor read-write (it counts its writes in flight in the
+        // page). Sealed against resizing: a client that shrank the memfd would make the daemon's
+        // next store to the page fault (SIGBUS) and take the mount down for every user.
+        int mfd = memfd_create("dnvmefs-leases", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (mfd < 0) {
           st = Status::FromErrno(errno, "memfd_create");
         } else {
           c->page_fd.Reset(mfd);
           if (ftruncate(mfd, static_cast<off_t>(broker::kLeasePageBytes)) != 0) {
             st = Status::FromErrno(errno, "ftruncate of the lease page");
+          } else if (fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+            st = Status::FromErrno(errno, "sealing the lease page");
           } else {
             void* p =
                 mmap(nullptr, broker::kLeasePageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
@@ -353,7 +358,7 @@ void Broker::Serve(Conn* c) {
           const bool other_client = leases.Add(c->id, &w, acc != O_RDONLY);
           // Another client's writes that returned to its program land before this one reads
           // the file (Add marked the holders shared first: include/dnvme/broker.h).
-          if (other_client && !leases.WaitForWrites()) {
+          if (other_client && !leases.WaitForWrites(/*share_if_busy=*/false)) {
             Logger().warn("broker: another client's writes of '{}' did not land in {} ms", rel,
                           PreloadLeases::kWriteWait.count());
           }

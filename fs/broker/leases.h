@@ -60,8 +60,16 @@ class PreloadLeases {
   // reads 0 again -- one stall per episode, not one per open. Polls: the wait is rare (an open,
   // truncate or utimes of a file whose holder's write(2) returned a moment ago) and short (the
   // writes in flight).
+  //
+  // `share_if_busy` (a truncate or utimes, which open nothing and so did not mark the leases
+  // shared): when a holder has writes in flight, the leases are marked shared before the wait.
+  // A holder streaming writes with write-behind keeps its counter above 0 without a break, so
+  // the wait would run to its limit and the truncate would then go on before writes that had
+  // returned; once shared, each write lands before it returns, and the wait ends at the first
+  // gap between two writes. A holder with nothing in flight (its own ftruncate landed its
+  // writes first) is not marked, so it keeps its write-behind.
   static constexpr std::chrono::milliseconds kWriteWait{10000};
-  bool WaitForWrites(std::chrono::milliseconds limit = kWriteWait) {
+  bool WaitForWrites(bool share_if_busy, std::chrono::milliseconds limit = kWriteWait) {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     auto nap = std::chrono::microseconds(20);
     for (;;) {
@@ -81,6 +89,7 @@ class PreloadLeases {
         }
         if (!busy) return true;
         if (late) return false;
+        if (share_if_busy) MarkSharedLocked();
       }
       std::this_thread::sleep_for(nap);
       nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(2));

@@ -27,9 +27,9 @@
 
 namespace dnvme::fs::ops {
 
-void WaitForLeaseWrites(Inode& in, const char* before) {
+void WaitForLeaseWrites(Inode& in, const char* before, bool share_if_busy) {
   if (in.leases.count() == 0) return;
-  if (!in.leases.WaitForWrites()) {
+  if (!in.leases.WaitForWrites(share_if_busy)) {
     Logger().warn("inode {}: a `dnvme run` client's writes did not land in {} ms; going on with {}",
                   in.ino, PreloadLeases::kWriteWait.count(), before);
   }

@@ -57,7 +57,8 @@ bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int 
 // open the file, or truncates it or sets its times, they must land, as they would have on ext4
 // (found by the model test: an in-flight write re-extended a file an O_TRUNC open had emptied).
 // Waits at most PreloadLeases::kWriteWait (a stopped client), then goes on with a warning.
-void WaitForLeaseWrites(Inode& in, const char* before);
+// `share_if_busy`: see PreloadLeases::WaitForWrites (an open marks the leases shared itself).
+void WaitForLeaseWrites(Inode& in, const char* before, bool share_if_busy);
 
 // FUSE_CAP_DONT_MASK (asked for in init) makes the kernel send create/mkdir/mknod modes without
 // the caller's umask and the umask beside them (fuse_ctx::umask). The backing create then runs

@@ -79,7 +79,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
     if (fuse_req_ctx(req)->uid != 0) err = KillPrivs(req, in);
     // Pending write-behind data -- the mount's, and a `dnvme run` client's -- must not land
     // after (and undo) the truncation.
-    WaitForLeaseWrites(in, "the truncate");
+    WaitForLeaseWrites(in, "the truncate", /*share_if_busy=*/true);
     if (!err) err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
     in.ra.Invalidate();
     if (!err) {
@@ -106,7 +106,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
     }
     // Write-behind flushes would move mtime after we set it: land them first.
     if (S_ISREG(in.type)) {
-      WaitForLeaseWrites(in, "setting the times");
+      WaitForLeaseWrites(in, "setting the times", /*share_if_busy=*/true);
       err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
     }
     if (!err) {

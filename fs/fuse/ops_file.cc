@@ -98,7 +98,7 @@ void AbandonOpen(Fs& fs, FileHandle* fh) {
 void TellLeaseHolders(Fs& fs, Inode& in) {
   if (in.leases.count() == 0) return;
   in.leases.MarkShared();
-  WaitForLeaseWrites(in, "the open");
+  WaitForLeaseWrites(in, "the open", /*share_if_busy=*/false);  // shared already
   fs.AfterExternalWrite(in);
 }
 

@@ -10,7 +10,8 @@
 // as that peer (fsuid, fsgid, groups; openat2 RESOLVE_BENEATH under BACKING_DIR), so the kernel
 // decides permission as open(2) would have.
 //
-// A connection owns a lease page (a memfd the daemon sends with the hello reply, mapped by both):
+// A connection owns a lease page (a memfd the daemon sends with the hello reply, mapped by both;
+// sealed against resizing, so a client cannot make the daemon's stores to it fault):
 // kMaxLeases LeaseWords, read without a round trip. The daemon sets two flags:
 //   shared:      someone other than this client has the file open through the mount (or another
 //                client holds a lease on it): the client invalidates after every direct write.
@@ -20,7 +21,8 @@
 //   writes_inflight: its direct writes of the file submitted and not yet complete (write-behind:
 //                the program's write(2) has returned). Before the mount lets someone else open
 //                the file, or truncates it or sets its times, the daemon waits for it to reach
-//                0, so a write that returned to its program lands before what follows it.
+//                0 (marking the leases shared first; for a truncate or utimes only when a count
+//                is above 0), so a write that returned to its program lands before what follows.
 //                Ordering (all seq_cst): the client increments it *before* it reads `shared`
 //                after a write, the daemon sets `shared` *before* it reads the counter -- so
 //                either the daemon waits for the write or the client sees `shared` and lands

@@ -103,12 +103,13 @@ class PreloadBase(mh.MountedTestCase):
     def py(self, code, **kw):
         return self.run_cmd([PY, "-c", code], **kw)
 
-    def child(self, code, *args):
+    def child(self, code, *args, options=()):
         """A preloaded python3 running `code`, which reads lines on stdin and answers each (ask):
         the test decides what happens between the child's steps."""
         return subprocess.Popen(
-            [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K", "--", PY, "-c", code]
-            + list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K"] + list(options) +
+            ["--", PY, "-c", code] + list(args),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(self, child, line):
         child.stdin.write(line + "\n")
@@ -277,6 +278,52 @@ os.close(fd)
         self.assertEqual(t["bytes_written"], 8 * 48 * MiB, t)  # every write went direct
         self.assertEqual(t["errors"], 0, t)
 
+    def test_truncate_by_path_while_a_writer_streams(self):
+        # A preloaded writer streaming writes keeps write-behind in flight without a break, so a
+        # truncate(2) by path from someone else (a SETATTR that opens nothing) cannot wait for
+        # its counter to read 0: the daemon marks the lease shared (each write then lands before
+        # it returns) and the wait ends at the next gap between two writes. Before, it ran to
+        # its 10 s limit and the truncation went on with writes that had returned still in flight.
+        p = self.m("stream.bin")
+        stop = os.path.join(self.scratch.path, "stop-streaming")
+        # A slow engine (one 4 KiB request at a time): the writer's copies into its staging
+        # buffers outrun the device, as on a real disk under a fast writer, so its write-behind
+        # never drains on its own while it streams. Fresh offsets: a write over bytes still in
+        # flight would wait for them, and that wait would drain it.
+        slow = os.path.join(self.scratch.path, "slow-engine.json")
+        with open(slow, "w") as f:
+            json.dump({"queue_depth": 1, "block_size": "4K"}, f)
+        child = self.child("import os, time\n"
+                           "fd = os.open(%r, os.O_CREAT | os.O_RDWR, 0o644)\n"
+                           "buf = b'w' * (1 << 20)\n"
+                           "os.pwrite(fd, buf, 0)\n"
+                           "print('ok', flush=True)\n"
+                           "end, n = time.monotonic() + 30, 1\n"
+                           "while not os.path.exists(%r) and time.monotonic() < end:\n"
+                           "    os.pwrite(fd, buf, n * len(buf))\n"
+                           "    n += 1\n"
+                           "os.close(fd)\n"
+                           "print('ok' if os.path.exists(%r) else 'ran out of time', flush=True)\n"
+                           % (p, stop, stop), options=("--config", slow))
+        log_before = len(self.mount.log_text())
+        try:
+            self.assertEqual(child.stdout.readline().strip(), "ok")
+            os.truncate(p, 0)
+            with open(stop, "w"):
+                pass
+            self.assertEqual(child.stdout.readline().strip(), "ok")
+        finally:
+            if not os.path.exists(stop):
+                with open(stop, "w"):
+                    pass
+            self.end(child)
+        self.assertNotIn("did not land", self.mount.log_text()[log_before:],
+                         "the truncate gave up waiting for the streaming writer's writes")
+        self.assertTrue(self.mount.alive())
+        t = self.total()
+        self.assertGreaterEqual(t["bytes_written"], 2 * MiB, t)  # the writes went direct
+        self.assertEqual(t["errors"], 0, t)
+
     def test_appends_through_the_mount_land_after_direct_writes(self):
         p = self.m("app.bin")
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -393,7 +440,16 @@ def call(op, path=b"", flags=0, ino=0):
     _, err, lease, slot, fl, size, text = REP.unpack(msg)
     return err, fds, size, text.split(b"\0")[0].decode()
 out = []
-call(1)
+resize = []
+page = call(1)[1]
+if args.get("resize"):
+    # A hostile client: grow, then shrink, the lease page it was sent (the daemon maps it too).
+    for n in (1 << 20, 0):
+        try:
+            os.ftruncate(page[0], n)
+            resize.append(0)
+        except OSError as e:
+            resize.append(e.errno)
 for r in args["requests"]:
     err, fds, size, text = call(2, r["path"].encode(), r["flags"], r["ino"])
     first = b""
@@ -402,19 +458,36 @@ for r in args["requests"]:
     for fd in fds:
         os.close(fd)
     out.append({"err": err, "nfds": len(fds), "size": size, "text": text, "first": first.hex()})
-print(json.dumps(out))
+print(json.dumps({"replies": out, "resize": resize}))
 """
 
 
 class BrokerTest(PreloadBase):
     MOUNT_OPTIONS = ("allow_other",)  # as a shared mount is run: other users reach it
 
-    def ask(self, requests, uid=None):
+    def ask(self, requests, uid=None, resize=False):
         p = subprocess.run([PY, "-c", BROKER_CLIENT,
-                            json.dumps({"mnt": self.mnt, "uid": uid, "requests": requests})],
+                            json.dumps({"mnt": self.mnt, "uid": uid, "requests": requests,
+                                        "resize": resize})],
                            capture_output=True, text=True, timeout=60)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        return json.loads(p.stdout)
+        self.assertEqual(p.returncode, 0, p.stderr + self.mount.log_tail())
+        got = json.loads(p.stdout)
+        return (got["replies"], got["resize"]) if resize else got["replies"]
+
+    def test_lease_page_cannot_be_resized(self):
+        # The client gets its lease page read-write (it counts its writes in flight there). Had
+        # it shrunk the memfd, the daemon's next store to the page (the open below resets the
+        # lease's word) would fault with SIGBUS and take the mount down for every user.
+        with open(self.m("f.bin"), "wb") as f:
+            f.write(b"x" * 4096)
+        ino = os.stat(self.m("f.bin")).st_ino
+        with open(self.m("f.bin"), "rb"):
+            got, resize = self.ask([{"path": "f.bin", "flags": os.O_RDONLY, "ino": ino}],
+                                   resize=True)
+        self.assertEqual(resize, [errno.EPERM, errno.EPERM])
+        self.assertEqual(got[0]["err"], 0, got)
+        self.assertTrue(self.mount.alive())
+        self.assertEqual(self.read(self.m("f.bin")), b"x" * 4096)
 
     def test_hands_out_the_file_the_client_has_open(self):
         with open(self.m("f.bin"), "wb") as f:
