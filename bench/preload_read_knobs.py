@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import sys
 
+from preload import busy_s, drop  # bench/preload.py: the same CPU count and cache drop
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(REPO, "build", "bin")
 UNIT = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -37,18 +39,6 @@ def size_arg(s):
     if len(s) < 2 or s[-1] not in UNIT or not s[:-1].isdigit():
         raise argparse.ArgumentTypeError("%r is not a size such as 512K, 32M or 2G" % s)
     return int(s[:-1]) * UNIT[s[-1]]
-
-
-def busy_s():
-    with open("/proc/stat") as f:
-        v = f.readline().split()[1:]
-    return (int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])) / os.sysconf("SC_CLK_TCK")
-
-
-def drop():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
 
 
 def fio(path, size, rw, raw, loops=1):
