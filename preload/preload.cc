@@ -923,7 +923,13 @@ void BeforeMountWrite(int fd) {
 
 int ErrnoOf(const Status& st) { return st.error_number() != 0 ? st.error_number() : EIO; }
 
-// Direct transfer at `off`; returns bytes moved or -1 with errno. Reads stop at end of file.
+// A write piece left flight (landed, failed, or was never submitted). Caller holds r.wm.
+void PieceDoneLocked(Record& r) {
+  --r.inflight;
+  r.word->writes_inflight.fetch_sub(1, std::memory_order_seq_cst);
+  r.wcv.notify_all();
+}
+
 // Copies [buf, buf + n) into staging buffers and submits it at `off`; returns 0 or an errno.
 int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, off_t off) {
   {
@@ -964,15 +970,11 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
             g_counters.errors.fetch_add(1, std::memory_order_relaxed);
             dnvme::Logger().debug("dnvme run: {}", res.status.ToString());
           }
-          --rec->inflight;
-          rec->word->writes_inflight.fetch_sub(1, std::memory_order_seq_cst);
-          rec->wcv.notify_all();
+          PieceDoneLocked(*rec);
         });
     if (!st.ok()) {
       std::lock_guard lock(rec->wm);
-      --rec->inflight;
-      rec->word->writes_inflight.fetch_sub(1, std::memory_order_seq_cst);
-      rec->wcv.notify_all();
+      PieceDoneLocked(*rec);
       return ErrnoOf(st);
     }
     done += piece;
@@ -1016,6 +1018,7 @@ Status ReadThrough(const std::shared_ptr<Record>& rp, char* buf, int64_t n, int6
   return st;
 }
 
+// Direct transfer at `off`; returns bytes moved or -1 with errno. Reads stop at end of file.
 ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_t n, off_t off) {
   Record& r = *rp;
   if ((write && !r.can_write) || (!write && !r.can_read)) {

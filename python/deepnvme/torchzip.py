@@ -162,17 +162,22 @@ class TorchZipWriter:
     stops without them."""
 
     def __init__(self, path, handle, fsync=True):
-        self.path = path
-        self._fsync = fsync
-        self._entries = []  # (name bytes, offset, size, crc)
-        self._pos = 0
-        self._writer = None  # one helper thread: writes a record while this one computes its CRC
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        self._start(path, fsync)
         try:
             self._file = _C.File(handle._h, self._fd, True)
         except BaseException:
             os.close(self._fd)
             raise
+
+    def _start(self, path, fsync):
+        """The archive's state, and `path` created or emptied."""
+        self.path = path
+        self._fsync = fsync
+        self._entries = []  # (name bytes, offset, size, crc)
+        self._pos = 0
+        self._writer = None  # one helper thread: writes a record while this one computes its CRC
+        self._file = None
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
 
     def _memory(self, data, nbytes):
         """A buffer over `nbytes` of what torch's _save passes: bytes (the pickle), a str (torch
@@ -314,15 +319,9 @@ class MountZipWriter(TorchZipWriter):
     HOLD_LIMIT = 8 << 20  # held small pieces beyond this go out on their own (one large write)
 
     def __init__(self, path, fsync=False):
-        self.path = path
-        self._fsync = fsync
-        self._entries = []
-        self._pos = 0
-        self._writer = None
-        self._file = None
         self._held = bytearray()
         self._held_at = 0
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        self._start(path, fsync)
 
     def _write_small(self, data, offset):
         if not self._held:
