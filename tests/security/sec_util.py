@@ -354,6 +354,24 @@ def fallocate(fd, mode, offset, length):
     return 0
 
 
+def suite_skip_reason():
+    """Why nothing here can run (None when it can): the mount needs root and FUSE, and uid 65534
+    must be able to reach the scratch root (DNVME_TEST_DIR)."""
+    reason = mh.skip_reason(need_root=True)
+    if reason:
+        return reason
+    d = os.path.realpath(mh.test_root())
+    while not os.path.isdir(d):
+        d = os.path.dirname(d)
+    while True:
+        if not os.stat(d).st_mode & 0o001:
+            return "%s is not searchable by other users: uid %d cannot reach the mounts (set " \
+                "DNVME_TEST_DIR)" % (d, NOBODY)
+        if d == "/":
+            return None
+        d = os.path.dirname(d)
+
+
 # ---------------------------------------------------------------------------------------------
 # The test case
 

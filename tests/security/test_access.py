@@ -21,7 +21,7 @@ from tests.security.sec_util import KiB, MiB, mh
 def setUpModule():
     # Everything here mounts as root and acts as uid 65534: without that, skip it all (ctest
     # then shows the test as skipped).
-    reason = mh.skip_reason(need_root=True)
+    reason = su.suite_skip_reason()
     if reason:
         raise unittest.SkipTest(reason)
 

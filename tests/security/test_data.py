@@ -10,13 +10,13 @@ import signal
 import unittest
 
 from tests.security import sec_util as su
-from tests.security.sec_util import MiB, NOBODY, mh
+from tests.security.sec_util import MiB, NOBODY
 
 
 def setUpModule():
     # Everything here mounts as root and acts as uid 65534: without that, skip it all (ctest
     # then shows the test as skipped).
-    reason = mh.skip_reason(need_root=True)
+    reason = su.suite_skip_reason()
     if reason:
         raise unittest.SkipTest(reason)
 

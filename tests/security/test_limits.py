@@ -51,7 +51,7 @@ def timed(fn, bound):
 def setUpModule():
     # Everything here mounts as root and acts as uid 65534: without that, skip it all (ctest
     # then shows the test as skipped).
-    reason = mh.skip_reason(need_root=True)
+    reason = su.suite_skip_reason()
     if reason:
         raise unittest.SkipTest(reason)
 
