@@ -109,7 +109,8 @@ class HandleImpl {
   // Thread-safe: touches only atomics, the workers' queues and the new OpState.
   Result<std::shared_ptr<OpState>> Start(OpType type, const void* buffer, int64_t num_bytes,
                                          const Target& target, int64_t file_offset, bool validate,
-                                         Completion on_done = nullptr) {
+                                         Completion on_done = nullptr,
+                                         Submitted on_submitted = nullptr) {
     const std::string label = target.Label();
     const char* verb = OpTypeName(type);
     if (num_bytes < 0) {
@@ -149,6 +150,8 @@ class HandleImpl {
     op->result.length = num_bytes;
     op->file = std::move(file);
     op->on_done = std::move(on_done);
+    op->tail_first = write && on_submitted != nullptr;
+    op->on_submitted = std::move(on_submitted);
     // The engine never writes into a write's buffer; the cast only lets reads and writes share
     // the slice type.
     op->buffer = static_cast<char*>(const_cast<void*>(buffer));
@@ -175,10 +178,13 @@ class HandleImpl {
 
     if (slices.empty()) {  // zero bytes: nothing to do, but it is still an operation
       (write ? counters_.ops_written : counters_.ops_read).fetch_add(1, std::memory_order_relaxed);
+      op->slices_unsubmitted.store(1, std::memory_order_relaxed);
+      op->SliceSubmitted();
       op->MarkDone();
       return op;
     }
     op->slices_left.store(static_cast<int>(slices.size()), std::memory_order_relaxed);
+    op->slices_unsubmitted.store(static_cast<int>(slices.size()), std::memory_order_relaxed);
     // Rotate the first worker so that many small operations from many threads (a mount's
     // requests) spread over all workers instead of queueing on worker 0.
     const size_t first = next_worker_.fetch_add(1, std::memory_order_relaxed);
@@ -398,9 +404,14 @@ Status AioHandle::submit_pread(void* buffer, int64_t n, const FileRef& file, int
 
 Status AioHandle::submit_pwrite(const void* buffer, int64_t n, const FileRef& file, int64_t off,
                                 Completion done) {
+  return submit_pwrite(buffer, n, file, off, std::move(done), nullptr);
+}
+
+Status AioHandle::submit_pwrite(const void* buffer, int64_t n, const FileRef& file, int64_t off,
+                                Completion done, Submitted submitted) {
   if (!file.valid()) return NoFile();
   auto op = impl_->Start(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, -1, file.file_},
-                         off, false, std::move(done));
+                         off, false, std::move(done), std::move(submitted));
   return op.ok() ? Status::Ok() : op.status();
 }
 

@@ -1,9 +1,10 @@
 // The shared state of one operation while its slices run on the workers.
 //
 // Thread contract: created by the submitting thread; each worker that runs one of its slices calls
-// SliceDone exactly once; the last one finalises (optional fdatasync) and marks it done. The
-// submitting thread reads the result only after WaitDone() returns, which orders every worker's
-// writes before the read (the mutex in MarkDone/WaitDone).
+// SliceSubmitted exactly once (before that slice's SliceDone) and SliceDone exactly once; the last
+// SliceSubmitted runs on_submitted, the last SliceDone finalises (optional fdatasync) and marks it
+// done. The submitting thread reads the result only after WaitDone() returns, which orders every
+// worker's writes before the read (the mutex in MarkDone/WaitDone).
 #pragma once
 
 #include <atomic>
@@ -24,8 +25,15 @@ struct OpState {
   bool validate = false;
   bool fdatasync_at_end = false;
   Completion on_done;  // optional; runs after the op is marked done, on the finishing thread
+  // Optional (writes): runs once every slice has all its bytes in the kernel (requests accepted by
+  // io_submit, edges in the page cache) or has failed, on the thread of the last such slice.
+  Submitted on_submitted;
+  // Set with on_submitted: the tail edge is written before the direct part, so the notice need
+  // not wait for the direct part to complete. Read-only once the op is posted.
+  bool tail_first = false;
 
   std::atomic<int> slices_left{0};
+  std::atomic<int> slices_unsubmitted{0};
   std::atomic<int64_t> bytes_done{0};
 
   // The first error by file offset wins, so the report names the earliest failing byte.
@@ -39,6 +47,16 @@ struct OpState {
 
   // Called by a worker after its slice; returns true for the caller that finished the operation.
   bool SliceDone() { return slices_left.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+  // Called by a worker once a slice will hand nothing more to the kernel. The last caller runs
+  // on_submitted; since every slice calls this before its SliceDone, it returns before on_done
+  // runs.
+  void SliceSubmitted() {
+    if (slices_unsubmitted.fetch_sub(1, std::memory_order_acq_rel) != 1 || !on_submitted) return;
+    Submitted notice = std::move(on_submitted);
+    on_submitted = nullptr;
+    notice();
+  }
 
   void MarkDone() {
     {

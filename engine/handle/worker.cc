@@ -72,6 +72,7 @@ class Worker::SliceRun {
     if (!retry_.empty()) {
       Request* r = retry_.front();
       retry_.pop_front();
+      ++handed_;
       return r;
     }
     if (cursor_ >= end_ || w_.free_.empty()) return nullptr;
@@ -90,6 +91,7 @@ class Worker::SliceRun {
       if (write_) std::memcpy(r.bounce.data(), user, static_cast<size_t>(len));
     }
     w_.free_.pop_back();
+    ++handed_;
     r.run = this;
     r.user = user;
     r.offset = cursor_;
@@ -100,9 +102,16 @@ class Worker::SliceRun {
     return &r;
   }
 
-  void Submitted() { ++inflight_; }
+  void Submitted() {
+    ++inflight_;
+    --handed_;
+    NoteIfAllSubmitted();
+  }
   // Put back a request io_submit did not take; it goes out first next time, keeping order.
-  void Unsubmitted(Request& r) { retry_.push_front(&r); }
+  void Unsubmitted(Request& r) {
+    --handed_;
+    retry_.push_front(&r);
+  }
 
   void Complete(Request& r, long res) {
     --inflight_;
@@ -170,6 +179,7 @@ class Worker::SliceRun {
 
   // Called by the worker for a request io_submit refused outright (not EAGAIN).
   void SubmitFailed(Request& r, int err) {
+    --handed_;
     Fail(Status::FromErrno(err, std::string("io_submit of a ") + Verb(write_) + " of " +
                                     std::to_string(r.length) + " bytes at offset " +
                                     std::to_string(r.offset) + " of '" + f_.label + "'"),
@@ -194,10 +204,15 @@ class Worker::SliceRun {
       err_offset_ = offset;
     }
     stop_ = true;
+    NoteIfAllSubmitted();
   }
 
   // Releases what is left and publishes the counters; returns the first error.
   Status Finish(int64_t* err_offset) {
+    if (!noted_) {  // (a path that never passed through the checks: still exactly once)
+      noted_ = true;
+      op_.SliceSubmitted();
+    }
     while (!retry_.empty()) {
       w_.Release(*retry_.front());
       retry_.pop_front();
@@ -212,6 +227,14 @@ class Worker::SliceRun {
   }
 
  private:
+  // The slice's part of OpState::SliceSubmitted: once every request is in the kernel (or the run
+  // stopped), counting only requests the kernel accepted or that went back to the run.
+  void NoteIfAllSubmitted() {
+    if (noted_ || handed_ != 0 || !(stop_ || (cursor_ >= end_ && retry_.empty()))) return;
+    noted_ = true;
+    op_.SliceSubmitted();
+  }
+
   void Prep(Request& r) {
     void* buf = r.bounce ? r.bounce.data() + r.bounce_pos : r.user;
     if (write_) {
@@ -232,6 +255,8 @@ class Worker::SliceRun {
   const int64_t req_size_;
 
   size_t inflight_ = 0;
+  size_t handed_ = 0;   // requests Next() gave out that io_submit has not yet taken or refused
+  bool noted_ = false;  // SliceSubmitted called
   std::deque<Request*> retry_;
   Status err_;
   int64_t err_offset_ = -1;
@@ -458,6 +483,7 @@ void Worker::StartSlice(Slice slice) {
   int64_t err_off = begin;
   if (f.direct_fd < 0) {
     Status st = Buffered(slice, begin, end, &err_off);
+    slice.op->SliceSubmitted();
     CompleteSlice(slice, std::move(st), err_off, end);
     return;
   }
@@ -466,6 +492,9 @@ void Worker::StartSlice(Slice slice) {
   int64_t b = RoundDown(end, e);
   if (a >= b) a = b = end;  // no whole aligned unit inside: all of it is an edge
   Status st = Buffered(slice, begin, a, &err_off);
+  // A write that reports "submitted" (OpState::tail_first) writes its tail edge now as well, so
+  // the notice does not wait for the direct part to complete.
+  if (st.ok() && slice.op->tail_first) st = Buffered(slice, b, end, &err_off);
   if (st.ok() && a < b) {
     st = EnsureBackend();
     if (st.ok()) {
@@ -475,13 +504,17 @@ void Worker::StartSlice(Slice slice) {
     }
     err_off = a;
   }
+  slice.op->SliceSubmitted();
   CompleteSlice(slice, std::move(st), err_off, b);
 }
 
-// The direct part (if any) is done: write/read the tail edge, validate, and account.
+// The direct part (if any) is done: write/read the tail edge (unless the write wrote it first),
+// validate, and account.
 void Worker::CompleteSlice(const Slice& slice, Status st, int64_t err_off, int64_t tail_from) {
   OpState& op = *slice.op;
-  if (st.ok()) st = Buffered(slice, tail_from, slice.offset + slice.length, &err_off);
+  if (st.ok() && !op.tail_first) {
+    st = Buffered(slice, tail_from, slice.offset + slice.length, &err_off);
+  }
   if (st.ok() && op.validate) st = Validate(slice, op, &err_off);
   if (!st.ok()) op.RecordError(std::move(st), err_off);
   if (op.SliceDone()) Finish(op);

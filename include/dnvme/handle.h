@@ -119,6 +119,18 @@ class FileRef {
 // returns, for a zero-byte operation). Must not block for long: it holds up that worker.
 using Completion = std::function<void(const OpResult&)>;
 
+// Called once per write submitted with one (submit_pwrite below), on an engine worker thread (or
+// inline, before submit_pwrite returns, for a zero-byte write), as soon as the write no longer
+// needs this process to reach the file: every O_DIRECT request of it was accepted by io_submit
+// and its unaligned edges were written to the page cache -- or it failed, and nothing more of it
+// will be handed to the kernel (the error comes with the Completion). Always before the write's
+// Completion, usually long before it. The kernel finishes a submitted request even when the
+// process then exits or is killed (exit_aio waits for it, and the request keeps its pages), so
+// from here the bytes survive the process as a returned write(2) does. Exception: the remainder
+// of a request the kernel completed short (a regular file does that only on an error such as
+// ENOSPC) is resubmitted after the notice. Must not block for long: it holds up that worker.
+using Submitted = std::function<void()>;
+
 struct HandleOptions {
   // Null means the real libaio syscalls. Tests pass a factory that injects EAGAIN, short transfers
   // and EIO completions.
@@ -194,6 +206,14 @@ class AioHandle {
                       Completion done);
   Status submit_pwrite(const void* buffer, int64_t num_bytes, const FileRef& file,
                        int64_t file_offset, Completion done);
+  // The same, with a notice when the write is in the kernel (see Submitted). Such a write writes
+  // its unaligned tail edge before its direct part (without a notice the tail comes last), so the
+  // notice need not wait for the direct part to complete. When the write ends inside a page, the
+  // file is then already file_offset + num_bytes long while the direct part runs, and keeps that
+  // size if the direct part fails: a caller that wants no zero-filled range after a failure
+  // reserves the range first (fallocate). `buffer` must stay untouched until `done` runs.
+  Status submit_pwrite(const void* buffer, int64_t num_bytes, const FileRef& file,
+                       int64_t file_offset, Completion done, Submitted submitted);
 
   // Blocks until every queued asynchronous operation has finished; returns how many finished since
   // the previous wait() (0 when none was pending). Their outcomes, in submission order, are then in
