@@ -14,6 +14,10 @@
 // opens that path as this process and checks it is the same inode. O_APPEND descriptors are not
 // adopted (the mount keeps appends atomic).
 //
+// Writes are write-behind from pinned staging buffers, but a write returns only once every byte
+// of it is in the kernel (the engine's Submitted notice): submitted AIO outlives the process, so
+// a returned write survives exit, _exit and kill -9 as on ext4.
+//
 // Coherence (fs/broker/leases.h): before a direct transfer, data that reached the mount's
 // write-behind is drained when the lease word says so; after a direct write the daemon drops its
 // read-ahead and the kernel's cached pages and attributes -- at once when the lease is shared,
@@ -930,7 +934,32 @@ void PieceDoneLocked(Record& r) {
   r.wcv.notify_all();
 }
 
-// Copies [buf, buf + n) into staging buffers and submits it at `off`; returns 0 or an errno.
+// Counts a write's pieces until each is in the kernel (AioHandle's Submitted notice).
+struct SubmitLatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  int left = 0;  // guarded by mu
+
+  void Add() {
+    std::lock_guard lock(mu);
+    ++left;
+  }
+  void Done() {
+    std::lock_guard lock(mu);
+    if (--left == 0) cv.notify_all();
+  }
+  void Wait() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return left == 0; });
+  }
+};
+
+// Copies [buf, buf + n) into staging buffers and submits it at `off`; returns 0 or an errno once
+// every piece is in the kernel: its O_DIRECT requests accepted by io_submit and its unaligned edges
+// in the page cache. The kernel finishes submitted requests even if this process exits or is
+// killed (exit_aio waits for them), so a write that returned survives the process as on ext4
+// (a piece merely queued to an engine thread would die with it); the completions still come later,
+// overlapping the program's next steps.
 int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, off_t off) {
   {
     // Found by the model test: an overwrite of bytes still in flight landed first, and the older
@@ -941,6 +970,8 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
       rec->wcv.wait(lock, [&] { return rec->inflight == 0; });
     }
   }
+  auto latch = std::make_shared<SubmitLatch>();
+  int err = 0;
   for (size_t done = 0; done < n;) {
     const size_t piece = std::min(n - done, kChunk);
     auto lease = std::make_shared<dnvme::PinnedPool::Lease>(g_pool->Acquire());
@@ -950,7 +981,10 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
     std::memcpy(dst, buf + done, piece);
     {
       std::lock_guard lock(rec->wm);
-      if (rec->ended) return EBADF;  // (the lease went with the last descriptor meanwhile)
+      if (rec->ended) {  // (the lease went with the last descriptor meanwhile)
+        err = EBADF;
+        break;
+      }
       const int64_t lo = static_cast<int64_t>(off + done);
       const int64_t hi = lo + static_cast<int64_t>(piece);
       rec->wb_lo = rec->inflight == 0 ? lo : std::min(rec->wb_lo, lo);
@@ -960,6 +994,7 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
       // else open, truncate or stamp the file (include/dnvme/broker.h).
       rec->word->writes_inflight.fetch_add(1, std::memory_order_seq_cst);
     }
+    latch->Add();
     Status st = g_engine->submit_pwrite(
         dst, static_cast<int64_t>(piece), rec->file, off + static_cast<off_t>(done),
         [rec, lease](const dnvme::OpResult& res) {
@@ -971,15 +1006,19 @@ int WriteBehind(const std::shared_ptr<Record>& rec, const char* buf, size_t n, o
             dnvme::Logger().debug("dnvme run: {}", res.status.ToString());
           }
           PieceDoneLocked(*rec);
-        });
+        },
+        [latch] { latch->Done(); });
     if (!st.ok()) {
+      latch->Done();
       std::lock_guard lock(rec->wm);
       PieceDoneLocked(*rec);
-      return ErrnoOf(st);
+      err = ErrnoOf(st);
+      break;
     }
     done += piece;
   }
-  return 0;
+  latch->Wait();
+  return err;
 }
 
 // Reads [off, off + n) of a file of `size` bytes: from the read-ahead as far as it holds it, the

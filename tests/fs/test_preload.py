@@ -462,6 +462,53 @@ print(json.dumps({"replies": out, "resize": resize}))
 """
 
 
+# A preloaded writer that dies right after its large write() returned: by os._exit (no atexit,
+# no close) or by SIGKILL from outside. argv: path, "exit" or "wait".
+DIE_AFTER_WRITE = r"""
+import os, random, sys, time
+data = random.Random(11).randbytes(48 << 20)
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+assert os.write(fd, data) == len(data)
+if sys.argv[2] == "exit":
+    os._exit(0)
+print("written", flush=True)
+time.sleep(60)
+"""
+
+
+class AcknowledgedWriteTest(PreloadBase):
+    """A write() that returned under dnvme run is as safe as on ext4: every byte is in the kernel
+    before the call returns, so it survives the writer's exit, _exit and kill -9 (before, the
+    write-behind queued it to the process's engine threads, which died with it, and the file had
+    already been extended: up to 40 of 48 MiB read back as zeros)."""
+
+    def check_survived(self, name):
+        want = pattern(11, 48 * MiB)
+        for root in (self.backing, self.mnt):
+            got = slurp(os.path.join(root, name))
+            self.assertEqual(len(got), len(want), root)
+            if got != want:
+                first = next(i for i in range(len(want)) if got[i] != want[i])
+                zeros = got.count(0) - want.count(0)
+                self.fail("%s: bytes differ from offset %d (%d more zero bytes than written)"
+                          % (root, first, zeros))
+
+    def test_write_survives_os_exit(self):
+        self.run_cmd([PY, "-c", DIE_AFTER_WRITE, self.m("exit.bin"), "exit"])
+        self.check_survived("exit.bin")
+
+    def test_write_survives_kill9_right_after_it_returned(self):
+        w = subprocess.Popen([dnvme_bin(), "run", "--stats", self.stats, "--min-bytes", "64K",
+                              "--", PY, "-c", DIE_AFTER_WRITE, self.m("kill.bin"), "wait"],
+                             stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: w.poll() is None and w.kill())
+        self.assertEqual(w.stdout.readline().strip(), "written")
+        w.send_signal(signal.SIGKILL)
+        w.wait(30)
+        w.stdout.close()
+        self.check_survived("kill.bin")
+
+
 class BrokerTest(PreloadBase):
     MOUNT_OPTIONS = ("allow_other",)  # as a shared mount is run: other users reach it
 
