@@ -17,6 +17,8 @@
 // Writes are write-behind from pinned staging buffers, but a write returns only once every byte
 // of it is in the kernel (the engine's Submitted notice): submitted AIO outlives the process, so
 // a returned write survives exit, _exit and kill -9 as on ext4.
+// A write that extends the file reserves its space first (fallocate): ENOSPC is that write's
+// error, and it leaves no zero-filled tail.
 //
 // Coherence (fs/broker/leases.h): before a direct transfer, data that reached the mount's
 // write-behind is drained when the lease word says so; after a direct write the daemon drops its
@@ -114,6 +116,7 @@ struct Libc {
   ssize_t (*splice)(int, off64_t*, int, off64_t*, size_t, unsigned);
   int (*ftruncate)(int, off_t);
   int (*ftruncate64)(int, off_t);
+  int (*fallocate)(int, int, off_t, off_t);
   void* (*mmap)(void*, size_t, int, int, int, off_t);
   void* (*mmap64)(void*, size_t, int, int, int, off_t);
   int (*execve)(const char*, char* const[], char* const[]);
@@ -157,6 +160,7 @@ Libc& C() {
     l.splice = Next<decltype(l.splice)>("splice");
     l.ftruncate = Next<decltype(l.ftruncate)>("ftruncate64");
     l.ftruncate64 = l.ftruncate;
+    l.fallocate = Next<decltype(l.fallocate)>("fallocate64");
     l.mmap = Next<decltype(l.mmap)>("mmap64");
     l.mmap64 = l.mmap;
     l.execve = Next<decltype(l.execve)>("execve");
@@ -287,6 +291,14 @@ struct Record {
   // The bytes the writes in flight cover, as one range (guarded by wm; valid while inflight > 0).
   // Requests in flight complete in any order, so a write over these bytes waits for them first.
   int64_t wb_lo = 0, wb_hi = 0;
+  // Space for the writes that extend the file (Reserve), serialised by `xm` (also held by
+  // fallocate and ftruncate of the record, which invalidate it). Blocks [resv_lo, resv_hi) were
+  // allocated past the end of the file (fallocate KEEP_SIZE) for this writer.
+  std::mutex xm;
+  int64_t resv_lo = 0, resv_hi = 0;  // guarded by xm; empty when equal
+  int64_t size_set = -1;             // guarded by xm: the size Reserve last gave the file
+  bool past_eof = false;             // guarded by xm: blocks may lie past the end (Trim frees them)
+  bool no_fallocate = false;         // guarded by xm: the backing file system has no fallocate
   // Read-ahead of a sequential reader (the kernel's read-ahead does this for a buffered file;
   // O_DIRECT gets none): the next bytes are read into pinned buffers while the program works on
   // the current ones. Reads of the record are serialised by `rm`, held across the wait for a
@@ -320,6 +332,12 @@ constexpr int64_t kAheadSkip = 1 << 20;
 // Reads this large are not read ahead: one such call keeps the disk busy by itself (torch.load
 // reads a tensor per call), and on two cores the copy out of read-ahead buffers measured slower.
 constexpr int64_t kAheadMaxRead = 8 << 20;
+// Space reserved ahead of a writer that extends its file: as much again as the file holds, at
+// least kReserveMin, at most kReserveMax. ext4's fallocate waits for every O_DIRECT request in
+// flight on the inode (inode_dio_wait), so each reservation drains the write-behind once;
+// growing steps keep that to a few drains per file (docs/performance-journal.md).
+constexpr int64_t kReserveMin = 64 << 20;
+constexpr int64_t kReserveMax = 1 << 30;
 
 // Waits for the record's write-behind; returns (and clears) its first error, 0 if none.
 int WaitWrites(Record& r) {
@@ -559,12 +577,15 @@ void AnnounceAll() {
   }
 }
 
+void TrimReservation(Record& r);
+
 void EndLease(Record& r) {
   {
     std::unique_lock lock(r.wm);
     r.wcv.wait(lock, [&] { return r.inflight == 0; });
     r.ended = true;
   }
+  TrimReservation(r);
   int64_t lo, hi;
   {
     std::lock_guard lock(r.mu);
@@ -1057,6 +1078,94 @@ Status ReadThrough(const std::shared_ptr<Record>& rp, char* buf, int64_t n, int6
   return st;
 }
 
+// ---- space for extending writes ----
+
+// fallocate of the backing file, by this process: its own quotas apply, and ext4's root-reserved
+// blocks only to root. Returns 0 or an errno.
+int BackingFallocate(int fd, int mode, int64_t off, int64_t len) {
+  int rc;
+  do {
+    rc = C().fallocate(fd, mode, off, len);
+  } while (rc != 0 && errno == EINTR);
+  return rc == 0 ? 0 : errno;
+}
+
+// Frees the blocks reserved past the end of the file, if its size is still `size` (nobody
+// changed it since the caller looked): truncating a file to its own size frees what lies past
+// it (ext4, tmpfs, xfs). Caller holds r.xm.
+void TrimLocked(Record& r, int fd, int64_t size) {
+  struct stat sb {};
+  if (fstat(fd, &sb) == 0 && sb.st_size == size) (void)C().ftruncate(fd, size);
+  r.resv_lo = r.resv_hi = 0;
+  r.past_eof = false;
+}
+
+// Before a write of [off, end) that extends the file: space for it, then the new size. Returns 0,
+// or an errno (ENOSPC, EDQUOT...) with the file as it was: the write fails at the call, and no
+// zero-filled tail is left behind it (as the ftruncate that used to extend the file left one when
+// the space ran out under the write-behind).
+//
+// The space is reserved past the end (fallocate KEEP_SIZE) and the size then raised with
+// ftruncate: the engine's O_DIRECT requests then overwrite unwritten extents inside the file,
+// which ext4 runs in parallel under its shared lock (a write past the end runs alone and
+// synchronously). ext4's fallocate first waits for every O_DIRECT request in flight on the inode,
+// while ftruncate does not: so a writer alone on its file reserves ahead in growing steps
+// (kReserveMin..kReserveMax), and extends within the reservation with ftruncate alone; what is
+// left past the end is freed when the lease ends or the process exits (TrimReservation). A file
+// someone else has open gets exactly its writes' ranges (their truncates would free blocks past
+// the end under a reservation). Writes inside the file reserve nothing: holes there are the
+// program's own, and an error filling them comes at the next write, fsync or close.
+int Reserve(Record& r, int64_t off, int64_t end) {
+  std::lock_guard lock(r.xm);
+  const int fd = r.file.buffered_fd();
+  struct stat sb {};
+  if (fstat(fd, &sb) != 0) return errno;
+  const int64_t size = sb.st_size;
+  if (end <= size) return 0;
+  if (size < r.size_set) r.resv_lo = r.resv_hi = 0;  // shrunk meanwhile: blocks past it went too
+  const int64_t from = std::max(off, size);
+  if (!r.no_fallocate && !(from >= r.resv_lo && end <= r.resv_hi)) {
+    int64_t hi = end;
+    if (r.word->shared.load(std::memory_order_seq_cst) == 0) {
+      hi = std::max(end, from + std::clamp(size, kReserveMin, kReserveMax));
+    }
+    int err = BackingFallocate(fd, FALLOC_FL_KEEP_SIZE, from, hi - from);
+    if ((err == ENOSPC || err == EDQUOT) && hi > end) {  // not that much: just this write
+      TrimLocked(r, fd, size);
+      hi = end;
+      err = BackingFallocate(fd, FALLOC_FL_KEEP_SIZE, from, end - from);
+    }
+    if (err == EOPNOTSUPP || err == ENOSYS) {
+      r.no_fallocate = true;  // extended as before, by ftruncate alone
+    } else if (err != 0) {
+      TrimLocked(r, fd, size);  // what a failed fallocate allocated before it failed
+      return err;
+    } else {
+      r.resv_lo = from;
+      r.resv_hi = hi;
+      r.past_eof = r.past_eof || hi > end;
+    }
+  }
+  int rc;
+  do {
+    rc = C().ftruncate(fd, end);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) return errno;
+  r.size_set = end;
+  return 0;
+}
+
+// Frees what Reserve left past the end of the file, once this process's writes to it are done
+// (the lease ends, or the process exits). Not while someone else has the file open: a write of
+// theirs could extend it between our look at the size and the truncate to it.
+void TrimReservation(Record& r) {
+  if (!r.file.valid()) return;
+  std::lock_guard lock(r.xm);
+  if (!r.past_eof || r.word->shared.load(std::memory_order_seq_cst) != 0) return;
+  struct stat sb {};
+  if (fstat(r.file.buffered_fd(), &sb) == 0) TrimLocked(r, r.file.buffered_fd(), sb.st_size);
+}
+
 // Direct transfer at `off`; returns bytes moved or -1 with errno. Reads stop at end of file.
 ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_t n, off_t off) {
   Record& r = *rp;
@@ -1091,13 +1200,14 @@ ssize_t DirectIo(const std::shared_ptr<Record>& rp, bool write, void* buf, size_
   Status st;
   if (write) {
     // ext4 runs an O_DIRECT write that extends the file synchronously, one request after the
-    // other (it must update the size when the data is in): extend it first, so the engine's
-    // requests run queue_depth deep into the new range. A reader may see the new size before
-    // the bytes, as with any write still in progress.
-    struct stat sb {};
-    const int64_t end = static_cast<int64_t>(off) + static_cast<int64_t>(n);
-    if (fstat(r.file.buffered_fd(), &sb) != 0) return -1;
-    if (sb.st_size < end && ::ftruncate(r.file.buffered_fd(), end) != 0) return -1;
+    // other (it must update the size when the data is in): reserve the space and extend the file
+    // first, so the engine's requests run queue_depth deep into the new range. A reader may see
+    // the new size before the bytes, as with any write still in progress.
+    if (int err = Reserve(r, off, static_cast<int64_t>(off) + static_cast<int64_t>(n)); err != 0) {
+      g_counters.errors.fetch_add(1, std::memory_order_relaxed);
+      errno = err;
+      return -1;
+    }
     if (WritePool() != nullptr) {
       if (int err = WriteBehind(rp, static_cast<const char*>(buf), n, off); err != 0) {
         // Pieces submitted before the failure may still land: announce the range all the same.
@@ -1219,6 +1329,15 @@ void WriteStats() {
 
 void AtExit() {
   AnnounceAll();
+  std::vector<std::shared_ptr<Record>> all;
+  {
+    std::lock_guard lock(g_mu);
+    for (auto& [fd, r] : g_records) all.push_back(r);
+  }
+  for (auto& r : all) {
+    DrainWrites(*r);
+    TrimReservation(*r);
+  }
   WriteStats();
 }
 
@@ -1592,7 +1711,15 @@ int fdatasync(int fd) {
 
 int ftruncate(int fd, off_t len) {
   BeforeMountWrite(fd);
-  return C().ftruncate(fd, len);
+  std::shared_ptr<Record> r = StateOf(fd) == kOurs ? Lookup(fd) : nullptr;
+  if (!r) return C().ftruncate(fd, len);
+  // A shrink frees the blocks reserved past the end: forget the reservation (what a grow leaves
+  // past the new end is still trimmed at the end of the lease).
+  std::lock_guard lock(r->xm);
+  const int rc = C().ftruncate(fd, len);
+  r->resv_lo = r->resv_hi = 0;
+  r->size_set = -1;
+  return rc;
 }
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import struct
@@ -507,6 +508,18 @@ class AcknowledgedWriteTest(PreloadBase):
         w.wait(30)
         w.stdout.close()
         self.check_survived("kill.bin")
+
+    def test_extending_writes_leave_no_space_reserved_past_the_end(self):
+        # Space is reserved ahead of a writer extending its file (fallocate past the end); what
+        # is left of it goes when the file is closed.
+        self.py("import os\nfd = os.open(%r, os.O_CREAT | os.O_WRONLY, 0o644)\n"
+                "for i in range(5):\n    os.write(fd, b'r' * ((3 << 20) + 5))\n"
+                "os.close(fd)" % self.m("resv.bin"))
+        st = os.stat(self.b("resv.bin"))
+        self.assertEqual(st.st_size, 5 * (3 * MiB + 5))
+        self.assertLessEqual(st.st_blocks * 512, st.st_size + 64 * KiB,
+                             "blocks reserved past the end were left allocated")
+        self.assertEqual(slurp(self.m("resv.bin")), b"r" * st.st_size)
 
 
 class BrokerTest(PreloadBase):
@@ -1096,9 +1109,30 @@ class PreloadCrashTest(unittest.TestCase):
         self.assertEqual(got, expected(acked), "lost acknowledged bytes")
 
 
+# Writes 2 MiB, then argv[2] MiB more, in one write() each, on a file system too small for the
+# second; prints the second's outcome and the free blocks before and after it.
+NO_SPACE_TAIL = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+assert os.write(fd, b"a" * (2 << 20)) == 2 << 20
+before = os.statvfs(sys.argv[1]).f_bavail
+try:
+    os.write(fd, b"b" * (int(sys.argv[2]) << 20))
+    outcome = "returned"
+except OSError as e:
+    outcome = "error %d" % e.errno
+print(outcome, before, os.statvfs(sys.argv[1]).f_bavail, flush=True)
+os.close(fd)
+"""
+
+
 class PreloadNoSpaceTest(unittest.TestCase):
     """ENOSPC from the backing file reaches the preloaded writer at the call, and the mount
-    keeps serving."""
+    keeps serving. BACKING_DIR is an 8 MiB tmpfs."""
+
+    def small_fs(self, where):
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", where], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", where])
 
     def setUp(self):
         reason = preload_skip_reason() or mh.skip_reason(need_root=True)
@@ -1106,12 +1140,29 @@ class PreloadNoSpaceTest(unittest.TestCase):
             self.skipTest(reason)
         self.scratch = mh.Scratch(type(self).__name__)
         self.addCleanup(self.scratch.cleanup)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", self.scratch.backing],
-                       check=True)
-        self.addCleanup(subprocess.run, ["umount", "-l", self.scratch.backing])
+        self.small_fs(self.scratch.backing)
         self.mount = mh.Mount(self.scratch.backing, self.scratch.mnt)
         self.addCleanup(self.mount.stop)
         self.mount.start()
+
+    def test_enospc_at_the_write_leaves_no_zero_tail(self):
+        # The write that does not fit fails itself, and the file stays as it was: space is
+        # reserved (fallocate) before the file is extended, and a partial reservation is undone.
+        # Before, the file was extended first (ftruncate), the write returned, and the space ran
+        # out under the write-behind: a zero-filled tail and the error at close.
+        p = os.path.join(self.scratch.mnt, "tail")
+        r = subprocess.run([dnvme_bin(), "run", "--", PY, "-c", NO_SPACE_TAIL, p, "64"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        outcome = r.stdout.split()
+        self.assertEqual(outcome[:2], ["error", str(errno.ENOSPC)], r.stdout + r.stderr)
+        self.assertGreaterEqual(int(outcome[3]), int(outcome[2]) - 16,
+                                "the failed write kept space: %s" % r.stdout)
+        for path in (p, os.path.join(self.scratch.backing, "tail")):
+            self.assertEqual(os.stat(path).st_size, 2 * MiB, path)
+            self.assertEqual(slurp(path), b"a" * (2 * MiB), path)
+        self.assertLessEqual(os.stat(p).st_blocks * 512, 2 * MiB + 64 * KiB)
+        self.assertTrue(self.mount.alive())
 
     def test_enospc_at_the_write(self):
         p = subprocess.run([dnvme_bin(), "run", "--", "dd", "if=/dev/zero",
@@ -1167,6 +1218,23 @@ assert failed and failed[0][-1] == errno.ENOSPC, failed
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertTrue(self.mount.alive())
+
+
+class PreloadNoSpaceExt4Test(PreloadNoSpaceTest):
+    """The same on a 24 MiB ext4 (a loop device): ext4's fallocate keeps what it allocated before
+    it ran out, and its O_DIRECT writes into reserved (unwritten) extents are ext4's own path."""
+
+    def small_fs(self, where):
+        if shutil.which("mkfs.ext4") is None:
+            self.skipTest("mkfs.ext4 is not installed")
+        image = os.path.join(self.scratch.path, "ext4.img")
+        with open(image, "wb") as f:
+            f.truncate(24 * MiB)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", image], check=True)
+        r = subprocess.run(["mount", "-o", "loop", image, where], capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest("cannot mount a loop device: %s" % r.stderr.strip())
+        self.addCleanup(subprocess.run, ["umount", "-l", where])
 
 
 if __name__ == "__main__":
