@@ -19,6 +19,7 @@
 // a returned write survives exit, _exit and kill -9 as on ext4.
 // A write that extends the file reserves its space first (fallocate): ENOSPC is that write's
 // error, and it leaves no zero-filled tail.
+// fallocate(2) of an adopted file goes to the backing file in every mode (docs/preload.md).
 //
 // Coherence (fs/broker/leases.h): before a direct transfer, data that reached the mount's
 // write-behind is drained when the lease word says so; after a direct write the daemon drops its
@@ -1722,6 +1723,52 @@ int ftruncate(int fd, off_t len) {
   return rc;
 }
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
+
+// Every mode reaches the backing file for an adopted file: the FUSE kernel refuses all but
+// KEEP_SIZE, PUNCH_HOLE and ZERO_RANGE before the daemon sees them (so COLLAPSE_RANGE and
+// INSERT_RANGE would fail with EOPNOTSUPP through the mount). This process's writes land first
+// (the call may move or drop their bytes), what the mount's write-behind holds is drained into
+// the file, and the change is announced at once, as a write seen by others is (the kernel drops
+// its cached pages and attributes of the whole file).
+int fallocate(int fd, int mode, off_t off, off_t len) {
+  std::shared_ptr<Record> r = StateOf(fd) == kNotOurs ? nullptr : ForTransfer(fd);
+  if (!r) {
+    BeforeMountWrite(fd);
+    return C().fallocate(fd, mode, off, len);
+  }
+  if (!r->can_write) {
+    errno = EBADF;
+    return -1;
+  }
+  DrainWrites(*r);
+  ForgetAhead(*r);
+  if (r->word->mount_dirty.load(std::memory_order_seq_cst) != 0) {
+    g_counters.drains.fetch_add(1, std::memory_order_relaxed);
+    if (Status st = LeaseCall(*r, broker::Op::kDrain, 0, 0); !st.ok()) {
+      errno = ErrnoOf(st);
+      return -1;
+    }
+  }
+  int err;
+  {
+    std::lock_guard lock(r->xm);
+    err = BackingFallocate(r->file.buffered_fd(), mode, off, len);
+    // Shifted, punched or grown: Reserve looks again.
+    r->resv_lo = r->resv_hi = 0;
+    r->size_set = -1;
+  }
+  if (err != 0) {
+    errno = err;
+    return -1;
+  }
+  NoteWritten(*r, off, len);
+  if (Status st = Announce(*r); !st.ok()) {
+    errno = ErrnoOf(st);
+    return -1;
+  }
+  return 0;
+}
+int fallocate64(int fd, int mode, off_t off, off_t len) { return fallocate(fd, mode, off, len); }
 
 void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
   if (fd >= 0 && StateOf(fd) == kOurs) {
