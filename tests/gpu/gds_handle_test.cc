@@ -55,12 +55,18 @@ class GdsHandleTest : public dnvme::test::ScratchTest {
   std::string FakeLibrary(const std::string& tag) {
     const std::string path = ScratchRoot() + "/libfakecufile-" + tag + ".so";
     std::error_code ec;
-    std::filesystem::copy_file(DNVME_FAKE_CUFILE, path,
+    std::filesystem::copy_file(FakeCuFileSource(), path,
                                std::filesystem::copy_options::overwrite_existing, ec);
     EXPECT_FALSE(ec) << ec.message();
     return path;
   }
   static std::string ScratchRoot() { return dnvme::test::ScratchRoot(); }
+  // The fake built beside the tests; $DNVME_FAKE_CUFILE overrides that absolute build-tree path
+  // when the test binary runs from a copy on another machine (scripts/gpu-check.sh).
+  static std::string FakeCuFileSource() {
+    const char* env = getenv("DNVME_FAKE_CUFILE");
+    return env != nullptr && env[0] != '\0' ? env : DNVME_FAKE_CUFILE;
+  }
 
   Result<std::unique_ptr<GdsHandle>> Make(CuFilePolicy policy, const std::string& library = "",
                                           HandleConfig config = {}, int64_t chunk = 64 * kKiB,

@@ -688,7 +688,10 @@ def test_pin_and_unpin(deepnvme, gpu, scratch):
     h.pin_device_tensor(r)
     h.async_pread(r, path)
     assert h.wait() == 1
-    assert gpu.host_bytes(r)[:len(want)] == want
+    # The file now holds t's first MiB, then `part` (written at 1 MiB, over t's last 12 bytes).
+    data = file_bytes(path)
+    assert data[:1 << 20] == want[:1 << 20]
+    assert gpu.host_bytes(r) == data[:len(want)]
     assert h.unpin_device_tensor(t) is True and h.unpin_device_tensor(r) is True
     assert h.stats()["buffers_pinned"] == 0
     with pytest.raises(ValueError):
