@@ -77,6 +77,20 @@ def threads(pid):
         return []
 
 
+def settled_threads(pid, timeout=5.0):
+    """The daemon's thread count once it stopped changing for half a second (bounded): its loop
+    threads start after the mount appears, and a count taken too early would blame them on a
+    test's client."""
+    deadline = time.monotonic() + timeout
+    last, since = len(threads(pid)), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < 0.5:
+        time.sleep(0.05)
+        n = len(threads(pid))
+        if n != last:
+            last, since = n, time.monotonic()
+    return last
+
+
 def status_field(path, key):
     try:
         with open(path) as f:
