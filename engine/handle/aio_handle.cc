@@ -357,6 +357,9 @@ const std::string& FileRef::label() const {
 bool FileRef::direct() const { return file_ && file_->direct_fd >= 0; }
 int FileRef::buffered_fd() const { return file_ ? file_->buffered_fd : -1; }
 int FileRef::direct_fd() const { return file_ ? file_->direct_fd : -1; }
+const FsIdentity* FileRef::write_identity() const {
+  return file_ ? file_->write_as.get() : nullptr;
+}
 
 Result<FileRef> AioHandle::open_file(const std::string& path, FileAccess access) {
   DNVME_ASSIGN_OR_RETURN(auto file, impl_->Open(HandleImpl::Target{&path, -1, nullptr}, access,
@@ -364,9 +367,11 @@ Result<FileRef> AioHandle::open_file(const std::string& path, FileAccess access)
   return FileRef(std::move(file));
 }
 
-Result<FileRef> AioHandle::adopt_fd(int fd, FileAccess access) {
+Result<FileRef> AioHandle::adopt_fd(int fd, FileAccess access,
+                                    std::shared_ptr<const FsIdentity> write_as) {
   DNVME_ASSIGN_OR_RETURN(auto file, impl_->Open(HandleImpl::Target{nullptr, fd, nullptr}, access,
                                                 access != FileAccess::kRead));
+  file->write_as = std::move(write_as);
   return FileRef(std::move(file));
 }
 

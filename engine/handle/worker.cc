@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/common/log.h"
+#include "engine/posix/identity.h"
 
 namespace dnvme {
 namespace {
@@ -60,6 +61,9 @@ class Worker::SliceRun {
 
   const Slice& slice() const { return slice_; }
   OpState& op() { return op_; }
+  bool writes() const { return write_; }
+  // Whose identity this run's writes are submitted under (null: the worker's own).
+  const FsIdentity* write_as() const { return f_.write_as.get(); }
   int64_t direct_end() const { return end_; }
 
   // Nothing in flight and nothing more to submit: the worker may complete the slice.
@@ -169,8 +173,11 @@ class Worker::SliceRun {
     // The remainder is no longer aligned for O_DIRECT: finish it through the page cache. (At end
     // of file this is where a read learns there is nothing more.)
     int64_t done = 0;
-    Status st = write_ ? PwriteFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done)
-                       : PreadFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done);
+    Status st = write_ ? SwitchThreadFsIdentity(f_.write_as.get()) : Status::Ok();
+    if (st.ok()) {
+      st = write_ ? PwriteFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done)
+                  : PreadFull(f_.buffered_fd, r.user, r.length, r.offset, f_.label, &done);
+    }
     buffered_bytes_ += static_cast<uint64_t>(done);
     op_.bytes_done.fetch_add(done, std::memory_order_relaxed);
     if (!st.ok()) Fail(std::move(st), r.offset + done);
@@ -377,13 +384,45 @@ void Worker::Loop() {
   }
 }
 
+// The longest run of batch_ from `from` on that one identity can submit, and that identity: a
+// write's file's writer (null: the worker's own). A read allocates nothing and joins any run; a
+// run of reads alone (`any`) is submitted under whatever the thread runs as.
+Worker::IdentityRun Worker::NextIdentityRun(size_t from) const {
+  IdentityRun run;
+  size_t i = from;
+  for (; i < batch_.size(); ++i) {
+    const SliceRun& owner = *static_cast<Request*>(batch_[i]->data)->run;
+    if (!owner.writes()) continue;
+    const FsIdentity* who = owner.write_as();
+    if (run.any) {
+      run.any = false;
+      run.who = who;
+    } else if (who != run.who && (who == nullptr || run.who == nullptr || !(*who == *run.who))) {
+      break;
+    }
+  }
+  run.count = i - from;
+  return run;
+}
+
 // Returns true when io_submit refused (part of) the batch for now (EAGAIN, or nothing taken); the
 // refused requests go back to their runs, in order.
 bool Worker::SubmitBatch() {
   size_t done = 0;
   bool refused = false;
   while (done < batch_.size()) {
-    long n = config_.single_submit ? 1 : static_cast<long>(batch_.size() - done);
+    // Writes go to the kernel under their file's writer identity (allocation, quotas and the
+    // set-user-ID rules are decided at submission): submit a run of requests that agree on it.
+    const IdentityRun same = NextIdentityRun(done);
+    if (Status st = same.any ? Status::Ok() : SwitchThreadFsIdentity(same.who); !st.ok()) {
+      for (size_t i = done; i < done + same.count; ++i) {
+        Request& r = *static_cast<Request*>(batch_[i]->data);
+        r.run->SubmitFailed(r, st.error_number() != 0 ? st.error_number() : EPERM);
+      }
+      done += same.count;
+      continue;
+    }
+    long n = config_.single_submit ? 1 : static_cast<long>(same.count);
     int rc = aio_->Submit(n, &batch_[done]);
     if (rc > 0) {
       for (int i = 0; i < rc; ++i) {
@@ -467,9 +506,12 @@ Status Worker::Buffered(const Slice& slice, int64_t from, int64_t to, int64_t* e
   const IoFile& f = *op.file;
   int64_t done = 0;
   char* p = slice.buffer + (from - slice.offset);
-  Status st = op.result.type == OpType::kWrite
-                  ? PwriteFull(f.buffered_fd, p, to - from, from, f.label, &done)
-                  : PreadFull(f.buffered_fd, p, to - from, from, f.label, &done);
+  const bool write = op.result.type == OpType::kWrite;
+  Status st = write ? SwitchThreadFsIdentity(f.write_as.get()) : Status::Ok();
+  if (st.ok()) {
+    st = write ? PwriteFull(f.buffered_fd, p, to - from, from, f.label, &done)
+               : PreadFull(f.buffered_fd, p, to - from, from, f.label, &done);
+  }
   counters_->bytes_buffered.fetch_add(static_cast<uint64_t>(done), std::memory_order_relaxed);
   op.bytes_done.fetch_add(done, std::memory_order_relaxed);
   if (!st.ok()) *err_off = from + done;

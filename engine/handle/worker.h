@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dnvme/config.h"
+#include "dnvme/identity.h"
 #include "dnvme/pinned.h"
 #include "engine/aio/backend.h"
 #include "engine/handle/op.h"
@@ -47,6 +48,12 @@ class Worker {
   void CompleteSlice(const Slice& slice, Status st, int64_t err_off, int64_t tail_from);
   Status Buffered(const Slice& slice, int64_t from, int64_t to, int64_t* err_off);
   bool SubmitBatch();
+  struct IdentityRun {
+    size_t count = 0;
+    bool any = true;                  // only reads: no identity needed
+    const FsIdentity* who = nullptr;  // else the writers' (null: the worker's own)
+  };
+  IdentityRun NextIdentityRun(size_t from) const;
   void Backoff();
   Status Reap(long min_nr);
   void FinishDoneRuns();

@@ -16,6 +16,7 @@
 
 #include "dnvme/config.h"
 #include "dnvme/handle.h"
+#include "dnvme/identity.h"
 #include "dnvme/status.h"
 
 namespace dnvme {
@@ -62,6 +63,8 @@ struct IoFile {
   // page cache and around it at once.
   uint32_t edge_align = 4096;
   bool fell_back = false;  // O_DIRECT was refused and policy allowed the buffered path
+  // Whose identity the engine's threads take before they write this file (null: their own).
+  std::shared_ptr<const FsIdentity> write_as;
 
   UniqueFd owned_direct, owned_buffered, owned_read;
 };

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "dnvme/config.h"
+#include "dnvme/identity.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
 
@@ -107,6 +108,9 @@ class FileRef {
   // The O_DIRECT descriptor (for an owner that moves data to the file itself, e.g. with
   // splice); -1 when invalid or when direct I/O is not in use.
   int direct_fd() const;
+  // The identity writes to this file are submitted under (adopt_fd's `write_as`); null: the
+  // engine threads' own. Another writer of the file (a splice thread) takes it the same way.
+  const FsIdentity* write_identity() const;
 
  private:
   friend class HandleImpl;
@@ -187,9 +191,13 @@ class AioHandle {
 
   // Files kept open for many operations (see FileRef). Writing through a kRead file (or reading a
   // kWrite one) is InvalidArgument. adopt_fd reopens the caller's fd through /proc/self/fd; the
-  // caller may close its own fd afterwards.
+  // caller may close its own fd afterwards. `write_as` (a root process writing for a user): the
+  // engine's threads submit this file's writes under that identity (include/dnvme/identity.h),
+  // so the file system allocates for the user; a process that cannot switch fails those writes
+  // with EPERM.
   Result<FileRef> open_file(const std::string& path, FileAccess access);
-  Result<FileRef> adopt_fd(int fd, FileAccess access);
+  Result<FileRef> adopt_fd(int fd, FileAccess access,
+                           std::shared_ptr<const FsIdentity> write_as = nullptr);
   // Takes ownership of two descriptors of one file opened elsewhere (e.g. received over a unix
   // socket): `direct_fd` opened with O_DIRECT (-1 when the file refused it: the direct policy
   // decides) and `buffered_fd` without; both are closed with the last FileRef copy, or at once
