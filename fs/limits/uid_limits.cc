@@ -1,0 +1,94 @@
+#include "fs/limits/uid_limits.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+
+namespace dnvme::fs {
+namespace {
+
+struct Info {
+  const char* option;
+  int err;
+  const char* what;  // plural noun for the message
+  bool bytes;
+};
+constexpr Info kInfo[kUidResourceCount] = {
+    {"ctl_max_handles", EMFILE, "control handles open", false},
+    {"ctl_max_bytes", ENOMEM, "bytes of client memory registered", true},
+    {"ctl_max_buffers", EMFILE, "client buffers registered", false},
+    {"ctl_max_pinned", ENOMEM, "bytes pinned by control handles", true},
+    {"ctl_max_pending", EAGAIN, "control transfers not yet collected by wait", false},
+    {"max_files_per_uid", EMFILE, "files held open by the daemon", false},
+    {"broker_max_conns_per_uid", EMFILE, "broker connections open", false},
+};
+
+const Info& InfoOf(UidResource r) { return kInfo[static_cast<size_t>(r)]; }
+
+}  // namespace
+
+const char* UidLimits::OptionName(UidResource r) { return InfoOf(r).option; }
+int UidLimits::ErrnoOf(UidResource r) { return InfoOf(r).err; }
+
+Status UidLimits::Take(uid_t uid, UidResource r, int64_t n) {
+  if (n <= 0) return Status::Ok();
+  const size_t i = static_cast<size_t>(r);
+  std::lock_guard lock(mu_);
+  auto& held = held_[uid];
+  if (n <= max_[i] - held[i]) {
+    held[i] += n;
+    return Status::Ok();
+  }
+  const Info& info = InfoOf(r);
+  const int64_t had = held[i];
+  if (std::all_of(held.begin(), held.end(), [](int64_t v) { return v == 0; })) held_.erase(uid);
+  std::string msg = "uid " + std::to_string(uid) + " has " + std::to_string(had) + " " + info.what +
+                    "; " + (info.bytes ? std::to_string(n) + " more" : "one more") +
+                    " would pass the limit " + info.option + "=" + std::to_string(max_[i]);
+  return Status::ResourceExhausted(info.err, std::move(msg));
+}
+
+void UidLimits::Release(uid_t uid, UidResource r, int64_t n) {
+  if (n <= 0) return;
+  const size_t i = static_cast<size_t>(r);
+  std::lock_guard lock(mu_);
+  auto it = held_.find(uid);
+  if (it == held_.end()) return;
+  it->second[i] = std::max<int64_t>(0, it->second[i] - n);
+  // Entries of uids that hold nothing go, so the table stays as small as the active users.
+  if (std::all_of(it->second.begin(), it->second.end(), [](int64_t v) { return v == 0; })) {
+    held_.erase(it);
+  }
+}
+
+Result<UidCharge> UidLimits::Charge(uid_t uid, UidResource r, int64_t n) {
+  DNVME_RETURN_IF_ERROR(Take(uid, r, n));
+  return UidCharge(this, uid, r, n);
+}
+
+int64_t UidLimits::Held(uid_t uid, UidResource r) const {
+  std::lock_guard lock(mu_);
+  auto it = held_.find(uid);
+  return it == held_.end() ? 0 : it->second[static_cast<size_t>(r)];
+}
+
+UidCharge& UidCharge::operator=(UidCharge&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    limits_ = o.limits_;
+    uid_ = o.uid_;
+    r_ = o.r_;
+    n_ = o.n_;
+    o.limits_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+void UidCharge::Reset() {
+  if (limits_ != nullptr) limits_->Release(uid_, r_, n_);
+  limits_ = nullptr;
+  n_ = 0;
+}
+
+}  // namespace dnvme::fs
