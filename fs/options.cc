@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -92,8 +93,16 @@ std::string UsageText() {
       "itself:\n"
       "                               none, read-only O_DIRECT, read-only (default), all; "
       "kernel 6.9+, root\n"
-      "  ctl_max_handles=N            control-file handles per uid (8)\n"
-      "  ctl_max_bytes=SIZE           client memory registered per uid (64G)\n"
+      "per-uid limits (each user alone; docs/security.md):\n"
+      "  ctl_max_handles=N            control-file handles (8)\n"
+      "  ctl_max_bytes=SIZE           client memory registered (RAM/4)\n"
+      "  ctl_max_buffers=N            client buffers registered, 0..16384 (256)\n"
+      "  ctl_max_pinned=SIZE          pinned bounce memory of control handles (min(RAM/16, 4G))\n"
+      "  ctl_max_pending=N            async control transfers not yet collected (1024)\n"
+      "  ctl_threads_per_uid=N        control requests running at once, 1..64 (4)\n"
+      "  max_files_per_uid=N          files the daemon holds open for a uid\n"
+      "                               (max(1024, RLIMIT_NOFILE hard limit/16))\n"
+      "  broker_max_conns_per_uid=N   `dnvme run` broker connections, 0..4096 (128)\n"
       "  log_level=LEVEL log_file=PATH nonempty\n"
       "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
   return text;
@@ -132,6 +141,28 @@ const char* NameOf(T value, const std::pair<T, const char*> (&names)[N]) {
 }
 
 }  // namespace
+
+int64_t MachineRamBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return int64_t{1} << 30;
+  return static_cast<int64_t>(pages) * page;
+}
+
+int64_t DefaultCtlMaxBytes() { return MachineRamBytes() / 4; }
+
+int64_t DefaultCtlMaxPinned() {
+  return std::min<int64_t>(MachineRamBytes() / 16, int64_t{4} << 30);
+}
+
+int64_t DefaultMaxFilesPerUid() {
+  rlimit rl{};
+  int64_t hard = 1024;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    hard = rl.rlim_max == RLIM_INFINITY ? (int64_t{1} << 30) : static_cast<int64_t>(rl.rlim_max);
+  }
+  return std::max<int64_t>(1024, hard / 16);
+}
 
 const char* DirectIoName(DirectIo d) { return NameOf(d, kDirectIoNames); }
 
@@ -249,6 +280,34 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       }
     } else if (k == "ctl_max_bytes") {
       DNVME_ASSIGN_OR_RETURN(o.ctl_max_bytes, ParseSizeOption(k, v));
+    } else if (k == "ctl_max_buffers") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_buffers, ParseIntOption(k, v));
+      // The daemon's table of client mappings has 16384 slots (fs/control/client_memory.h).
+      if (o.ctl_max_buffers < 0 || o.ctl_max_buffers > 16384) {
+        return Status::InvalidArgument("option 'ctl_max_buffers' must be 0..16384");
+      }
+    } else if (k == "ctl_max_pinned") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_pinned, ParseSizeOption(k, v));
+    } else if (k == "ctl_max_pending") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_pending, ParseIntOption(k, v));
+      if (o.ctl_max_pending < 0 || o.ctl_max_pending > (int64_t{1} << 20)) {
+        return Status::InvalidArgument("option 'ctl_max_pending' must be 0..1048576");
+      }
+    } else if (k == "ctl_threads_per_uid") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_threads_per_uid, ParseIntOption(k, v));
+      if (o.ctl_threads_per_uid < 1 || o.ctl_threads_per_uid > 64) {
+        return Status::InvalidArgument("option 'ctl_threads_per_uid' must be 1..64");
+      }
+    } else if (k == "max_files_per_uid") {
+      DNVME_ASSIGN_OR_RETURN(o.max_files_per_uid, ParseIntOption(k, v));
+      if (o.max_files_per_uid < 1 || o.max_files_per_uid > (int64_t{1} << 30)) {
+        return Status::InvalidArgument("option 'max_files_per_uid' must be 1..1073741824");
+      }
+    } else if (k == "broker_max_conns_per_uid") {
+      DNVME_ASSIGN_OR_RETURN(o.broker_max_conns_per_uid, ParseIntOption(k, v));
+      if (o.broker_max_conns_per_uid < 0 || o.broker_max_conns_per_uid > 4096) {
+        return Status::InvalidArgument("option 'broker_max_conns_per_uid' must be 0..4096");
+      }
     } else if (k == "max_request") {
       DNVME_ASSIGN_OR_RETURN(o.max_request, ParseSizeOption(k, v));
       if (o.max_request < 4096 || o.max_request > kMaxRequestLimit || o.max_request % 4096 != 0) {

@@ -56,6 +56,15 @@ const char* DirectIoName(DirectIo d);
 // transport's steering (which sees only a WRITE's flags) both decide with it.
 bool OpenGetsDirectIo(DirectIo d, int open_flags, bool mmap_ok);
 
+// The machine's RAM (sysconf: physical pages x page size); 1 GiB when it cannot be read.
+int64_t MachineRamBytes();
+// Defaults of the per-uid limits that scale with the machine: registered client memory a quarter
+// of RAM; pinned memory of control handles min(RAM/16, 4 GiB); files max(1024, RLIMIT_NOFILE's
+// hard limit / 16), the hard limit being what the daemon raises its own soft limit to at start.
+int64_t DefaultCtlMaxBytes();
+int64_t DefaultCtlMaxPinned();
+int64_t DefaultMaxFilesPerUid();
+
 struct MountOptions {
   std::string backing;     // absolute path
   std::string mountpoint;  // absolute path
@@ -107,8 +116,6 @@ struct MountOptions {
   // without it and 0.61-0.70 with it; reads within noise (docs/performance-journal.md). Worth
   // re-measuring on many-core machines.
   bool clone_fd = false;
-  // Control-file limits per uid (docs/control-protocol.md): engine handles open, and bytes of
-  // client shared memory registered, over all of that uid's ctl sessions.
   // Threads of the request loop (fs/transport/session_loop.h), each blocked in /dev/fuse when idle.
   // A fixed pool (libfuse's loop grows to 64 on demand): enough for the kernel's background
   // requests, which are answered without blocking, and for handlers that wait (fsync, a full
@@ -139,8 +146,17 @@ struct MountOptions {
   // (/sys/module/fuse/parameters/enable_uring); otherwise logged and /dev/fuse is used.
   bool io_uring = false;
   int uring_threads = 4;  // ring threads per queue (one queue per possible CPU)
-  int64_t ctl_max_handles = 8;
-  int64_t ctl_max_bytes = int64_t{64} << 30;
+  // Per-uid limits (docs/security.md, "Per-uid limits"; fs/limits/uid_limits.h): what one user
+  // may make the daemon hold through the control file and the broker. The defaults that scale
+  // with the machine are computed when MountOptions is made (the Default* functions below).
+  int64_t ctl_max_handles = 8;                          // engines (control handles) open
+  int64_t ctl_max_bytes = DefaultCtlMaxBytes();         // client memory registered: RAM/4
+  int64_t ctl_max_buffers = 256;                        // client buffers (mappings) registered
+  int64_t ctl_max_pinned = DefaultCtlMaxPinned();       // handles' bounce pools: min(RAM/16, 4G)
+  int64_t ctl_max_pending = 1024;                       // async transfers not yet collected
+  int ctl_threads_per_uid = 4;                          // control requests running at once
+  int64_t max_files_per_uid = DefaultMaxFilesPerUid();  // files the daemon holds for the uid
+  int64_t broker_max_conns_per_uid = 128;               // broker connections (a thread each)
   std::string log_level = "info";
   std::string log_file;
 
