@@ -41,6 +41,8 @@
 #include "fs/data/read_ahead.h"
 #include "fs/data/splice_io.h"
 #include "fs/data/write_behind.h"
+#include "fs/limits/uid_lanes.h"
+#include "fs/limits/uid_limits.h"
 #include "fs/options.h"
 #include "fs/transport/pipe.h"
 #include "fs/transport/protocol_ext.h"
@@ -159,7 +161,14 @@ class Fs : public ControlCore, public BrokerCore {
   // ---- Control plane (fs/control/virtual.cc) ----
   Inode& VirtualInode(VirtualNode kind);
   CtlCounters& ctl_counters() override { return ctl_counters_; }
-  const CtlLimits& ctl_limits() const override { return ctl_limits_; }
+  // What each uid holds (fs/limits/uid_limits.h): the control file's, the broker's and the
+  // mount's own opens count here ("files": Take/Release UidResource::kFiles).
+  UidLimits& uid_limits() override { return uid_limits_; }
+  // The lanes control requests run on, one per uid (fs/limits/uid_lanes.h); shut down by Stop.
+  UidLanes& ctl_lanes() { return ctl_lanes_; }
+  // False when a reply must come from the thread that received the request (FUSE over io_uring):
+  // control requests then run on that thread.
+  bool RepliesMayBeDeferred() const;
   // Root (uid 0) or the user the daemon runs as may change the live configuration.
   bool MayReconfigure(uid_t uid) const override;
   std::string StatsJson() override;
@@ -186,11 +195,6 @@ class Fs : public ControlCore, public BrokerCore {
   std::string BrokerAnnouncement() const { return broker_ ? broker_->Announcement() : ""; }
   // After the session forked into the daemon: start the broker (unless -o preload=0).
   Status StartBroker();
-  // Per-uid limits of the control plane.
-  Status TakeHandleQuota(uid_t uid) override;
-  void ReleaseHandleQuota(uid_t uid) override;
-  Status TakeBufferQuota(uid_t uid, int64_t bytes) override;
-  void ReleaseBufferQuota(uid_t uid, int64_t bytes) override;
   // Control-file engines (for the stats): registered at handle.open, unregistered at close.
   void AddCtlEngine(AioHandle* h) override;
   void RemoveCtlEngine(AioHandle* h) override;
@@ -237,9 +241,9 @@ class Fs : public ControlCore, public BrokerCore {
   struct timespec started_ {};
 
   CtlCounters ctl_counters_;
-  CtlLimits ctl_limits_;
-  std::mutex quota_mu_;
-  std::map<uid_t, std::pair<int64_t, int64_t>> quota_;  // uid -> (handles, bytes); quota_mu_
+  // Declared before everything that holds charges of it (sessions, the broker) and the lanes.
+  UidLimits uid_limits_;
+  UidLanes ctl_lanes_;
   std::mutex ctl_engines_mu_;
   std::unordered_set<AioHandle*> ctl_engines_;  // guarded by ctl_engines_mu_
   HandleStats ctl_closed_stats_;                // guarded by ctl_engines_mu_

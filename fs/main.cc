@@ -6,6 +6,7 @@
 // loop): threads do not survive fork.
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -125,6 +126,35 @@ class StderrCapture {
 
 // Runs while the process is single-threaded (capabilities are per thread): after daemonizing,
 // before the engine's workers and the FUSE loop start.
+// The daemon holds descriptors for every user (open files, uncollected control transfers, broker
+// connections), each user bounded by max_files_per_uid and friends: the process limit must be
+// the hard one, not the login default of 1024, or one user's share would exhaust everyone's.
+// Run before any thread exists (the limit is per process, read once by libraries that size
+// tables from it).
+void RaiseFileLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    dnvme::Logger().warn("RLIMIT_NOFILE: {}", std::strerror(errno));
+    return;
+  }
+  if (rl.rlim_cur == rl.rlim_max) {
+    dnvme::Logger().info("open files: {} (RLIMIT_NOFILE, already at the hard limit)",
+                         static_cast<unsigned long long>(rl.rlim_cur));
+    return;
+  }
+  const rlim_t before = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    dnvme::Logger().warn("raising RLIMIT_NOFILE from {} to {}: {}",
+                         static_cast<unsigned long long>(before),
+                         static_cast<unsigned long long>(rl.rlim_max), std::strerror(errno));
+    return;
+  }
+  dnvme::Logger().info("open files: RLIMIT_NOFILE raised from {} to the hard limit {}",
+                       static_cast<unsigned long long>(before),
+                       static_cast<unsigned long long>(rl.rlim_max));
+}
+
 dnvme::Status DropCaps(bool passthrough) {
   auto report = dnvme::fs::DropCapabilities(dnvme::fs::DaemonKeepSet(passthrough),
                                             dnvme::fs::DaemonDormantSet(passthrough));
@@ -194,6 +224,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  RaiseFileLimit();
   auto fs = std::make_unique<dnvme::fs::Fs>(opts);
   if (dnvme::Status st = fs->Preflight(); !st.ok()) {
     std::fprintf(stderr, "dnvmefs: error: %s\n", st.ToString().c_str());

@@ -6,11 +6,13 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <random>
 #include <vector>
@@ -25,7 +27,20 @@ namespace dnvme::fs {
 
 namespace {
 
-constexpr int kMaxConnections = 1024;
+// Refused connections wait this long at most for the client to read why (Broker::Refuse), and
+// this many at most at once (the oldest goes first).
+constexpr auto kRefusedLinger = std::chrono::seconds(2);
+constexpr size_t kMaxRefused = 64;
+
+// Clears O_NONBLOCK (OpenBeneath sets it so that opening never blocks) before a descriptor goes to
+// a client, whose reads and writes of a regular file must not see it.
+Status ClearNonBlock(int fd) {
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    return Status::FromErrno(errno, "clearing O_NONBLOCK");
+  }
+  return Status::Ok();
+}
 
 // A request's path: relative to the mount root, no "..", nothing under .dnvme. The kernel's
 // openat2(RESOLVE_BENEATH) is the real fence; this refuses early with a clear reason.
@@ -75,6 +90,15 @@ Status SendReply(int sock, const broker::Reply& r, const int* fds, int nfds) {
   return Status::Ok();
 }
 
+// Reads and drops what a refused client sent (its hello): a unix socket closed with unread data
+// resets the peer, whose next recv then fails with ECONNRESET instead of reading the reply that
+// says why it was refused.
+void DiscardPending(int sock) {
+  char scrap[64];
+  while (recv(sock, scrap, sizeof(scrap), MSG_DONTWAIT | MSG_TRUNC) > 0) {
+  }
+}
+
 broker::Reply ErrorReply(const Status& st) {
   broker::Reply r;
   r.error = st.error_number() != 0 ? st.error_number() : EIO;
@@ -100,6 +124,7 @@ struct Broker::Conn {
   uint64_t next_lease = 1;
   std::thread thread;
   std::atomic<bool> finished{false};
+  UidCharge charge;  // its place in the peer uid's broker_max_conns_per_uid
 
   ~Conn() {
     if (page != nullptr) munmap(page, broker::kLeasePageBytes);
@@ -135,6 +160,8 @@ Result<std::unique_ptr<Broker>> Broker::Start(BrokerCore& core) {
 }
 
 Broker::~Broker() {
+  // Nothing joined below can block for ever: the acceptor wakes on the eventfd, and every
+  // connection thread is woken out of recv/sendmsg by shutdown(2) (see the thread contract).
   stopping_.store(true);
   uint64_t one = 1;
   if (stop_event_.valid() && write(stop_event_.get(), &one, sizeof(one)) != sizeof(one)) {
@@ -180,10 +207,48 @@ void Broker::ReapFinished(bool all) {
   }
 }
 
+Status Broker::Admit(uid_t uid, UidCharge* charge) {
+  {
+    std::lock_guard lock(mu_);
+    const size_t open = counters_.connections_open.load();
+    if (open >= kMaxConnections) {
+      return Status::ResourceExhausted(EMFILE, "the broker has " + std::to_string(open) +
+                                                   " connections open, the most it takes");
+    }
+    if (uid != 0 && user_conns_ >= kMaxUserConnections) {
+      return Status::ResourceExhausted(
+          EMFILE, "users other than root have " + std::to_string(user_conns_) +
+                      " broker connections open, the most the broker takes for them");
+    }
+  }
+  DNVME_ASSIGN_OR_RETURN(*charge, core_.uid_limits().Charge(uid, UidResource::kBrokerConns));
+  return Status::Ok();
+}
+
+void Broker::Refuse(UniqueFd sock, const Status& why) {
+  // A fresh socket's send buffer is empty: this cannot block, and must not.
+  const int fl = fcntl(sock.get(), F_GETFL);
+  if (fl >= 0) (void)fcntl(sock.get(), F_SETFL, fl | O_NONBLOCK);
+  (void)SendReply(sock.get(), ErrorReply(why), nullptr, 0);
+  (void)shutdown(sock.get(), SHUT_WR);
+  if (refused_.size() >= kMaxRefused) refused_.pop_front();
+  refused_.push_back({std::move(sock), std::chrono::steady_clock::now() + kRefusedLinger});
+}
+
+void Broker::CloseRefused(bool all) {
+  const auto now = std::chrono::steady_clock::now();
+  refused_.remove_if([&](Refused& r) {
+    if (!all && r.until > now) return false;
+    DiscardPending(r.sock.get());
+    return true;
+  });
+}
+
 void Broker::AcceptLoop() {
   while (!stopping_.load()) {
-    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};
-    int n = poll(p, 2, 1000);
+    std::vector<pollfd> p = {{listen_.get(), POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};
+    for (const Refused& r : refused_) p.push_back({r.sock.get(), POLLIN, 0});
+    int n = poll(p.data(), p.size(), refused_.empty() ? 1000 : 250);
     if (n < 0) {
       if (errno == EINTR) continue;
       Logger().error("broker poll: {}", std::strerror(errno));
@@ -191,6 +256,17 @@ void Broker::AcceptLoop() {
     }
     ReapFinished(false);
     if (stopping_.load() || (p[1].revents & POLLIN)) return;
+    // A refused client that sent its hello (or went away) has the reason in its socket already.
+    size_t i = 2;
+    for (auto it = refused_.begin(); it != refused_.end(); ++i) {
+      if (p[i].revents == 0) {
+        ++it;
+        continue;
+      }
+      DiscardPending(it->sock.get());
+      it = refused_.erase(it);
+    }
+    CloseRefused(false);
     if (!(p[0].revents & POLLIN)) continue;
     int s = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
     if (s < 0) {
@@ -207,6 +283,15 @@ void Broker::AcceptLoop() {
       Logger().warn("broker: SO_PEERCRED: {}", std::strerror(errno));
       continue;
     }
+    if (Status why = Admit(cred.uid, &c->charge); !why.ok()) {
+      Logger().warn("broker: refusing pid {} uid {}: {}", cred.pid, cred.uid, why.message());
+      counters_.refused.fetch_add(1);
+      Refuse(std::move(c->sock), why);
+      continue;
+    }
+    // A client that stops reading its replies cannot hold the connection's thread for ever.
+    const timeval send_timeout{kSendTimeoutSec, 0};
+    (void)setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
     c->peer.uid = cred.uid;
     c->peer.gid = cred.gid;
     c->peer.pid = cred.pid;
@@ -221,11 +306,7 @@ void Broker::AcceptLoop() {
     groups.resize(glen / sizeof(gid_t));
     c->peer.groups = std::move(groups);
     std::lock_guard lock(mu_);
-    if (conns_.size() >= kMaxConnections) {
-      Logger().warn("broker: {} connections open; refusing pid {}", conns_.size(), cred.pid);
-      counters_.refused.fetch_add(1);
-      continue;
-    }
+    if (cred.uid != 0) ++user_conns_;
     c->id = next_conn_++;
     Conn* raw = c.get();
     conns_.push_back(std::move(c));
@@ -315,6 +396,7 @@ void Broker::Serve(Conn* c) {
         if (!as.ok()) {
           st = as.status();
         } else {
+          // Never blocks (OpenBeneath opens O_NONBLOCK): a FIFO is refused below, not waited on.
           auto d = OpenBeneath(core_.root_fd(), rel, acc | O_DIRECT | O_NOFOLLOW, 0);
           if (d.ok()) {
             direct = std::move(d.value());
@@ -339,6 +421,14 @@ void Broker::Serve(Conn* c) {
       if (st.ok() && sb.st_ino != req.ino) {
         st = Status::IoError(ESTALE, "'" + rel + "' is no longer the file the client has open");
       }
+      // The two opens resolved the name twice: both must be the one file checked.
+      struct stat sd {};
+      if (st.ok() && direct.valid() &&
+          (fstat(direct.get(), &sd) != 0 || sd.st_dev != sb.st_dev || sd.st_ino != sb.st_ino)) {
+        st = Status::IoError(ESTALE, "'" + rel + "' changed while it was being opened");
+      }
+      if (st.ok()) st = ClearNonBlock(buffered.get());
+      if (st.ok() && direct.valid()) st = ClearNonBlock(direct.get());
       Inode* in = nullptr;
       if (st.ok()) {
         in = core_.PinInode(sb.st_dev, sb.st_ino);
@@ -419,6 +509,11 @@ void Broker::Serve(Conn* c) {
   // (Not at unmount: the session is going away, nothing is cached any more.)
   for (auto& [id, lease] : c->leases) release(lease, /*invalidate=*/!stopping_.load());
   c->leases.clear();
+  c->charge.Reset();
+  {
+    std::lock_guard lock(mu_);
+    if (c->peer.uid != 0) --user_conns_;
+  }
   counters_.connections_open.fetch_sub(1);
   c->finished.store(true);
 }

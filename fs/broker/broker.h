@@ -10,14 +10,28 @@
 // data and drops the read-ahead and the kernel's cached pages and attributes; from then on the
 // lease tells the ops (fs/broker/leases.h) to keep the client informed.
 //
+// Files are opened with O_NONBLOCK (a FIFO or device planted under a name never blocks a
+// thread) and must be regular; the flag is cleared before the descriptors are sent.
+//
+// Limits (docs/security.md): each uid has at most broker_max_conns_per_uid connections
+// (UidLimits, UidResource::kBrokerConns), users other than root together at most
+// kMaxUserConnections, everyone at most kMaxConnections. A refused connection gets one error
+// reply saying which limit, then the daemon shuts its side (the client logs the reason and goes
+// through the mount).
+//
 // Thread contract: Start/Stop from one thread (the daemon's main thread, after it forked); one
 // thread accepts, one thread serves each connection (requests of a connection run in order).
-// Connection threads call BrokerCore only.
+// Connection threads call BrokerCore only. Stopping never waits for something a client
+// controls: the acceptor polls an eventfd; a connection thread blocks only in recv/sendmsg on its
+// socket (woken by shutdown(2), and sends also time out after kSendTimeout), in opens that
+// cannot block (O_NONBLOCK), in the wait for another client's writes (PreloadLeases::kWriteWait)
+// and in landing write-behind data (the disk's time).
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -27,6 +41,7 @@
 
 #include "dnvme/status.h"
 #include "engine/posix/file.h"
+#include "fs/limits/uid_limits.h"
 
 namespace dnvme::fs {
 
@@ -46,6 +61,8 @@ class BrokerCore {
   // Opens of the inode through the mount now (passthrough and not).
   virtual int OpenCount(Inode& in) = 0;
   virtual PreloadLeases& LeasesOf(Inode& in) = 0;
+  // Per-uid limits: connections count as UidResource::kBrokerConns.
+  virtual UidLimits& uid_limits() = 0;
 };
 
 struct BrokerCounters {
@@ -55,6 +72,12 @@ struct BrokerCounters {
 
 class Broker {
  public:
+  // Connections of all users but root together, and of everyone (root's beyond the first).
+  static constexpr size_t kMaxUserConnections = 1024;
+  static constexpr size_t kMaxConnections = 4096;
+  // A reply the client does not take in this long ends its connection.
+  static constexpr int kSendTimeoutSec = 10;
+
   // Binds a fresh abstract socket name and starts accepting.
   static Result<std::unique_ptr<Broker>> Start(BrokerCore& core);
   ~Broker();  // stops: ends every connection (their leases are released) and joins the threads
@@ -74,6 +97,12 @@ class Broker {
   void AcceptLoop();
   void Serve(Conn* c);
   void ReapFinished(bool all);
+  // Why a new connection of `uid` must be refused (Ok: take it, its charge in `charge`).
+  Status Admit(uid_t uid, UidCharge* charge);
+  // Answers a refused connection with `why` and keeps it until the client has read it (or
+  // kRefusedLinger passed), so the client's hello finds the reason, not a closed socket.
+  void Refuse(UniqueFd sock, const Status& why);
+  void CloseRefused(bool all);
 
   BrokerCore& core_;
   std::string name_;
@@ -84,6 +113,12 @@ class Broker {
   std::mutex mu_;
   std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
   uint64_t next_conn_ = 1;                  // guarded by mu_
+  size_t user_conns_ = 0;                   // of conns_, those of uids other than 0; mu_
+  struct Refused {
+    UniqueFd sock;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::list<Refused> refused_;  // the acceptor's alone
   BrokerCounters counters_;
 };
 

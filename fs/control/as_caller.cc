@@ -60,9 +60,14 @@ AsCaller::~AsCaller() {
 
 Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
   struct open_how how {};
-  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO (or a device) planted under the name must not hold the thread that opens
+  // it (a broker thread blocked on a FIFO kept the daemon from unmounting). Callers that keep
+  // the descriptor check it is a regular file and clear the flag when it matters.
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   how.mode = (flags & O_CREAT) ? mode : 0;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  // No symlink at all, not even one that stays inside: a user can swap a component for a link
+  // between a check and the open, and the daemon never follows a name for anyone.
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
   long fd;
   do {
     fd = syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof(how));
@@ -70,6 +75,9 @@ Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_
   if (fd < 0) {
     const int err = errno;
     if (err == EXDEV) return CtlError(EXDEV, "'" + rel + "' resolves outside the mount");
+    if (err == ELOOP) {
+      return CtlError(ELOOP, "'" + rel + "' goes through a symbolic link (never followed)");
+    }
     return Status::FromErrno(err, "open '" + rel + "'");
   }
   return UniqueFd(static_cast<int>(fd));

@@ -37,7 +37,9 @@ class AsCaller {
   std::vector<gid_t> saved_groups_;
 };
 
-// openat2 below `dirfd`: the path cannot leave it (.., absolute symlinks, /proc magic links).
+// openat2 below `dirfd`: the path cannot leave it (..), and no symlink or /proc magic link in it
+// is followed (ELOOP). Always O_NONBLOCK, so opening a FIFO or a device never blocks: a caller
+// that keeps the descriptor checks its type (fstat) and clears O_NONBLOCK where it matters.
 Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode);
 
 // The directory part of a relative path ("" for none) and its last component.

@@ -69,8 +69,10 @@ void InstallHandlerOnce() {
   });
 }
 
-int TakeSlot(uintptr_t start, uintptr_t end) {
-  for (int i = 0; i < ClientMapping::kMaxMappings; ++i) {
+int TakeSlot(uintptr_t start, uintptr_t end, bool for_root) {
+  const int slots = for_root ? ClientMapping::kMaxMappings
+                             : ClientMapping::kMaxMappings - ClientMapping::kRootReserve;
+  for (int i = 0; i < slots; ++i) {
     int expected = 0;
     if (g_slots[i].state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
       g_slots[i].start.store(start, std::memory_order_relaxed);
@@ -86,7 +88,8 @@ int TakeSlot(uintptr_t start, uintptr_t end) {
 }  // namespace
 
 Result<std::unique_ptr<ClientMapping>> ClientMapping::Map(int fd, int64_t offset, int64_t size,
-                                                          bool writable, const std::string& label) {
+                                                          bool writable, const std::string& label,
+                                                          bool for_root) {
   InstallHandlerOnce();
   struct stat st {};
   if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat " + label);
@@ -136,15 +139,25 @@ Result<std::unique_ptr<ClientMapping>> ClientMapping::Map(int fd, int64_t offset
   // Fault the page tables in now, once, at registration (like DeepNVMe pinning its buffers at
   // allocation): otherwise the first O_DIRECT transfer pays a page fault per 4 KiB page inside
   // get_user_pages (~250k for 1 GiB). Best effort: older kernels lack the advice (EINVAL), and a
-  // part the client already truncated fails here (EFAULT) and later in the transfer.
+  // part the client already truncated fails here (EFAULT) and later in the transfer. Not for an
+  // object with holes in the range: populating would allocate them all at once (a 1 GiB sparse
+  // object became 1 GiB of the machine's memory at registration); unpopulated, a hole is filled
+  // only where a transfer actually lands (and registered bytes are bounded by ctl_max_bytes).
+  const bool sparse = static_cast<int64_t>(st.st_blocks) * 512 < offset + size;
   const int advice = writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
-  if (madvise(p, m->map_len_, advice) != 0) {
+  if (sparse) {
+    Logger().debug("client buffer {} has holes: not pre-faulted", label);
+  } else if (madvise(p, m->map_len_, advice) != 0) {
     Logger().debug("pre-faulting client buffer {} skipped: {}", label, std::strerror(errno));
   }
   const auto start = reinterpret_cast<uintptr_t>(p);
-  m->slot_ = TakeSlot(start, start + m->map_len_);
+  m->slot_ = TakeSlot(start, start + m->map_len_, for_root);
   if (m->slot_ < 0) {
-    return Status::ResourceExhausted(EMFILE, "too many client buffers registered in the daemon");
+    return Status::ResourceExhausted(
+        EMFILE, std::string("the daemon's table of client buffers is full") +
+                    (for_root ? ""
+                              : " for users other than root (the last " +
+                                    std::to_string(kRootReserve) + " slots are root's)"));
   }
   return m;
 }

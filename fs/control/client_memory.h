@@ -29,10 +29,14 @@ namespace dnvme::fs {
 class ClientMapping {
  public:
   // Maps [offset, offset + size) of the open object `fd` (size 0: to the end of the object).
-  // `writable` maps it read-write (a pread target) as well as readable. Installs the SIGBUS
-  // handler on first use. The fd may be closed afterwards.
+  // `writable` maps it read-write (a pread target) as well as readable. `for_root`: the mapping
+  // may take one of the slots kept for root. Installs the SIGBUS handler on first use. The fd
+  // may be closed afterwards. The pages are faulted in at once (MADV_POPULATE) only when the
+  // object has them allocated: populating a sparse object would allocate it in the daemon, on
+  // the daemon's account, for a client that may never touch it.
   static Result<std::unique_ptr<ClientMapping>> Map(int fd, int64_t offset, int64_t size,
-                                                    bool writable, const std::string& label);
+                                                    bool writable, const std::string& label,
+                                                    bool for_root);
   ~ClientMapping();
   ClientMapping(const ClientMapping&) = delete;
   ClientMapping& operator=(const ClientMapping&) = delete;
@@ -45,8 +49,11 @@ class ClientMapping {
   // True once the owner shrank the object under us and the SIGBUS handler patched the mapping.
   bool revoked() const;
 
-  // How many mappings the table can hold (the control plane's limits stay below it).
-  static constexpr int kMaxMappings = 4096;
+  // How many mappings the daemon-wide table holds, and how many of them only root may take: the
+  // per-uid limit (ctl_max_buffers) keeps one user from most of the table, and the reserve
+  // keeps every user together from root's (docs/security.md).
+  static constexpr int kMaxMappings = 16384;
+  static constexpr int kRootReserve = 1024;
 
  private:
   ClientMapping() = default;

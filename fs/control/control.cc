@@ -7,12 +7,15 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "engine/common/log.h"
 #include "engine/posix/file.h"
 #include "fs/control/as_caller.h"
+#include "fs/limits/uid_limits.h"
 
 namespace dnvme::fs {
 namespace {
@@ -40,6 +43,67 @@ bool IsProcFdSource(std::string_view s) {
   return mid != std::string_view::npos && IsDigits(s.substr(0, mid)) && IsDigits(s.substr(mid + 4));
 }
 
+// Reads the thread group id from an open /proc/PID directory (its `status`).
+Result<pid_t> TgidOf(int proc_dir) {
+  UniqueFd st(openat(proc_dir, "status", O_RDONLY | O_CLOEXEC));
+  if (!st.valid()) return Status::FromErrno(errno, "status of the process");
+  char text[4096];
+  ssize_t n;
+  do {
+    n = read(st.get(), text, sizeof(text) - 1);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Status::FromErrno(errno, "status of the process");
+  text[n] = '\0';
+  const char* line = std::strstr(text, "\nTgid:");
+  long tgid = 0;
+  if (line == nullptr || std::sscanf(line + 6, "%ld", &tgid) != 1 || tgid <= 0) {
+    return Status::IoError(EIO, "no Tgid in the status of the process");
+  }
+  return static_cast<pid_t>(tgid);
+}
+
+// Opens a client's memory object named by `source` (IsShmSource or IsProcFdSource) with `flags`,
+// as whoever the calling thread acts as, never blocking (O_NONBLOCK) and never following a name
+// the client could have planted:
+//   /dev/shm/NAME: NAME resolved beneath /dev/shm with no symlink at all (a link planted in the
+//     shared directory could point anywhere the daemon may open);
+//   /proc/PID/fd/N: through a /proc/PID directory fd, so the process checked is the one opened
+//     (a PID recycled in between makes the open fail). A thread of the daemon is refused: the
+//     kernel lets a process open its own /proc fds without a ptrace check, and as the daemon
+//     that would reach every client's lease page and every file the daemon has open.
+Result<UniqueFd> OpenClientMemory(const std::string& source, int flags) {
+  flags |= O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  if (IsShmSource(source)) {
+    UniqueFd shm(open("/dev/shm", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!shm.valid()) return Status::FromErrno(errno, "/dev/shm");
+    auto fd = OpenBeneath(shm.get(), source.substr(std::strlen("/dev/shm/")), flags, 0);
+    if (!fd.ok() && fd.status().error_number() == ELOOP) {
+      return Err(ELOOP, "'" + source + "' is a symbolic link (not followed)");
+    }
+    return fd;
+  }
+  const size_t mid = source.find("/fd/");
+  const std::string pid_dir = source.substr(0, mid);  // "/proc/PID"
+  UniqueFd dir(open(pid_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return Status::FromErrno(errno, "open '" + pid_dir + "'");
+  DNVME_ASSIGN_OR_RETURN(pid_t tgid, TgidOf(dir.get()));
+  if (tgid == getpid()) {
+    return Err(EACCES, "'" + source + "' is a descriptor of the daemon itself");
+  }
+  UniqueFd fd(openat(dir.get(), source.substr(mid + 1).c_str(), flags));
+  if (!fd.valid()) return Status::FromErrno(errno, "open '" + source + "'");
+  return fd;
+}
+
+// The GPU engine's pinned staging (engine/gpu/gds_handle.cc): bounce_slots chunks.
+int64_t GdsPinnedEstimate(const HandleConfig& c, const GdsOptions& o) {
+  const int64_t chunk =
+      o.bounce_chunk_bytes > 0
+          ? o.bounce_chunk_bytes
+          : std::clamp<int64_t>(c.block_size * c.queue_depth, int64_t{4} << 20, int64_t{64} << 20);
+  return chunk * o.bounce_slots;
+}
+
 // Waits until none of `h`'s transfers is running and takes every record (finished, uncollected).
 std::vector<std::shared_ptr<CtlOpRecord>> TakeFinished(CtlHandle& h) {
   std::vector<std::shared_ptr<CtlOpRecord>> done;
@@ -63,6 +127,13 @@ json RecordJson(const CtlOpRecord& r) {
 
 }  // namespace
 
+int64_t PinnedEstimate(const HandleConfig& c) {
+  const int64_t request = std::max<int64_t>(4096, (c.block_size + 4095) / 4096 * 4096);
+  const int64_t per_worker = std::min<int64_t>(
+      std::max<int64_t>(2, c.bounce_bytes_per_worker / request), std::max(2, c.queue_depth));
+  return per_worker * request * c.intra_op_parallelism;
+}
+
 CtlSession::CtlSession(ControlCore& core, uid_t owner) : fs_(core), owner_(owner) {
   fs_.ctl_counters().sessions_open.fetch_add(1, std::memory_order_relaxed);
 }
@@ -71,8 +142,8 @@ CtlSession::~CtlSession() {
   std::lock_guard lock(mu_);
   for (auto& [id, h] : handles_) ReleaseHandle(*h);
   handles_.clear();  // destroys the engines (nothing in flight)
-  for (auto& [id, map] : buffers_) ReleaseBuffer(map->size());
-  for (auto& [id, g] : gpu_buffers_) ReleaseBuffer(g->size);
+  for (auto& [id, map] : buffers_) ReleaseBuffer(id, map->size());
+  for (auto& [id, g] : gpu_buffers_) ReleaseBuffer(id, g->size);
   fs_.ctl_counters().sessions_open.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -83,19 +154,22 @@ void CtlSession::Request(std::string_view text, const Caller& caller) {
   std::string id = req.ok() ? req->id_json : ExtractCtlId(text);
   Result<std::string> body =
       req.ok() ? Dispatch(req.value(), caller) : Result<std::string>(req.status());
+  std::string answer;
   if (body.ok()) {
-    answer_ = CtlOkResponse(id, body.value());
+    answer = CtlOkResponse(id, body.value());
   } else {
     fs_.ctl_counters().request_errors.fetch_add(1, std::memory_order_relaxed);
     Logger().info("control request from pid {} uid {} refused: {}", caller.pid, caller.uid,
                   body.status().ToString());
-    answer_ = CtlErrorResponse(id, body.status());
+    answer = CtlErrorResponse(id, body.status());
   }
+  std::lock_guard al(answer_mu_);
+  answer_ = std::move(answer);
   answer_pos_ = 0;
 }
 
 std::string CtlSession::ReadAnswer(size_t size) {
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(answer_mu_);
   const size_t n = std::min(size, answer_.size() - answer_pos_);
   std::string out = answer_.substr(answer_pos_, n);
   answer_pos_ += n;
@@ -105,14 +179,19 @@ std::string CtlSession::ReadAnswer(size_t size) {
 Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& caller) {
   switch (r.op) {
     case CtlOp::kHello: {
-      const CtlLimits& l = fs_.ctl_limits();
+      const UidLimits& l = fs_.uid_limits();
+      // Per uid, all sessions together (docs/security.md).
       json j = {{"protocol", 1},
                 {"version", DaemonVersion()},
                 {"mountpoint", fs_.mountpoint()},
                 {"limits",
-                 {{"max_handles", l.max_handles},
-                  {"max_buffer_bytes", l.max_buffer_bytes},
-                  {"max_buffers", l.max_buffers},
+                 {{"max_handles", l.Max(UidResource::kHandles)},
+                  {"max_buffer_bytes", l.Max(UidResource::kRegisteredBytes)},
+                  {"max_buffers", l.Max(UidResource::kBuffers)},
+                  {"max_pinned_bytes", l.Max(UidResource::kPinnedBytes)},
+                  {"max_pending", l.Max(UidResource::kPending)},
+                  {"max_block_size", kCtlMaxBlockSize},
+                  {"max_bounce_bytes_per_worker", kCtlMaxBounceBytesPerWorker},
                   {"max_request_bytes", kMaxRequestBytes}}}};
       return j.dump();
     }
@@ -149,13 +228,25 @@ Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& call
 Result<std::string> CtlSession::OpenHandle(const CtlRequest& r) {
   DNVME_ASSIGN_OR_RETURN(HandleConfig cfg,
                          HandleConfig::FromJson(r.config_json, fs_.EngineConfig()));
-  DNVME_RETURN_IF_ERROR(fs_.TakeHandleQuota(owner_));
-  auto engine = AioHandle::Create(cfg);
-  if (!engine.ok()) {
-    fs_.ReleaseHandleQuota(owner_);
-    return engine.status().WithContext("handle.open");
+  // The engine pins its bounce buffers in the daemon: their size is bounded per buffer and per
+  // worker, and the whole pool is charged to the owner before anything is allocated.
+  if (cfg.block_size > kCtlMaxBlockSize) {
+    return Err(EINVAL, "block_size " + std::to_string(cfg.block_size) +
+                           " is above the control file's limit of " +
+                           std::to_string(kCtlMaxBlockSize) + " bytes");
   }
+  if (cfg.bounce_bytes_per_worker > kCtlMaxBounceBytesPerWorker) {
+    return Err(EINVAL, "bounce_bytes_per_worker " + std::to_string(cfg.bounce_bytes_per_worker) +
+                           " is above the control file's limit of " +
+                           std::to_string(kCtlMaxBounceBytesPerWorker) + " bytes");
+  }
+  UidLimits& limits = fs_.uid_limits();
   auto h = std::make_unique<CtlHandle>();
+  DNVME_ASSIGN_OR_RETURN(h->handle_charge, limits.Charge(owner_, UidResource::kHandles));
+  DNVME_ASSIGN_OR_RETURN(h->pinned_charge,
+                         limits.Charge(owner_, UidResource::kPinnedBytes, PinnedEstimate(cfg)));
+  auto engine = AioHandle::Create(cfg);
+  if (!engine.ok()) return engine.status().WithContext("handle.open");
   h->engine = std::move(engine).value();
   const int64_t id = next_handle_++;
   fs_.AddCtlEngine(h->engine.get());
@@ -177,25 +268,33 @@ size_t CtlSession::ReleaseHandle(CtlHandle& h) {
   std::vector<std::shared_ptr<CtlOpRecord>> done = TakeFinished(h);
   for (auto& rec : done) FinishRecord(*rec);
   fs_.RemoveCtlEngine(h.engine.get());
-  fs_.ReleaseHandleQuota(owner_);
+  h.handle_charge.Reset();
+  h.pinned_charge.Reset();
+  h.gds_pinned_charge.Reset();
   fs_.ctl_counters().handles_open.fetch_sub(1, std::memory_order_relaxed);
   return done.size();
 }
 
-void CtlSession::ReleaseBuffer(int64_t size) {
-  fs_.ReleaseBufferQuota(owner_, size);
+int64_t CtlSession::KeepBuffer(BufferCharges charges, int64_t size) {
+  const int64_t id = next_buffer_++;
+  buffer_charges_[id] = std::move(charges);
+  fs_.ctl_counters().buffers_registered.fetch_add(1, std::memory_order_relaxed);
+  fs_.ctl_counters().bytes_registered.fetch_add(static_cast<uint64_t>(size),
+                                                std::memory_order_relaxed);
+  return id;
+}
+
+void CtlSession::ReleaseBuffer(int64_t id, int64_t size) {
+  buffer_charges_.erase(id);
   fs_.ctl_counters().buffers_registered.fetch_sub(1, std::memory_order_relaxed);
   fs_.ctl_counters().bytes_registered.fetch_sub(static_cast<uint64_t>(size),
                                                 std::memory_order_relaxed);
 }
 
 Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& caller) {
-  const size_t registered = buffers_.size() + gpu_buffers_.size();
-  if (static_cast<int64_t>(registered) >= fs_.ctl_limits().max_buffers) {
-    return Err(EMFILE, "this session already has " + std::to_string(registered) +
-                           " buffers registered (the limit)");
-  }
-  if (!r.cuda_ipc.empty()) return RegisterCuda(r);
+  BufferCharges charges;
+  DNVME_ASSIGN_OR_RETURN(charges.count, fs_.uid_limits().Charge(owner_, UidResource::kBuffers));
+  if (!r.cuda_ipc.empty()) return RegisterCuda(r, std::move(charges));
   std::string source = r.shm.empty() ? r.source : "/dev/shm/" + r.shm;
   // Only shared-memory objects, named in one of two shapes; anything else (a file of this mount,
   // a device) is refused before it is opened.
@@ -208,35 +307,33 @@ Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& call
     DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
     // The caller's own permission decides: read-write when it may write the object (a pread
     // target), else read-only (a pwrite source only).
-    // /proc/PID/fd/N is a link by nature; a /dev/shm name must not be one (a link planted in
-    // the shared directory could point anywhere).
-    const int nofollow = IsShmSource(source) ? O_NOFOLLOW : 0;
-    int raw = open(source.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | nofollow);
-    if (raw < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
-      writable = false;
-      raw = open(source.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | nofollow);
+    auto opened = OpenClientMemory(source, O_RDWR);
+    const int err = opened.ok() ? 0 : opened.status().error_number();
+    if (err == EACCES || err == EPERM || err == EROFS) {
+      auto ro = OpenClientMemory(source, O_RDONLY);
+      // A refusal of the source itself (the daemon's own descriptors) stays the first answer.
+      if (ro.ok()) writable = false;
+      if (ro.ok() || ro.status().error_number() != EACCES) opened = std::move(ro);
     }
-    if (raw < 0)
-      return Status::FromErrno(errno, "open '" + source + "' as uid " + std::to_string(caller.uid));
-    fd.Reset(raw);
+    if (!opened.ok()) return opened.status().WithContext("as uid " + std::to_string(caller.uid));
+    fd = std::move(opened).value();
   }
+  // The daemon-wide table of mappings keeps its last slots for root (client_memory.h).
+  DNVME_ASSIGN_OR_RETURN(auto map, ClientMapping::Map(fd.get(), r.region_offset, r.region_size,
+                                                      writable, source, owner_ == 0));
   DNVME_ASSIGN_OR_RETURN(
-      auto map, ClientMapping::Map(fd.get(), r.region_offset, r.region_size, writable, source));
-  DNVME_RETURN_IF_ERROR(fs_.TakeBufferQuota(owner_, map->size()));
-  const int64_t id = next_buffer_++;
+      charges.bytes, fs_.uid_limits().Charge(owner_, UidResource::kRegisteredBytes, map->size()));
   const int64_t size = map->size();
   const bool sealed = map->sealed();
+  const int64_t id = KeepBuffer(std::move(charges), size);
   buffers_[id] = std::move(map);
-  fs_.ctl_counters().buffers_registered.fetch_add(1, std::memory_order_relaxed);
-  fs_.ctl_counters().bytes_registered.fetch_add(static_cast<uint64_t>(size),
-                                                std::memory_order_relaxed);
   return json{{"buffer", id}, {"size", size}, {"writable", writable}, {"sealed", sealed}}.dump();
 }
 
 // GPU memory of the client: possession of the IPC handle is the permission (CUDA's model: only
 // a process the owner handed the handle to can open it). CUDA is first initialised here, long
 // after the daemon forked (main.cc defers it until then).
-Result<std::string> CtlSession::RegisterCuda(const CtlRequest& r) {
+Result<std::string> CtlSession::RegisterCuda(const CtlRequest& r, BufferCharges charges) {
   DNVME_RETURN_IF_ERROR(gpu::DecodeIpcHandleHex(r.cuda_ipc).status());
   auto opened = gpu::IpcMapping::Open(r.cuda_ipc, static_cast<int>(r.cuda_device));
   if (!opened.ok()) {
@@ -258,13 +355,11 @@ Result<std::string> CtlSession::RegisterCuda(const CtlRequest& r) {
   g->data = g->ipc->data() + r.region_offset;
   g->size = r.region_size > 0 ? r.region_size : total - r.region_offset;
   g->device = static_cast<int>(r.cuda_device);
-  DNVME_RETURN_IF_ERROR(fs_.TakeBufferQuota(owner_, g->size));
-  const int64_t id = next_buffer_++;
+  DNVME_ASSIGN_OR_RETURN(charges.bytes,
+                         fs_.uid_limits().Charge(owner_, UidResource::kRegisteredBytes, g->size));
   const int64_t size = g->size;
+  const int64_t id = KeepBuffer(std::move(charges), size);
   gpu_buffers_[id] = std::move(g);
-  fs_.ctl_counters().buffers_registered.fetch_add(1, std::memory_order_relaxed);
-  fs_.ctl_counters().bytes_registered.fetch_add(static_cast<uint64_t>(size),
-                                                std::memory_order_relaxed);
   return json{{"buffer", id},    {"size", size}, {"writable", true},
               {"sealed", false}, {"gpu", true},  {"device", r.cuda_device}}
       .dump();
@@ -280,7 +375,11 @@ Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device) {
   }
   GdsOptions o;
   o.device = device;
+  DNVME_ASSIGN_OR_RETURN(h.gds_pinned_charge,
+                         fs_.uid_limits().Charge(owner_, UidResource::kPinnedBytes,
+                                                 GdsPinnedEstimate(h.engine->config(), o)));
   auto made = GdsHandle::Create(h.engine->config(), o);
+  if (!made.ok()) h.gds_pinned_charge.Reset();
   if (!made.ok()) return made.status().WithContext("GPU engine for this handle");
   h.gds = std::move(made).value();
   h.gds_device = device;
@@ -295,7 +394,7 @@ Result<std::string> CtlSession::Unregister(int64_t id) {
       return Err(EBUSY, "buffer " + std::to_string(id) +
                             " has transfers in flight or not yet collected by wait");
     }
-    ReleaseBuffer(g->second->size);
+    ReleaseBuffer(id, g->second->size);
     gpu_buffers_.erase(g);
     return std::string("{}");
   }
@@ -307,7 +406,7 @@ Result<std::string> CtlSession::Unregister(int64_t id) {
     return Err(EBUSY, "buffer " + std::to_string(id) +
                           " has transfers in flight or not yet collected by wait");
   }
-  ReleaseBuffer(it->second->size());
+  ReleaseBuffer(id, it->second->size());
   buffers_.erase(it);
   return std::string("{}");
 }
@@ -323,6 +422,8 @@ void CtlSession::FinishRecord(CtlOpRecord& rec) {
   rec.file = FileRef();
   rec.buffer.reset();
   rec.gpu_buffer.reset();
+  rec.file_charge.Reset();
+  rec.pending.Reset();
 }
 
 Result<std::string> CtlSession::Wait(int64_t id) {

@@ -1,22 +1,29 @@
 // The control plane behind `<mount>/.dnvme/` (docs/control-protocol.md): the `ctl` sessions and
 // the `stats` / `config` documents.
 //
-// A CtlSession belongs to one open of `ctl`. Each write() is one request, processed at once on the
-// FUSE thread that received it; the answer waits in the session for the next read(). Handles
-// (engine instances with their own parameters) and registered client buffers belong to the
-// session and go away with it (release waits for their in-flight operations first).
+// A CtlSession belongs to one open of `ctl`. Each write() is one request, run on a thread of the
+// writer's uid's lane (fs/limits/uid_lanes.h; virtual.cc hands it over) and answered from there:
+// one user's long `wait` occupies only that user's threads, never a FUSE loop thread. The answer
+// waits in the session for the next read(). Handles (engine instances with their own parameters)
+// and registered client buffers belong to the session and go away with it (release waits for
+// their in-flight operations first, on the owner's lane).
 //
 // Identity: every request acts as the process that sent it (the FUSE request's uid, gid and
 // supplementary groups): paths are opened inside BACKING_DIR with openat2(RESOLVE_BENEATH) under
 // that identity (setfsuid/setfsgid/setgroups on the serving thread only), so the kernel makes the
 // same permission decision open(2) would, ACLs included. Shared-memory objects are opened the same
-// way. Limits (handles and registered bytes) are counted per uid across all its sessions.
+// way (docs/security.md for which /dev/shm and /proc names). Everything a session makes the daemon
+// hold -- handles, their pinned bounce memory, registered buffers and bytes, uncollected async
+// transfers and the files they keep open -- is charged to the session owner's uid in the core's
+// UidLimits (fs/limits/uid_limits.h), so a user at a limit is refused alone.
 //
-// Thread contract: a session serialises its own requests (one mutex); different sessions run in
-// parallel. Completion callbacks of a session's asynchronous transfers run on engine workers and
-// only touch the per-handle record list under its own mutex. Coherence work (draining the
-// mount's write-behind, invalidating read-ahead and the kernel's page cache) runs on the FUSE
-// thread, never in a callback, so a callback never waits for a FUSE reply.
+// Thread contract: a session serialises its own requests (mu_); different sessions run in
+// parallel. ReadAnswer takes only the answer's own mutex, so a read never waits for a request
+// that is still running (a FUSE thread serves the read). Completion callbacks of a session's
+// asynchronous transfers run on engine workers and only touch the per-handle record list under its
+// own mutex. Coherence work (draining the mount's write-behind, invalidating read-ahead and the
+// kernel's page cache) runs on the FUSE thread, never in a callback, so a callback never waits for
+// a FUSE reply.
 #pragma once
 
 #include <sys/types.h>
@@ -35,6 +42,7 @@
 #include "dnvme/handle.h"
 #include "fs/control/client_memory.h"
 #include "fs/control/ctl_protocol.h"
+#include "fs/limits/uid_limits.h"
 
 namespace dnvme::fs {
 
@@ -62,12 +70,14 @@ struct CtlCounters {
   std::atomic<uint64_t> config_changes{0};
 };
 
-struct CtlLimits {
-  int64_t max_handles = 8;                       // per uid, all sessions together
-  int64_t max_buffer_bytes = int64_t{64} << 30;  // registered bytes per uid
-  int64_t max_buffers = 256;                     // per session
-  int64_t max_pending = 4096;                    // async operations not yet collected, per handle
-};
+// Bounds of a control handle's engine parameters (docs/security.md): its bounce pool is pinned
+// in the daemon, so a client may not size it at will.
+inline constexpr int64_t kCtlMaxBlockSize = int64_t{64} << 20;
+inline constexpr int64_t kCtlMaxBounceBytesPerWorker = int64_t{1} << 30;
+// The pinned memory a handle's engine may take at most: per worker, min(max(2, bounce bytes /
+// request), max(2, queue depth)) bounce buffers of the block size rounded up to 4 KiB
+// (engine/handle/worker.cc, Worker::BouncePool).
+int64_t PinnedEstimate(const HandleConfig& c);
 
 // A client's GPU memory, opened from its CUDA IPC handle (buffer.register with cuda_ipc): the
 // range [data, data + size) of the exported allocation. Closed with the last reference.
@@ -93,6 +103,9 @@ struct CtlOpRecord {
   std::shared_ptr<CtlGpuBuffer> gpu_buffer;  // GPU memory
   Inode* pinned = nullptr;
   FileRef file;
+  // An async record counts against its uid's ctl_max_pending and max_files_per_uid until `wait`
+  // collects it (the file stays open until then).
+  UidCharge pending, file_charge;
 };
 
 struct CtlHandle {
@@ -105,6 +118,9 @@ struct CtlHandle {
   std::condition_variable cv;
   std::vector<std::shared_ptr<CtlOpRecord>> ops;  // guarded by m; submission order
   int running = 0;                                // guarded by m
+  // Its place in the owner's ctl_max_handles, and its pinned estimate in ctl_max_pinned (once
+  // more for the GPU engine, which sizes its own bounce buffers from the same configuration).
+  UidCharge handle_charge, pinned_charge, gds_pinned_charge;
 };
 
 // What the control plane needs from the filesystem core, and nothing more: pinning an inode the
@@ -112,7 +128,7 @@ struct CtlHandle {
 // drop read-ahead and the kernel's cache after one), the per-uid limits, and the live engine
 // configuration and stats. Fs implements it (fs/fs.h); sessions see only this.
 //
-// Thread contract: every method is thread-safe (called from FUSE threads serving ctl requests).
+// Thread contract: every method is thread-safe (called from the lane threads serving ctl requests).
 class ControlCore {
  public:
   virtual ~ControlCore() = default;
@@ -129,12 +145,8 @@ class ControlCore {
   // After a file was created in BACKING_DIR outside FUSE: drop the kernel's negative dentry.
   virtual void AfterExternalCreate(const std::string& dir_rel, const std::string& name) = 0;
 
-  // Per-uid limits across all sessions.
-  virtual Status TakeHandleQuota(uid_t uid) = 0;
-  virtual void ReleaseHandleQuota(uid_t uid) = 0;
-  virtual Status TakeBufferQuota(uid_t uid, int64_t bytes) = 0;
-  virtual void ReleaseBufferQuota(uid_t uid, int64_t bytes) = 0;
-  virtual const CtlLimits& ctl_limits() const = 0;
+  // Per-uid limits across all sessions (and the broker, and the mount's own opens).
+  virtual UidLimits& uid_limits() = 0;
   virtual CtlCounters& ctl_counters() = 0;
 
   // The mount's engine configuration (config.get/config.set) and its stats; session engines
@@ -161,13 +173,19 @@ class CtlSession {
   void Request(std::string_view text, const Caller& caller);
   // Copies up to `size` bytes of the pending answer (consumed as read); empty at its end.
   std::string ReadAnswer(size_t size);
+  // The uid that opened the session: its limits are charged.
+  uid_t owner() const { return owner_; }
 
  private:
+  // What a registered buffer holds of its owner's limits (ctl_max_buffers, ctl_max_bytes).
+  struct BufferCharges {
+    UidCharge count, bytes;
+  };
   Result<std::string> Dispatch(const CtlRequest& r, const Caller& caller);
   Result<std::string> OpenHandle(const CtlRequest& r);
   Result<std::string> CloseHandle(int64_t id);
   Result<std::string> Register(const CtlRequest& r, const Caller& caller);
-  Result<std::string> RegisterCuda(const CtlRequest& r);
+  Result<std::string> RegisterCuda(const CtlRequest& r, BufferCharges charges);
   Result<std::string> Unregister(int64_t id);
   Result<std::string> Transfer(const CtlRequest& r, const Caller& caller);
   Result<std::string> Wait(int64_t id);
@@ -178,21 +196,25 @@ class CtlSession {
   // Waits for `h`'s transfers, finishes their records and gives the handle's engine and quota
   // back (the caller then drops `h`); returns how many outcomes were never collected.
   size_t ReleaseHandle(CtlHandle& h);
-  // Gives a buffer's quota and counters back (the caller then drops the mapping).
-  void ReleaseBuffer(int64_t size);
+  // Keeps a new buffer's charges and counts it; returns its id.
+  int64_t KeepBuffer(BufferCharges charges, int64_t size);
+  // Gives a buffer's charges and counters back (the caller then drops the mapping).
+  void ReleaseBuffer(int64_t id, int64_t size);
   // The handle's GdsHandle for GPU buffers on `device`, created on first use.
   Result<GdsHandle*> GpuEngine(CtlHandle& h, int device);
 
   ControlCore& fs_;  // the core, through the interface above only
   const uid_t owner_;
-  std::mutex mu_;  // serialises requests; guards everything below
+  std::mutex answer_mu_;  // guards answer_ and answer_pos_ only (never held for long)
   std::string answer_;
   size_t answer_pos_ = 0;
+  std::mutex mu_;  // serialises requests; guards everything below
   int64_t next_handle_ = 1, next_buffer_ = 1;
   uint64_t next_op_ = 1;
   std::map<int64_t, std::unique_ptr<CtlHandle>> handles_;
   std::map<int64_t, std::shared_ptr<ClientMapping>> buffers_;
   std::map<int64_t, std::shared_ptr<CtlGpuBuffer>> gpu_buffers_;  // ids shared with buffers_
+  std::map<int64_t, BufferCharges> buffer_charges_;  // every buffer of both maps, by id
 };
 
 }  // namespace dnvme::fs

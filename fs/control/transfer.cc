@@ -16,6 +16,8 @@
 #include "engine/common/log.h"
 #include "engine/posix/file.h"
 #include "fs/control/as_caller.h"
+#include "fs/limits/uid_limits.h"
+#include "fs/setid.h"
 
 namespace dnvme::fs {
 namespace {
@@ -55,6 +57,14 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   }
   if (map != nullptr && map->revoked())
     return CtlError(EFAULT, "buffer " + std::to_string(r.buffer) + " was shrunk by its owner");
+  // An async transfer holds its file open until `wait` collects it: both count against the
+  // owner's limits from now on (a user cannot fill the daemon's descriptor table).
+  UidCharge pending, file_charge;
+  if (r.async) {
+    UidLimits& limits = fs_.uid_limits();
+    DNVME_ASSIGN_OR_RETURN(pending, limits.Charge(owner_, UidResource::kPending));
+    DNVME_ASSIGN_OR_RETURN(file_charge, limits.Charge(owner_, UidResource::kFiles));
+  }
 
   // Open the file as the caller: the same permission decision as open(2) on the mount.
   UniqueFd fd;
@@ -75,6 +85,12 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat '" + r.path + "'");
   if (!S_ISREG(st.st_mode)) return CtlError(EINVAL, "'" + r.path + "' is not a regular file");
   if (created) fs_.AfterExternalCreate(Dirname(r.path), Basename(r.path));
+  // The daemon writes with CAP_FSETID: a user's pwrite clears set-user-ID / set-group-ID itself,
+  // as the same write through the mount would (the kernel's cached mode goes with the inode's
+  // attributes after the transfer, FinishRecord).
+  if (write && caller.uid != 0 && (st.st_mode & (S_ISUID | S_ISGID)) != 0) {
+    DNVME_RETURN_IF_ERROR(DropSetIdForWriter(fd.get(), caller.gid, caller.groups).status());
+  }
 
   auto rec = std::make_shared<CtlOpRecord>();
   rec->op_id = next_op_++;
@@ -84,6 +100,8 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   rec->length = r.length;
   rec->buffer = map;
   rec->gpu_buffer = gbuf;
+  rec->pending = std::move(pending);
+  rec->file_charge = std::move(file_charge);
   // Coherence with the mount: data still in the mount's write-behind must reach the file first
   // (a read sees it; a write is not overwritten by it later).
   rec->pinned = fs_.PinInode(st.st_dev, st.st_ino);
@@ -132,12 +150,6 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
 
   {
     std::lock_guard hl(h.m);
-    if (static_cast<int64_t>(h.ops.size()) >= fs_.ctl_limits().max_pending) {
-      FinishRecord(*rec);
-      return CtlError(EAGAIN, "handle " + std::to_string(r.handle) + " has " +
-                                  std::to_string(h.ops.size()) +
-                                  " operations not yet collected; call wait first");
-    }
     h.ops.push_back(rec);
     ++h.running;
   }

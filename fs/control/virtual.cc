@@ -1,6 +1,7 @@
 #include "fs/control/virtual.h"
 
 #include <fcntl.h>
+#include <linux/fuse.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,6 +27,10 @@ using nlohmann::json;
 
 // Control nodes' inode numbers as the kernel shows them: far from any real ext4/xfs number.
 constexpr ino_t kVirtualInoBase = 0x7fffffff00000000ULL;
+// The size `ctl` claims: beyond the largest write(2) (MAX_RW_COUNT, 2 GiB less a page) from its
+// stream position 0, so the kernel never sees a write past EOF, which it would serialise
+// (fuse_dio_wr_exclusive_lock).
+constexpr off_t kCtlFileSize = off_t{1} << 31;
 
 struct NodeInfo {
   VirtualNode kind;
@@ -65,6 +70,7 @@ void FillStat(VirtualNode kind, struct stat* st, const struct timespec& t) {
     if (f.kind == kind) st->st_mode = f.mode;
   }
   st->st_nlink = 1;
+  if (kind == VirtualNode::kCtl) st->st_size = kCtlFileSize;
 }
 
 fuse_entry_param EntryOf(Fs& fs, VirtualNode kind, const struct timespec& t) {
@@ -152,6 +158,9 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
   if (kind == VirtualNode::kConfig && acc != O_RDONLY && !fs.MayReconfigure(caller_uid)) {
     return ConfigRefused(caller_uid);
   }
+  if (kind == VirtualNode::kCtl && (fi->flags & O_APPEND)) {
+    return CtlError(EINVAL, std::string(kCtlDirName) + "/ctl takes no O_APPEND");
+  }
   auto vf = std::make_unique<VirtualFile>();
   vf->kind = kind;
   if (kind == VirtualNode::kCtl) {
@@ -183,35 +192,56 @@ std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_
   return vf->snapshot.substr(from, n);
 }
 
-Result<size_t> VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi) {
+uint32_t VirtualOpenFlags(fuse_ino_t ino) {
+  return KindOf(ino) == VirtualNode::kCtl ? FOPEN_PARALLEL_DIRECT_WRITES | FOPEN_STREAM : 0;
+}
+
+void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi,
+                  VirtualWriteReply reply) {
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
   const size_t size = fuse_buf_size(bufv);
+  // The bytes are copied out here: `bufv` belongs to the FUSE thread's request buffer.
   std::string text(size, '\0');
   fuse_bufvec dst = FUSE_BUFVEC_INIT(size);
   dst.buf[0].mem = text.data();
   const ssize_t got = fuse_buf_copy(&dst, bufv, static_cast<fuse_buf_copy_flags>(0));
   if (got < 0) {
-    return Status::FromErrno(static_cast<int>(-got), "reading a write to a control file");
+    return reply(Status::FromErrno(static_cast<int>(-got), "reading a write to a control file"));
   }
   text.resize(static_cast<size_t>(got));
   if (vf->kind == VirtualNode::kCtl) {
-    vf->session->Request(text, caller);
-    return size;
+    // O_APPEND set after the open (fcntl): the kernel holds the inode's lock exclusively for
+    // this write, so it is answered at once rather than run.
+    if (fi->flags & O_APPEND) {
+      return reply(CtlError(EINVAL, std::string(kCtlDirName) + "/ctl takes no O_APPEND"));
+    }
+    CtlSession* session = vf->session.get();
+    if (!fs.RepliesMayBeDeferred()) {
+      session->Request(text, caller);
+      return reply(size);
+    }
+    // The session outlives the job: the kernel releases the file only after every write to it
+    // has been answered, and Fs::Stop shuts the lanes down before open files are deleted.
+    Status queued =
+        fs.ctl_lanes().Submit(caller.uid, [session, text = std::move(text), caller, reply, size] {
+          session->Request(text, caller);
+          reply(size);
+        });
+    if (!queued.ok()) reply(queued);
+    return;
   }
   if (vf->kind != VirtualNode::kConfig) {
-    return CtlError(EBADF, std::string(kCtlDirName) + "/stats is read-only");
+    return reply(CtlError(EBADF, std::string(kCtlDirName) + "/stats is read-only"));
   }
-  if (!fs.MayReconfigure(caller.uid)) {
-    return ConfigRefused(caller.uid);
-  }
+  if (!fs.MayReconfigure(caller.uid)) return reply(ConfigRefused(caller.uid));
   auto applied = fs.SetEngineConfig(text);
   if (!applied.ok()) {
     Logger().warn("write to {}/config refused: {}", kCtlDirName, applied.status().ToString());
     // EINVAL whatever the cause (a bad document, or an engine the new values could not create):
     // the old configuration stays in force.
-    return CtlError(EINVAL, "config refused: " + applied.status().message());
+    return reply(CtlError(EINVAL, "config refused: " + applied.status().message()));
   }
-  return size;
+  reply(size);
 }
 
 std::optional<Status> VirtualNoop(fuse_ino_t ino) {
@@ -221,9 +251,21 @@ std::optional<Status> VirtualNoop(fuse_ino_t ino) {
 
 std::optional<Status> VirtualRelease(Fs& fs, fuse_ino_t ino, fuse_file_info* fi) {
   if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
-  // A ctl session waits here for its in-flight transfers, then unmaps its buffers. The control
-  // dir's open has no VirtualFile (fh 0).
-  if (fi->fh != 0) fs.Dispose(reinterpret_cast<VirtualFile*>(fi->fh));
+  // The control dir's open has no VirtualFile (fh 0).
+  auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
+  if (vf == nullptr) return Status::Ok();
+  // A ctl session waits for its in-flight transfers, then unmaps its buffers: on its owner's
+  // lane, so neither this FUSE thread nor another user waits for that user's transfers. (Held
+  // through a shared_ptr: lane jobs are copyable callables.)
+  std::shared_ptr<CtlSession> session(std::move(vf->session));
+  fs.Dispose(vf);
+  if (session != nullptr && fs.RepliesMayBeDeferred()) {
+    const uid_t owner = session->owner();
+    // Never refused for a full queue: the session must go. After shutdown (not taken) it goes
+    // here, with the last reference.
+    (void)fs.ctl_lanes().Submit(
+        owner, [session]() mutable { session.reset(); }, UidLanes::IfFull::kQueue);
+  }
   return Status::Ok();
 }
 
@@ -489,43 +531,9 @@ void Fs::AfterExternalCreate(const std::string& dir_rel, const std::string& name
   if (pinned != nullptr) Unpin(pinned);
 }
 
-Status Fs::TakeHandleQuota(uid_t uid) {
-  std::lock_guard lock(quota_mu_);
-  auto& q = quota_[uid];
-  if (q.first >= ctl_limits_.max_handles) {
-    return Status::ResourceExhausted(EMFILE, "uid " + std::to_string(uid) + " already has " +
-                                                 std::to_string(q.first) +
-                                                 " control handles open (limit ctl_max_handles=" +
-                                                 std::to_string(ctl_limits_.max_handles) + ")");
-  }
-  ++q.first;
-  return Status::Ok();
-}
-
-void Fs::ReleaseHandleQuota(uid_t uid) {
-  std::lock_guard lock(quota_mu_);
-  auto& q = quota_[uid];
-  if (q.first > 0) --q.first;
-}
-
-Status Fs::TakeBufferQuota(uid_t uid, int64_t bytes) {
-  std::lock_guard lock(quota_mu_);
-  auto& q = quota_[uid];
-  if (bytes > ctl_limits_.max_buffer_bytes - q.second) {
-    return Status::ResourceExhausted(
-        EDQUOT,
-        "registering " + std::to_string(bytes) + " bytes would take uid " + std::to_string(uid) +
-            " past its limit of " + std::to_string(ctl_limits_.max_buffer_bytes) +
-            " registered bytes (ctl_max_bytes=); " + std::to_string(q.second) + " are registered");
-  }
-  q.second += bytes;
-  return Status::Ok();
-}
-
-void Fs::ReleaseBufferQuota(uid_t uid, int64_t bytes) {
-  std::lock_guard lock(quota_mu_);
-  auto& q = quota_[uid];
-  q.second = std::max<int64_t>(0, q.second - bytes);
+bool Fs::RepliesMayBeDeferred() const {
+  // A ring entry must be answered by the thread serving it (fs/transport/uring_loop.h).
+  return transport_ == nullptr || transport_->kind() != Transport::Kind::kUring;
 }
 
 void Fs::AddCtlEngine(AioHandle* h) {

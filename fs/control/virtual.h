@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,7 +41,9 @@ bool IsVirtualName(fuse_ino_t parent, const char* name);
 
 // The control dir (under its name at the root) or a file in it; ENOENT for any other name in it.
 std::optional<Result<fuse_entry_param>> VirtualLookup(Fs& fs, fuse_ino_t parent, const char* name);
-// Always a stat when `ino` is a control node.
+// Always a stat when `ino` is a control node. `ctl` says it is larger than any write can reach
+// (2 GiB: its opens are streams, so each write starts at 0), which with
+// FOPEN_PARALLEL_DIRECT_WRITES (VirtualOpenFlags) lets the kernel take the inode's lock shared.
 std::optional<Result<struct stat>> VirtualGetattr(fuse_ino_t ino);
 // Size and times are accepted and ignored (`echo > config` truncates first); the rest is EPERM.
 std::optional<Result<struct stat>> VirtualSetattr(fuse_ino_t ino, int valid);
@@ -47,19 +51,35 @@ std::optional<Result<struct stat>> VirtualSetattr(fuse_ino_t ino, int valid);
 // On success `fi` is filled in (fh is a VirtualFile tracked by `fs`, direct_io, ...) and the op
 // answers with it; if that reply fails, VirtualRelease(fs, ino, fi) undoes the open.
 // `caller_uid` decides who may write config and owns a ctl session.
+// A ctl open with O_APPEND is refused (EINVAL): the kernel serialises appends on the inode, so
+// one user's long request would hold every other user's write.
 std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse_file_info* fi);
+// FOPEN_* flags an open of `ino` needs beyond what fuse_file_info can say (libfuse 3.14): for
+// ctl, FOPEN_PARALLEL_DIRECT_WRITES and FOPEN_STREAM, so writes by different users take the
+// kernel's inode lock shared and run in parallel (fs/fuse/ops_common.cc, ReplyVirtualOpen). 0 for
+// every other node.
+uint32_t VirtualOpenFlags(fuse_ino_t ino);
 // The bytes to answer: the ctl session's pending answer (consumed), or up to `size` bytes of the
 // stats/config snapshot at `off` (refreshed when reading from 0). Never fails.
 std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_t off,
                                        fuse_file_info* fi);
 // A write to an open control file (call only when IsVirtual(ino): gathering the caller's groups
-// reads /proc, which no data write should pay for): a ctl request, run at once, or a config
-// patch. Returns the byte count to acknowledge, all of `bufv` (a refused ctl request still
-// counts: its error is the answer read next).
-Result<size_t> VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi);
+// reads /proc, which no data write should pay for), answered through `reply` with the byte count
+// to acknowledge (all of `bufv`: a refused ctl request still counts, its error is the answer
+// read next) or an error.
+//   ctl: the request (copied out of `bufv` first) runs on the caller uid's lane (Fs::ctl_lanes,
+//     fs/limits/uid_lanes.h) and `reply` is called from there when it is done; this returns at
+//     once. A full lane is answered EAGAIN, a write with O_APPEND EINVAL, both at once. Where
+//     replies cannot be deferred (FUSE over io_uring) the request runs here.
+//   config: the patch is applied and answered before this returns.
+// `reply` is called exactly once, on any thread.
+using VirtualWriteReply = std::function<void(const Result<size_t>&)>;
+void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi,
+                  VirtualWriteReply reply);
 // flush and fsync: nothing to do, always OK.
 std::optional<Status> VirtualNoop(fuse_ino_t ino);
-// Disposes of the open's VirtualFile; a ctl session waits for its in-flight transfers first.
+// Disposes of the open's VirtualFile. A ctl session waits for its in-flight transfers first: that
+// wait runs on the owner's lane, after the release has been answered.
 std::optional<Status> VirtualRelease(Fs& fs, fuse_ino_t ino, fuse_file_info* fi);
 
 // ENOTDIR for a control file; for the control dir, `fi` is filled in for the op's open reply.

@@ -35,17 +35,22 @@ Inode::~Inode() {
 
 Fs::Fs(MountOptions opts)
     : opts_(std::move(opts)),
+      uid_limits_(UidLimits::Maxima{
+          opts_.ctl_max_handles, opts_.ctl_max_bytes, opts_.ctl_max_buffers, opts_.ctl_max_pinned,
+          opts_.ctl_max_pending, opts_.max_files_per_uid, opts_.broker_max_conns_per_uid}),
+      ctl_lanes_(UidLanes::Options{.threads_per_key = opts_.ctl_threads_per_uid,
+                                   .max_queued = 256,
+                                   .idle = std::chrono::milliseconds(2000),
+                                   .option = "ctl_threads_per_uid"}),
       ctl_dir_(&wb_shared_, &ra_shared_),
       ctl_node_(&wb_shared_, &ra_shared_),
       stats_node_(&wb_shared_, &ra_shared_),
       config_node_(&wb_shared_, &ra_shared_),
       broker_node_(&wb_shared_, &ra_shared_),
-      root_(&wb_shared_, &ra_shared_) {
-  ctl_limits_.max_handles = opts_.ctl_max_handles;
-  ctl_limits_.max_buffer_bytes = opts_.ctl_max_bytes;
-}
+      root_(&wb_shared_, &ra_shared_) {}
 
 Fs::~Fs() {
+  ctl_lanes_.Shutdown();  // control requests still queued use the sessions deleted below
   DrainAll();
   {
     // Files still open when the session ended: the kernel will never release them.
@@ -190,6 +195,9 @@ Status Fs::Preflight() {
 }
 
 void Fs::Stop() {
+  // Control requests answer from their lanes: they finish while the session can still take the
+  // replies, and before the engines they use go.
+  ctl_lanes_.Shutdown();
   broker_.reset();  // ends the clients' leases (their inodes stay pinned until then)
   DrainAll();
   splicers_.reset();  // idle after DrainAll; joins its threads

@@ -24,6 +24,8 @@
 #include "fs/fuse/fuse_status.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
+#include "fs/fuse/passthrough.h"
+#include "fs/setid.h"
 
 namespace dnvme::fs::ops {
 
@@ -76,7 +78,10 @@ void ReplyWritten(fuse_req_t req, const Result<size_t>& written) {
 
 void ReplyVirtualOpen(fuse_req_t req, fuse_ino_t ino, const Status& st, fuse_file_info* fi) {
   if (!st.ok()) return ReplyStatus(req, st);
-  if (fuse_reply_open(req, fi) == -ENOENT) (void)VirtualRelease(FsOf(req), ino, fi);
+  // ctl's opens carry flags fuse_file_info cannot (VirtualOpenFlags): a reply built by hand.
+  const uint32_t extra = VirtualOpenFlags(ino);
+  const int rc = extra != 0 ? ReplyOpenWithFlags(req, *fi, extra) : fuse_reply_open(req, fi);
+  if (rc == -ENOENT) (void)VirtualRelease(FsOf(req), ino, fi);
 }
 
 bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err) {
@@ -190,14 +195,13 @@ int KillPrivs(fuse_req_t req, Inode& in, bool* killed) {
   if (killed != nullptr) *killed = false;
   struct stat st {};
   if (fstatat(in.fd, "", &st, AT_EMPTY_PATH) != 0) return errno;
+  // Most files have neither bit: the writer's groups (a /proc read) only when one is set. The
+  // rule itself is DropSetIdForWriter's (fs/setid.h), shared with the control file's pwrite.
   if ((st.st_mode & (S_ISUID | S_ISGID)) == 0) return 0;
-  mode_t kill = st.st_mode & S_ISUID;
-  if ((st.st_mode & S_ISGID) && ((st.st_mode & S_IXGRP) || !CallerInGroup(req, st.st_gid))) {
-    kill |= S_ISGID;
-  }
-  if (kill == 0) return 0;
-  if (chmod(ProcPath(in.fd).c_str(), st.st_mode & 07777 & ~kill) != 0) return errno;
-  if (killed != nullptr) *killed = true;
+  const Caller c = CallerOf(req);
+  auto dropped = DropSetIdForWriter(in.fd, c.gid, c.groups);
+  if (!dropped.ok()) return ErrnoOf(dropped.status());
+  if (killed != nullptr) *killed = dropped.value();
   return 0;
 }
 

@@ -215,7 +215,12 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 }
 
 void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
-  if (IsVirtual(ino)) return ReplyWritten(req, VirtualWrite(FsOf(req), CallerOf(req), bufv, fi));
+  if (IsVirtual(ino)) {
+    // A ctl request is answered later, from its writer's lane (VirtualWrite): `req` stays valid
+    // until that one reply.
+    return VirtualWrite(FsOf(req), CallerOf(req), bufv, fi,
+                        [req](const Result<size_t>& written) { ReplyWritten(req, written); });
+  }
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
   Transport* const transport = fs.transport();

@@ -90,6 +90,13 @@ wire::OpenOut OpenOutOf(const fuse_file_info& fi, int32_t backing_id) {
   return o;
 }
 
+// Sends a fuse_open_out built by hand (libfuse 3.14's fuse_reply_open fills it from
+// fuse_file_info alone).
+int SendOpenOut(fuse_req_t req, wire::OpenOut o) {
+  iovec iov{&o, sizeof(o)};
+  return fuse_reply_iov(req, &iov, 1);
+}
+
 }  // namespace
 
 OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
@@ -140,9 +147,21 @@ void EndOpen(Fs& fs, Inode& in, bool passthrough) {
 }
 
 int ReplyOpenPassthrough(fuse_req_t req, const fuse_file_info& fi, int32_t backing_id) {
-  wire::OpenOut o = OpenOutOf(fi, backing_id);
-  iovec iov{&o, sizeof(o)};
-  return fuse_reply_iov(req, &iov, 1);
+  return SendOpenOut(req, OpenOutOf(fi, backing_id));
+}
+
+int ReplyOpenWithFlags(fuse_req_t req, const fuse_file_info& fi, uint32_t extra) {
+  // What libfuse's fill_open sends for `fi`, then `extra`.
+  uint32_t flags = extra;
+  if (fi.direct_io) flags |= FOPEN_DIRECT_IO;
+  if (fi.keep_cache) flags |= FOPEN_KEEP_CACHE;
+  if (fi.nonseekable) flags |= FOPEN_NONSEEKABLE;
+  if (fi.noflush) flags |= FOPEN_NOFLUSH;
+  if (fi.cache_readdir) flags |= FOPEN_CACHE_DIR;
+  wire::OpenOut o{};
+  o.fh = fi.fh;
+  o.open_flags = flags;
+  return SendOpenOut(req, o);
 }
 
 int ReplyCreatePassthrough(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,

@@ -57,5 +57,9 @@ void EndOpen(Fs& fs, Inode& in, bool passthrough);
 int ReplyOpenPassthrough(fuse_req_t req, const fuse_file_info& fi, int32_t backing_id);
 int ReplyCreatePassthrough(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,
                            int32_t backing_id);
+// An open reply with FOPEN_* flags libfuse 3.14's fuse_file_info cannot carry (`extra`, e.g.
+// FOPEN_PARALLEL_DIRECT_WRITES, FOPEN_STREAM) on top of those it can (direct_io, keep_cache,
+// nonseekable, noflush, cache_readdir), built the same way. Returns what fuse_reply_iov returns.
+int ReplyOpenWithFlags(fuse_req_t req, const fuse_file_info& fi, uint32_t extra);
 
 }  // namespace dnvme::fs::ops

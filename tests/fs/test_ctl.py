@@ -6,10 +6,14 @@ Run: /usr/bin/python3 -m unittest -v tests.fs.test_ctl   (root: the security cas
 """
 
 import errno
+import fcntl
 import hashlib
 import json
 import mmap
 import os
+import socket
+import stat
+import struct
 import subprocess
 import sys
 import time
@@ -82,6 +86,70 @@ class Shm:
             pass
 
 
+# A raw client of the descriptor broker (include/dnvme/broker.h), for root here and, as text, for
+# the children that drop to uid 65534 (exec'd there too).
+BROKER_PY = r'''
+import os, socket, struct
+BROKER_MAGIC, BROKER_HELLO, BROKER_OPEN = 0x444e5642, 1, 2
+REQUEST = struct.Struct("=IIQQqqII4096s")  # struct Request: 4144 bytes
+REPLY = struct.Struct("=IiQIIq512s")       # struct Reply: 544 bytes
+def broker_connect(mnt, timeout=10.0):
+    with open(os.path.join(mnt, ".dnvme", "broker")) as f:
+        name = [l for l in f.read().splitlines() if l.startswith("socket @")][0][len("socket @"):]
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(timeout)
+    s.connect("\0" + name)
+    return s
+def broker_call(s, op, path=b"", flags=0, ino=0):
+    s.send(REQUEST.pack(BROKER_MAGIC, op, 0, ino, 0, 0, flags, len(path), path))
+    msg, fds, _, _ = socket.recv_fds(s, REPLY.size, 4)
+    for fd in fds:
+        os.close(fd)
+    if not msg:
+        return {"error": "closed"}
+    _, error, lease, slot, rflags, size, message = REPLY.unpack(msg)
+    return {"error": error, "message": message.split(b"\0")[0].decode(), "fds": len(fds)}
+'''
+exec(BROKER_PY)
+
+# What every child that acts as uid 65534 starts with: the identity, a ctl session class and the
+# broker client; `mnt` is argv[1], `res` what it prints as JSON.
+NOBODY_PY = r'''
+import ctypes, json, os, sys, time
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+# setuid() from root left this process non-dumpable, which a login of that user would not be;
+# the kernel then refuses everyone else /proc/PID/fd access. Undo it (PR_SET_DUMPABLE).
+ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)
+mnt = sys.argv[1]
+class Session:
+    def __init__(self):
+        self.fd = os.open(os.path.join(mnt, ".dnvme", "ctl"), os.O_RDWR)
+    def req(self, **kw):
+        os.write(self.fd, json.dumps(kw).encode())
+        out = b""
+        while True:
+            c = os.read(self.fd, 1 << 20)
+            if not c:
+                return json.loads(out)
+            out += c
+def code(a):
+    return "OK" if a["ok"] else a["error"]["code"]
+def message(a):
+    return "" if a["ok"] else a["error"]["message"]
+def shm(i, size=1 << 20):
+    name = "dnvme-nobody-%d-%d" % (os.getpid(), i)
+    fd = os.open("/dev/shm/" + name, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, size)
+    os.close(fd)
+    return name
+def shm_cleanup():
+    for n in os.listdir("/dev/shm"):
+        if n.startswith("dnvme-nobody-%d-" % os.getpid()):
+            os.unlink("/dev/shm/" + n)
+res = {}
+''' + BROKER_PY
+
+
 class CtlCase(mh.MountedTestCase):
     MOUNT_OPTIONS = ("allow_other", "default_permissions")
 
@@ -123,6 +191,22 @@ class CtlCase(mh.MountedTestCase):
 
     def stats(self):
         return self.ctl.ok("stats")["stats"]
+
+    def as_nobody(self, body, *args, timeout=60):
+        """Runs NOBODY_PY + `body` as uid 65534 (argv: the mount, then `args`); returns the JSON
+        it prints. Skips when the scratch directory is not reachable by other users."""
+        os.chmod(self.scratch.path, 0o755)
+        d = os.path.dirname(self.scratch.path)
+        while d != "/":
+            if not os.stat(d).st_mode & 0o001:
+                self.skipTest("%s is not searchable by other users" % d)
+            d = os.path.dirname(d)
+        r = subprocess.run([PY, "-c", NOBODY_PY + body, self.mnt] + [str(a) for a in args],
+                           capture_output=True, timeout=timeout)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        # Its sessions are released (and their charges given back) after the child exited.
+        self.wait_sessions(1)
+        return json.loads(r.stdout)
 
     def wait_sessions(self, n, timeout=60.0):
         """RELEASE of a closed file reaches the daemon asynchronously (and a session's release
@@ -766,7 +850,7 @@ class LimitsTest(CtlCase):
             self.assertErr(other.req("handle.open"), "EMFILE", "third handle of the uid")
             s1, s2 = self.shm(2 * MiB), self.shm(2 * MiB)
             self.ctl.ok("buffer.register", shm=s1.name)
-            self.assertErr(other.req("buffer.register", shm=s2.name), "EDQUOT", "past 3M")
+            self.assertErr(other.req("buffer.register", shm=s2.name), "ENOMEM", "past 3M")
             other.ok("buffer.register", shm=s2.name, size=MiB)  # what is left fits
         finally:
             other.close()
@@ -871,7 +955,7 @@ class SecurityTest(CtlCase):
         self.assertEqual(res["read_secret"], "EACCES")
         self.assertEqual(res["write_rootfile"], "EACCES")
         self.assertEqual(res["create_in_rootdir"], "EACCES")
-        self.assertEqual(res["symlink_out"], "EXDEV")
+        self.assertEqual(res["symlink_out"], "ELOOP", "symlinks are never followed")
         self.assertEqual(res["fsync_secret"], "EACCES")
         self.assertEqual(res["root_shm"], "EACCES")
         self.assertEqual(res["readable_shm"], "OK")
@@ -890,6 +974,285 @@ class SecurityTest(CtlCase):
         self.assertEqual(os.stat(self.b("pubdir", "mine")).st_uid, NOBODY, "owned by the caller")
         self.assertEqual(self.ctl.ok("config.get")["config"]["queue_depth"], 128)
         self.assertTrue(self.mount.alive())
+
+
+    def test_proc_descriptors_of_the_daemon_are_refused(self):
+        """/proc/<daemon>/fd/N would reach every client's lease page (the kernel skips the ptrace
+        check within a thread group): refused for the daemon and each of its threads; other
+        /proc shapes are refused before anything is opened; a user's own memfd still works."""
+        conn = broker_connect(self.mnt)  # the daemon now holds this connection's lease page
+        try:
+            self.assertEqual(broker_call(conn, BROKER_HELLO)["error"], 0)
+            pid = self.mount.pid
+            lease_fd = None
+            for n in os.listdir("/proc/%d/fd" % pid):
+                try:
+                    if "dnvmefs-leases" in os.readlink("/proc/%d/fd/%s" % (pid, n)):
+                        lease_fd = int(n)
+                except OSError:
+                    pass
+            self.assertIsNotNone(lease_fd, "no lease page among the daemon's descriptors")
+            tid = [int(t) for t in os.listdir("/proc/%d/task" % pid) if int(t) != pid][0]
+            res = self.as_nobody(PROC_BODY, pid, tid, lease_fd)
+        finally:
+            conn.close()
+        self.assertEqual(res["daemon_fd"], "EACCES", res)
+        self.assertIn("daemon itself", res["daemon_fd_message"])
+        self.assertEqual(res["daemon_thread_fd"], "EACCES", res)
+        self.assertEqual(res["self_link"], "EINVAL")
+        self.assertEqual(res["proc_mem"], "EINVAL")
+        self.assertEqual(res["own_memfd"], "OK")
+        self.assertTrue(self.mount.alive())
+
+    def test_ctl_pwrite_by_a_user_clears_setid(self):
+        """A control-file pwrite clears set-user-ID / set-group-ID as a write through the mount
+        does (ext4's rule), though the daemon writes with CAP_FSETID; root's keeps them."""
+        for name, mode in [("suid", 0o4777), ("sgid_x", 0o2777), ("sgid_nx", 0o2766),
+                           ("sgid_mine", 0o2766), ("root_suid", 0o4777)]:
+            self.write(self.m(name), b"s" * 8192)
+            if name == "sgid_mine":
+                os.chown(self.m(name), NOBODY, NOBODY)
+            os.chmod(self.m(name), mode)
+        res = self.as_nobody(SETID_BODY)
+        for name, want in [("suid", 0o777), ("sgid_x", 0o777), ("sgid_nx", 0o766),
+                           ("sgid_mine", 0o2766)]:
+            self.assertEqual(res[name], "OK", name)
+            self.assertEqual(stat.S_IMODE(os.stat(self.b(name)).st_mode), want, name)
+            self.assertEqual(stat.S_IMODE(os.stat(self.m(name)).st_mode), want,
+                             name + " as the mount shows it")
+        s = self.shm(MiB)
+        h = self.ctl.ok("handle.open")["handle"]
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        self.ctl.ok("pwrite", handle=h, buffer=b, length=4096, path="root_suid")
+        self.assertEqual(stat.S_IMODE(os.stat(self.b("root_suid")).st_mode), 0o4777)
+
+    def test_broker_refuses_a_fifo_without_blocking(self):
+        """A broker open of a FIFO sat in open(2) until someone wrote to it, and the daemon could
+        then not stop: now it is opened O_NONBLOCK and refused as not a regular file."""
+        os.mkfifo(self.m("fifo"))
+        os.chmod(self.m("fifo"), 0o666)
+        ino = os.stat(self.m("fifo")).st_ino
+        try:
+            res = self.as_nobody(FIFO_BODY, ino)
+        finally:
+            # A broker thread stuck in open(2) (the bug) lets go once a writer comes.
+            try:
+                os.close(os.open(self.b("fifo"), os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        self.assertEqual(res["hello"], 0)
+        self.assertEqual(res["read_open"], errno.EINVAL, res)
+        self.assertIn("not a regular file", res["read_message"])
+        self.assertLess(res["read_s"], 5.0)
+        self.assertNotIn(res["write_open"], (0, "TIMEOUT"), res)
+        self.assertTrue(self.mount.alive())
+
+    def test_ctl_file_lets_writers_in_parallel(self):
+        """The kernel serialises direct writes past EOF and appends on the ctl inode; ctl claims
+        a size no write reaches and refuses O_APPEND, so writers share the inode's lock."""
+        self.assertGreaterEqual(os.stat(self.m(".dnvme", "ctl")).st_size, 1 << 31)
+        with self.assertRaises(OSError) as cm:
+            os.open(self.m(".dnvme", "ctl"), os.O_RDWR | os.O_APPEND)
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        fd = os.open(self.m(".dnvme", "ctl"), os.O_RDWR)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND)
+            with self.assertRaises(OSError) as cm:
+                os.write(fd, b'{"op": "hello"}')
+            self.assertEqual(cm.exception.errno, errno.EINVAL)
+        finally:
+            os.close(fd)
+        self.assertIs(self.ctl.req("hello")["ok"], True)
+
+
+PROC_BODY = r"""
+pid, tid, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+s = Session()
+a = s.req(op="buffer.register", source="/proc/%d/fd/%d" % (pid, n))
+res["daemon_fd"], res["daemon_fd_message"] = code(a), message(a)
+res["daemon_thread_fd"] = code(s.req(op="buffer.register", source="/proc/%d/fd/%d" % (tid, n)))
+res["self_link"] = code(s.req(op="buffer.register", source="/proc/self/fd/0"))
+res["proc_mem"] = code(s.req(op="buffer.register", source="/proc/%d/mem" % pid))
+memfd = os.memfd_create("nobody", os.MFD_ALLOW_SEALING)
+os.ftruncate(memfd, 1 << 20)
+res["own_memfd"] = code(s.req(op="buffer.register",
+                             source="/proc/%d/fd/%d" % (os.getpid(), memfd)))
+print(json.dumps(res))
+"""
+
+SETID_BODY = r"""
+s = Session()
+h = s.req(op="handle.open")["handle"]
+b = s.req(op="buffer.register", shm=shm(0))["buffer"]
+for name in ("suid", "sgid_x", "sgid_nx", "sgid_mine"):
+    res[name] = code(s.req(op="pwrite", handle=h, buffer=b, length=4096, path=name))
+shm_cleanup()
+print(json.dumps(res))
+"""
+
+FIFO_BODY = r"""
+ino = int(sys.argv[2])
+c = broker_connect(mnt, timeout=8.0)
+res["hello"] = broker_call(c, BROKER_HELLO)["error"]
+t = time.monotonic()
+try:
+    r = broker_call(c, BROKER_OPEN, b"fifo", os.O_RDONLY, ino)
+    res["read_open"], res["read_message"] = r["error"], r.get("message", "")
+except TimeoutError:
+    res["read_open"], res["read_message"] = "TIMEOUT", ""
+res["read_s"] = time.monotonic() - t
+try:
+    res["write_open"] = broker_call(c, BROKER_OPEN, b"fifo", os.O_WRONLY, ino)["error"]
+except TimeoutError:
+    res["write_open"] = "TIMEOUT"
+print(json.dumps(res))
+"""
+
+
+class PerUidLimitsTest(CtlCase):
+    """What one user may make the daemon hold (docs/security.md, "Per-uid limits"): each limit
+    refuses that user alone, names its option, and root goes on."""
+    NEED_ROOT = True
+    MOUNT_OPTIONS = ("allow_other", "default_permissions", "ctl_max_buffers=4",
+                     "ctl_max_pending=3", "ctl_max_pinned=64M", "broker_max_conns_per_uid=3")
+
+    def test_buffer_limit_per_uid_then_root_still_registers(self):
+        res = self.as_nobody(r"""
+a, b = Session(), Session()
+res["first"] = [code(a.req(op="buffer.register", shm=shm(i))) for i in range(3)]
+res["other_session"] = code(b.req(op="buffer.register", shm=shm(3)))
+past = b.req(op="buffer.register", shm=shm(4))
+res["past"], res["past_message"] = code(past), message(past)
+res["unregister"] = code(a.req(op="buffer.unregister", buffer=1))
+res["again"] = code(b.req(op="buffer.register", shm=shm(5)))
+shm_cleanup()
+print(json.dumps(res))
+""")
+        self.assertEqual(res["first"], ["OK"] * 3)
+        self.assertEqual(res["other_session"], "OK")
+        self.assertEqual(res["past"], "EMFILE", res)
+        self.assertIn("ctl_max_buffers=4", res["past_message"])
+        self.assertEqual((res["unregister"], res["again"]), ("OK", "OK"))
+        for i in range(4):  # root's own share
+            self.ctl.ok("buffer.register", shm=self.shm(MiB).name)
+
+    def test_pending_limit_per_uid_not_per_handle(self):
+        self.write(self.m("pend"), pattern(MiB, 3))
+        os.chmod(self.m("pend"), 0o644)
+        res = self.as_nobody(r"""
+a, b = Session(), Session()
+# Small bounce pools: two handles stay inside this mount's ctl_max_pinned.
+small = {"bounce_bytes_per_worker": 1 << 20}
+ha, hb = a.req(op="handle.open", **small)["handle"], b.req(op="handle.open", **small)["handle"]
+ba = a.req(op="buffer.register", shm=shm(0))["buffer"]
+bb = b.req(op="buffer.register", shm=shm(1))["buffer"]
+def apread(s, h, buf):
+    return s.req(**{"op": "pread", "handle": h, "buffer": buf, "length": 4096, "path": "pend",
+                    "async": True})
+res["three"] = [code(apread(a, ha, ba)), code(apread(a, ha, ba)), code(apread(b, hb, bb))]
+past = apread(b, hb, bb)
+res["past"], res["past_message"] = code(past), message(past)
+res["wait"] = a.req(op="wait", handle=ha)["completed"]
+res["after_wait"] = code(apread(b, hb, bb))
+shm_cleanup()
+print(json.dumps(res))
+""")
+        self.assertEqual(res["three"], ["OK"] * 3)
+        self.assertEqual(res["past"], "EAGAIN", res)
+        self.assertIn("ctl_max_pending=3", res["past_message"])
+        self.assertEqual((res["wait"], res["after_wait"]), (2, "OK"))
+        # Root's transfers are not held back by the user's.
+        s = self.shm(MiB)
+        h = self.ctl.ok("handle.open")["handle"]
+        b = self.ctl.ok("buffer.register", shm=s.name)["buffer"]
+        for _ in range(3):
+            self.ctl.ok("pread", handle=h, buffer=b, length=4096, path="pend", **{"async": True})
+        self.assertEqual(self.ctl.ok("wait", handle=h)["completed"], 3)
+
+    def test_pinned_memory_of_handles_is_bounded(self):
+        res = self.as_nobody(r"""
+s = Session()
+def opened(**cfg):
+    a = s.req(op="handle.open", **cfg)
+    return [code(a), message(a)]
+res["huge_block"] = opened(block_size=128 << 20)
+res["huge_bounce"] = opened(bounce_bytes_per_worker=2 << 30)
+res["over_pinned"] = opened(block_size=16 << 20, queue_depth=8, intra_op_parallelism=2,
+                            bounce_bytes_per_worker=64 << 20)
+res["default"] = opened()          # 64 bounce buffers of 1 MiB: exactly 64M
+res["second"] = opened()           # the uid's sum would pass 64M
+print(json.dumps(res))
+""")
+        self.assertEqual(res["huge_block"][0], "EINVAL", res)
+        self.assertIn("block_size", res["huge_block"][1])
+        self.assertEqual(res["huge_bounce"][0], "EINVAL", res)
+        self.assertEqual(res["over_pinned"][0], "ENOMEM", res)
+        self.assertIn("ctl_max_pinned", res["over_pinned"][1])
+        self.assertEqual(res["default"][0], "OK", res)
+        self.assertEqual(res["second"][0], "ENOMEM", res)
+        self.ctl.ok("handle.open")  # root's own share
+
+    def test_broker_connections_per_uid(self):
+        res = self.as_nobody(r"""
+conns = [broker_connect(mnt) for _ in range(3)]
+res["hellos"] = [broker_call(c, BROKER_HELLO)["error"] for c in conns]
+extra = broker_connect(mnt)
+r = broker_call(extra, BROKER_HELLO)
+res["fourth"], res["fourth_message"] = r["error"], r.get("message", "")
+conns.pop().close()
+deadline = time.monotonic() + 10
+while True:  # the closed connection's place comes back once the daemon saw it go
+    c = broker_connect(mnt)
+    r = broker_call(c, BROKER_HELLO)
+    if r["error"] == 0 or time.monotonic() > deadline:
+        break
+    c.close()
+    time.sleep(0.1)
+res["after_close"] = r["error"]
+print(json.dumps(res))
+""")
+        self.assertEqual(res["hellos"], [0, 0, 0])
+        self.assertEqual(res["fourth"], errno.EMFILE, res)
+        self.assertIn("broker_max_conns_per_uid=3", res["fourth_message"])
+        self.assertEqual(res["after_close"], 0)
+        c = broker_connect(self.mnt)  # root's own share
+        try:
+            self.assertEqual(broker_call(c, BROKER_HELLO)["error"], 0)
+        finally:
+            c.close()
+
+
+class FilesLimitTest(CtlCase):
+    """Uncollected async transfers keep their files open in the daemon: they count against the
+    uid's max_files_per_uid (one user brought the daemon to its descriptor limit)."""
+    NEED_ROOT = True
+    MOUNT_OPTIONS = ("allow_other", "default_permissions", "ctl_max_pending=100",
+                     "max_files_per_uid=2")
+
+    def test_async_transfers_count_as_files(self):
+        self.write(self.m("held"), pattern(MiB, 4))
+        os.chmod(self.m("held"), 0o644)
+        res = self.as_nobody(r"""
+s = Session()
+h = s.req(op="handle.open")["handle"]
+b = s.req(op="buffer.register", shm=shm(0))["buffer"]
+def apread():
+    return s.req(**{"op": "pread", "handle": h, "buffer": b, "length": 4096, "path": "held",
+                    "async": True})
+res["two"] = [code(apread()), code(apread())]
+past = apread()
+res["past"], res["past_message"] = code(past), message(past)
+res["sync"] = code(s.req(op="pread", handle=h, buffer=b, length=4096, path="held"))
+res["wait"] = s.req(op="wait", handle=h)["completed"]
+res["after_wait"] = code(apread())
+shm_cleanup()
+print(json.dumps(res))
+""")
+        self.assertEqual(res["two"], ["OK", "OK"])
+        self.assertEqual(res["past"], "EMFILE", res)
+        self.assertIn("max_files_per_uid=2", res["past_message"])
+        self.assertEqual(res["sync"], "OK", "a synchronous transfer holds nothing afterwards")
+        self.assertEqual((res["wait"], res["after_wait"]), (2, "OK"))
 
 
 class ShrunkBufferTest(CtlCase):
