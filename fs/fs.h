@@ -107,6 +107,10 @@ struct FileHandle : OpenHandle {
   // The kernel serves this open from the backing file (fs/fuse/passthrough.h): no READ or
   // WRITE of it reaches the daemon.
   bool passthrough = false;
+  // This description's place in the file's write-behind errors (fs/data/write_behind.h), and
+  // whether it wrote (only a writer's close hears of a flush error).
+  ErrorCursor wb_errors;  // used under the inode's WriteBehind mutex
+  std::atomic<bool> wrote{false};
   Inode* inode = nullptr;
 };
 
@@ -124,6 +128,7 @@ class Fs : public ControlCore, public BrokerCore {
   Status Start();
   // Start() then undo it: run in the parent before mounting, so a configuration the engine
   // refuses (RLIMIT_MEMLOCK, aio-max-nr) fails with nothing mounted instead of in the daemon.
+  // Keeps BACKING_DIR's descriptor for Start, so the mount may cover BACKING_DIR itself.
   Status Preflight();
   // Flushes every inode's write-behind and waits (unmount, SIGTERM).
   void DrainAll();

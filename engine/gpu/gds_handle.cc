@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "engine/gpu/copy_engine.h"
 #include "engine/gpu/cufile.h"
 #include "engine/posix/file.h"
+#include "engine/posix/identity.h"
 #include "nlohmann/json.hpp"
 
 namespace dnvme {
@@ -282,7 +284,10 @@ class GdsHandle::Impl {
       if (!io.ok()) return io.status();
       job->io = std::move(io).value();
     } else {
-      auto ref = path != nullptr ? aio->open_file(*path, access) : aio->adopt_fd(fd, access);
+      auto ref =
+          path != nullptr
+              ? aio->open_file(*path, access)
+              : aio->adopt_fd(fd, access, type == OpType::kWrite ? options.write_as : nullptr);
       if (!ref.ok()) return ref.status();
       job->ref = std::move(ref).value();
     }
@@ -296,7 +301,18 @@ class GdsHandle::Impl {
       if (!job.device) {
         RunHost(job, out);
       } else if (cufile != nullptr) {
-        RunCuFile(job, out);
+        // cuFile writes from this thread: as the writer, for this job alone (a caller's thread
+        // may run it inline, and must come back as itself).
+        std::optional<ScopedFsIdentity> as;
+        if (job.result.type == OpType::kWrite && options.write_as != nullptr) {
+          auto entered = ScopedFsIdentity::Enter(*options.write_as);
+          if (!entered.ok()) {
+            out.Fail(entered.status(), job.result.file_offset);
+          } else {
+            as.emplace(std::move(entered).value());
+          }
+        }
+        if (out.ok()) RunCuFile(job, out);
       } else {
         RunBounce(job, out);
       }

@@ -445,7 +445,7 @@ void Broker::Serve(Conn* c) {
           w.shared.store(0);
           w.mount_dirty.store(0);
           w.writes_inflight.store(0);
-          const bool other_client = leases.Add(c->id, &w, acc != O_RDONLY);
+          const bool other_client = leases.Add(c->id, c->peer.uid, &w, acc != O_RDONLY);
           // Another client's writes that returned to its program land before this one reads
           // the file (Add marked the holders shared first: include/dnvme/broker.h).
           if (other_client && !leases.WaitForWrites(/*share_if_busy=*/false)) {

@@ -9,11 +9,14 @@
 // Fs's lock order, nothing taken under it, never held while WaitForWrites sleeps).
 #pragma once
 
+#include <sys/types.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -26,14 +29,14 @@ class PreloadLeases {
   // Leases held now; the ops test this before anything else.
   int count() const { return count_.load(std::memory_order_acquire); }
 
-  // Adds a lease of connection `conn` whose word is `w` (`writable`: its descriptors may write);
-  // returns true when another connection holds a lease on the same inode (the file is then
-  // shared).
-  bool Add(uint64_t conn, broker::LeaseWord* w, bool writable) {
+  // Adds a lease of connection `conn` of user `uid` whose word is `w` (`writable`: its
+  // descriptors may write); returns true when another connection holds a lease on the same inode
+  // (the file is then shared).
+  bool Add(uint64_t conn, uid_t uid, broker::LeaseWord* w, bool writable) {
     std::lock_guard lock(mu_);
     bool other = std::any_of(entries_.begin(), entries_.end(),
                              [conn](const Entry& e) { return e.conn != conn; });
-    entries_.push_back({conn, w, writable, false});
+    entries_.push_back({conn, uid, w, writable, false});
     count_.fetch_add(1, std::memory_order_release);
     if (other) MarkSharedLocked();
     return other;
@@ -55,11 +58,14 @@ class PreloadLeases {
   // `limit` passed; returns false then. A lease that ends stops counting: a client that died had
   // its requests completed by the kernel before its socket closed (exit_aio runs before
   // exit_files), though its counter never came down. The counter is the client's to write, so it
-  // is trusted for this wait alone: read-only leases are not waited for, and a holder that kept
-  // one wait to its limit (a stopped client, or one that lies) is passed over until its counter
-  // reads 0 again -- one stall per episode, not one per open. Polls: the wait is rare (an open,
-  // truncate or utimes of a file whose holder's write(2) returned a moment ago) and short (the
-  // writes in flight).
+  // is trusted for this wait alone and only so far (docs/security.md): read-only leases are not
+  // waited for, and a holder whose counter keeps one wait to its limit (a stopped client, or one
+  // that lies) is never waited for again while that lease lives -- one stall per lease, at most
+  // `limit`, and a client's writes are in the kernel when its write() returns (docs/preload.md),
+  // so an honest one never needs that long. Polls: the wait is rare (an open, truncate or utimes
+  // of a file whose holder's write(2) returned a moment ago) and short (the writes in flight).
+  // Callers keep it off the FUSE loop threads where they can (fs/fuse/ops_common.h,
+  // DeferForLeases): it then delays only the request that must see the holder's writes.
   //
   // `share_if_busy` (a truncate or utimes, which open nothing and so did not mark the leases
   // shared): when a holder has writes in flight, the leases are marked shared before the wait.
@@ -68,7 +74,7 @@ class PreloadLeases {
   // returned; once shared, each write lands before it returns, and the wait ends at the first
   // gap between two writes. A holder with nothing in flight (its own ftruncate landed its
   // writes first) is not marked, so it keeps its write-behind.
-  static constexpr std::chrono::milliseconds kWriteWait{10000};
+  static constexpr std::chrono::milliseconds kWriteWait{2000};
   bool WaitForWrites(bool share_if_busy, std::chrono::milliseconds limit = kWriteWait) {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     auto nap = std::chrono::microseconds(20);
@@ -78,14 +84,9 @@ class PreloadLeases {
         std::lock_guard lock(mu_);
         bool busy = false;
         for (Entry& e : entries_) {
-          if (!e.writable) continue;
-          const bool flying = e.word->writes_inflight.load(std::memory_order_seq_cst) != 0;
-          if (!flying) {
-            e.stuck = false;
-          } else if (!e.stuck) {
-            busy = true;
-            if (late) e.stuck = true;
-          }
+          if (!Flying(e)) continue;
+          busy = true;
+          if (late) e.untrusted = true;
         }
         if (!busy) return true;
         if (late) return false;
@@ -94,6 +95,15 @@ class PreloadLeases {
       std::this_thread::sleep_for(nap);
       nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(2));
     }
+  }
+  // Whether WaitForWrites would wait now, and for whose writes: the uid of a holder with writes
+  // in flight (the one whose lane the wait is charged to), or nullopt.
+  std::optional<uid_t> BusyHolder() {
+    std::lock_guard lock(mu_);
+    for (const Entry& e : entries_) {
+      if (Flying(e)) return e.uid;
+    }
+    return std::nullopt;
   }
   // A WRITE reached write-behind: holders drain before their next direct transfer.
   void MarkMountDirty() {
@@ -104,10 +114,16 @@ class PreloadLeases {
  private:
   struct Entry {
     uint64_t conn;
+    uid_t uid;  // the client's (SO_PEERCRED)
     broker::LeaseWord* word;
     bool writable;
-    bool stuck;  // its writes kept a wait to the limit; not waited for until they read 0
+    bool untrusted;  // its counter kept a wait to the limit: never waited for again
   };
+  // A holder whose writes in flight a waiter must wait for.
+  static bool Flying(const Entry& e) {
+    return e.writable && !e.untrusted &&
+           e.word->writes_inflight.load(std::memory_order_seq_cst) != 0;
+  }
   void MarkSharedLocked() {
     for (Entry& e : entries_) e.word->shared.store(1, std::memory_order_seq_cst);
   }

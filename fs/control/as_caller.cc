@@ -13,49 +13,15 @@
 #include "fs/control/ctl_protocol.h"
 
 namespace dnvme::fs {
-Result<std::unique_ptr<AsCaller>> AsCaller::Enter(const Caller& c) {
-  auto a = std::unique_ptr<AsCaller>(new AsCaller());
-  if (geteuid() != 0) {
-    if (c.uid != geteuid()) {
-      return CtlError(EACCES, "the daemon runs as uid " + std::to_string(geteuid()) +
-                                  " and cannot act for uid " + std::to_string(c.uid));
-    }
-    return a;
-  }
-  int n = getgroups(0, nullptr);
-  if (n < 0) return Status::FromErrno(errno, "getgroups");
-  a->saved_groups_.resize(static_cast<size_t>(n));
-  if (n > 0 && getgroups(n, a->saved_groups_.data()) < 0) {
-    return Status::FromErrno(errno, "getgroups");
-  }
-  a->saved_uid_ = static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1)));
-  a->saved_gid_ = static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1)));
-  a->switched_ = true;  // from here the destructor restores
-  if (syscall(SYS_setgroups, c.groups.size(), c.groups.data()) != 0) {
-    return Status::FromErrno(errno, "setgroups for the caller");
-  }
-  setfsgid(c.gid);
-  if (static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != c.gid) {
-    return CtlError(EPERM, "cannot take the caller's gid " + std::to_string(c.gid));
-  }
-  setfsuid(c.uid);
-  if (static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != c.uid) {
-    return CtlError(EPERM, "cannot take the caller's uid " + std::to_string(c.uid));
-  }
-  return a;
-}
+FsIdentity IdentityOf(const Caller& c) { return FsIdentity{c.uid, c.gid, c.groups}; }
 
-AsCaller::~AsCaller() {
-  if (!switched_) return;
-  setfsuid(saved_uid_);
-  setfsgid(saved_gid_);
-  const bool groups_ok = syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data()) == 0;
-  if (!groups_ok || static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != saved_uid_ ||
-      static_cast<gid_t>(setfsgid(static_cast<gid_t>(-1))) != saved_gid_) {
-    // A FUSE thread left with a client's identity would serve other users wrongly: stop.
-    Logger().critical("could not restore the daemon's identity after a control request");
-    std::abort();
+Result<std::unique_ptr<AsCaller>> AsCaller::Enter(const Caller& c) {
+  auto scope = ScopedFsIdentity::Enter(IdentityOf(c));
+  if (!scope.ok()) {
+    const Status& st = scope.status();
+    return CtlError(st.error_number() != 0 ? st.error_number() : EPERM, st.message());
   }
+  return std::unique_ptr<AsCaller>(new AsCaller(std::move(scope).value()));
 }
 
 Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode) {

@@ -14,28 +14,28 @@
 
 #include "dnvme/status.h"
 #include "engine/posix/file.h"
+#include "engine/posix/identity.h"
 #include "fs/control/control.h"
 
 namespace dnvme::fs {
 
 // Runs the calling thread with the caller's filesystem identity (fsuid, fsgid, supplementary
-// groups) until destroyed. These are per-thread in the kernel; glibc's setgroups() would change
-// every thread of the daemon, hence the raw syscall. A daemon not running as root cannot switch:
-// it serves only its own uid (which is all FUSE lets through without allow_other anyway).
+// groups) until destroyed: a thin wrapper of ScopedFsIdentity (engine/posix/identity.h, which
+// also keeps dormant capabilities dormant afterwards). A daemon not running as root cannot
+// switch: it serves only its own uid (which is all FUSE lets through without allow_other anyway).
 class AsCaller {
  public:
   static Result<std::unique_ptr<AsCaller>> Enter(const Caller& c);
-  ~AsCaller();
   AsCaller(const AsCaller&) = delete;
   AsCaller& operator=(const AsCaller&) = delete;
 
  private:
-  AsCaller() = default;
-  bool switched_ = false;
-  uid_t saved_uid_ = 0;
-  gid_t saved_gid_ = 0;
-  std::vector<gid_t> saved_groups_;
+  explicit AsCaller(ScopedFsIdentity s) : scope_(std::move(s)) {}
+  ScopedFsIdentity scope_;
 };
+
+// The identity a caller's work runs under (engine writes, opens on its behalf).
+FsIdentity IdentityOf(const Caller& c);
 
 // openat2 below `dirfd`: the path cannot leave it (..), and no symlink or /proc magic link in it
 // is followed (ELOOP). Always O_NONBLOCK, so opening a FIFO or a device never blocks: a caller

@@ -365,7 +365,7 @@ Result<std::string> CtlSession::RegisterCuda(const CtlRequest& r, BufferCharges 
       .dump();
 }
 
-Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device) {
+Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device, const Caller& caller) {
   if (h.gds != nullptr) {
     if (h.gds_device != device) {
       return Err(EINVAL, "this handle already serves CUDA device " + std::to_string(h.gds_device) +
@@ -375,6 +375,10 @@ Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device) {
   }
   GdsOptions o;
   o.device = device;
+  // A user's writes from GPU memory are the user's to the kernel, as from shared memory
+  // (transfer.cc); the handle's first GPU transfer says whose (a session is its opener's).
+  if (caller.uid != 0 && geteuid() == 0)
+    o.write_as = std::make_shared<const FsIdentity>(IdentityOf(caller));
   DNVME_ASSIGN_OR_RETURN(h.gds_pinned_charge,
                          fs_.uid_limits().Charge(owner_, UidResource::kPinnedBytes,
                                                  GdsPinnedEstimate(h.engine->config(), o)));

@@ -201,7 +201,8 @@ class CtlSession {
   // Gives a buffer's charges and counters back (the caller then drops the mapping).
   void ReleaseBuffer(int64_t id, int64_t size);
   // The handle's GdsHandle for GPU buffers on `device`, created on first use.
-  Result<GdsHandle*> GpuEngine(CtlHandle& h, int device);
+  // `caller`: the first GPU transfer's, whose identity the handle's writes then take.
+  Result<GdsHandle*> GpuEngine(CtlHandle& h, int device, const Caller& caller);
 
   ControlCore& fs_;  // the core, through the interface above only
   const uid_t owner_;

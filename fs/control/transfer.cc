@@ -49,7 +49,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   }
   GdsHandle* gds = nullptr;
   if (gbuf != nullptr) {
-    DNVME_ASSIGN_OR_RETURN(gds, GpuEngine(h, gbuf->device));
+    DNVME_ASSIGN_OR_RETURN(gds, GpuEngine(h, gbuf->device, caller));
   } else if (!write && !map->writable()) {
     return CtlError(EACCES, "buffer " + std::to_string(r.buffer) +
                                 " is registered read-only (the caller may not write it): it can be "
@@ -114,7 +114,13 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   }
   // GPU buffers go through the handle's GdsHandle, which reopens `fd` itself.
   if (gds == nullptr) {
-    auto file = h.engine->adopt_fd(fd.get(), write ? FileAccess::kWrite : FileAccess::kRead);
+    // A user's data is written as the user (engine/posix/identity.h): the file system stops
+    // it at the space users may take, and the kernel applies its own set-ID rules.
+    std::shared_ptr<const FsIdentity> who;
+    if (write && caller.uid != 0 && geteuid() == 0) {
+      who = std::make_shared<const FsIdentity>(IdentityOf(caller));
+    }
+    auto file = h.engine->adopt_fd(fd.get(), write ? FileAccess::kWrite : FileAccess::kRead, who);
     if (!file.ok()) {
       FinishRecord(*rec);
       return file.status();

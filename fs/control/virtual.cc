@@ -468,7 +468,7 @@ void Fs::Unpin(Inode* in) { Forget(reinterpret_cast<fuse_ino_t>(in), 1); }
 
 Status Fs::DrainForExternal(Inode& in) {
   if (!S_ISREG(in.type)) return Status::Ok();
-  Status st = in.wb.Drain(/*take_error=*/false);
+  Status st = in.wb.Drain(nullptr);
   if (!st.ok()) {
     return st.WithContext("data written through the mount earlier did not reach the disk");
   }

@@ -18,7 +18,7 @@ bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
   PinnedPool::Lease lease = reply_pool_->TryAcquire();
   if (!lease) return false;
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
-  (void)fh.inode->wb.Drain(/*take_error=*/false);  // readers see every accepted byte
+  (void)fh.inode->wb.Drain(nullptr);  // readers see every accepted byte
   struct stat st {};
   if (fstat(fh.fd.get(), &st) != 0) {
     done(Status::FromErrno(errno, "fstat before a read"));
@@ -66,7 +66,7 @@ Result<int64_t> Fs::Read(FileHandle& fh, char* out, size_t size, off_t off, Read
   Inode& in = *fh.inode;
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
   // Readers see every accepted byte (a flush error is the writer's to hear, at fsync or close).
-  (void)in.wb.Drain(/*take_error=*/false);
+  (void)in.wb.Drain(nullptr);
   struct stat st {};
   if (fstat(fh.fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat before a read");
   if (off >= st.st_size) return int64_t{0};

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/common/log.h"
+#include "engine/posix/identity.h"
 
 namespace dnvme::fs {
 namespace {
@@ -21,7 +22,7 @@ constexpr size_t kAdoptMinBytes = 256 << 10;
 WriteBehind::~WriteBehind() {
   // The mount drains at release; this only keeps a completion from touching a dead object.
   std::unique_lock lock(m_);
-  (void)DrainLocked(lock, /*take_error=*/true);
+  (void)DrainLocked(lock, nullptr);
 }
 
 int WriteBehind::inflight() {
@@ -34,7 +35,7 @@ void WriteBehind::FinishFlushLocked(const Status& st, bool adopted) {
   if (!st.ok()) {
     shared_->counters->errors.fetch_add(1, std::memory_order_relaxed);
     Logger().error("write-behind flush failed: {}", st.ToString());
-    if (error_.ok()) error_ = st;
+    RecordErrorLocked(st);
   }
   if (--inflight_ == 0 && ext_.kind == Kind::kNone) end_ = 0;
 }
@@ -106,11 +107,16 @@ void WriteBehind::FlushLocked() {
       auto held = std::make_shared<Extent>(std::move(e));
       shared_->splicers->Submit([this, held] {
         const FileRef& file = held->file;
-        SpliceWriteResult r =
-            SpliceToFile(*held->pipe, file.direct_fd(), held->start, held->len,
-                         [this, &file](const char* data, int64_t n, int64_t at) {
-                           return shared_->engine()->sync_pwrite(data, n, file, at);
-                         });
+        // The splice is the write: it allocates under this thread's identity, so it takes the
+        // writer's as the engine's threads do (include/dnvme/identity.h).
+        SpliceWriteResult r;
+        r.status = SwitchThreadFsIdentity(file.write_identity());
+        if (r.status.ok()) {
+          r = SpliceToFile(*held->pipe, file.direct_fd(), held->start, held->len,
+                           [this, &file](const char* data, int64_t n, int64_t at) {
+                             return shared_->engine()->sync_pwrite(data, n, file, at);
+                           });
+        }
         shared_->counters->bytes_written_spliced.fetch_add(static_cast<uint64_t>(r.spliced),
                                                            std::memory_order_relaxed);
         shared_->counters->bytes_splice_fallback.fetch_add(static_cast<uint64_t>(r.fell_back),
@@ -129,7 +135,7 @@ void WriteBehind::FlushLocked() {
                                                    });
       if (!st.ok()) {
         --inflight_;
-        if (error_.ok()) error_ = st;
+        RecordErrorLocked(st);
         shared_->counters->errors.fetch_add(1, std::memory_order_relaxed);
       }
       return;
@@ -137,22 +143,47 @@ void WriteBehind::FlushLocked() {
   }
 }
 
-Status WriteBehind::TakeErrorLocked() {
-  Status err = std::move(error_);
-  error_ = Status::Ok();
-  return err;
+void WriteBehind::RecordErrorLocked(const Status& st) {
+  error_ = st;
+  ++error_count_;
+  error_heard_ = false;
 }
 
-Status WriteBehind::DrainLocked(std::unique_lock<std::mutex>& lock, bool take_error) {
+Status WriteBehind::ReportLocked(ErrorCursor* errors) {
+  if (errors == nullptr) return error_heard_ ? Status::Ok() : error_;
+  if (errors->seen >= error_count_) return Status::Ok();
+  errors->seen = error_count_;
+  error_heard_ = true;
+  return error_;
+}
+
+Status WriteBehind::PeekLocked(const ErrorCursor& errors) {
+  if (errors.seen >= error_count_) return Status::Ok();
+  error_heard_ = true;
+  return error_;
+}
+
+Status WriteBehind::DrainAndPeek(const ErrorCursor& errors) {
+  std::unique_lock lock(m_);
+  (void)DrainLocked(lock, nullptr);
+  return PeekLocked(errors);
+}
+
+ErrorCursor WriteBehind::Sample() {
+  std::lock_guard lock(m_);
+  return ErrorCursor{error_heard_ ? error_count_ : error_count_ - 1};
+}
+
+Status WriteBehind::DrainLocked(std::unique_lock<std::mutex>& lock, ErrorCursor* errors) {
   FlushLocked();
   cv_.wait(lock, [&] { return inflight_ == 0; });
   end_ = 0;
-  return take_error ? TakeErrorLocked() : error_;
+  return ReportLocked(errors);
 }
 
-Status WriteBehind::Drain(bool take_error) {
+Status WriteBehind::Drain(ErrorCursor* errors) {
   std::unique_lock lock(m_);
-  return DrainLocked(lock, take_error);
+  return DrainLocked(lock, errors);
 }
 
 void WriteBehind::ApplyPending(struct stat* st) {
@@ -304,12 +335,12 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
 }
 
 Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, WriteSource& src,
-                          size_t size, int64_t off, char* scratch) {
+                          size_t size, int64_t off, char* scratch, ErrorCursor* errors) {
   MountCounters& counters = *shared_->counters;
   counters.write_ops.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lock(m_);
   // An earlier flush failed: this writer hears of it now.
-  if (Status err = TakeErrorLocked(); !err.ok()) return err;
+  if (Status err = ReportLocked(errors); !err.ok()) return err;
   size_t done = 0;
   // O_DIRECT clients take the same path: O_DIRECT promises no page cache, not durability (that
   // is fsync's job, which drains), and FUSE runs a file's direct writes one at a time (libfuse
@@ -324,7 +355,7 @@ Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, WriteSour
     if (done == size) return Status::Ok();
   }
   // Synchronous path (small, unaligned, no free chunk): earlier data must land first.
-  if (Status err = DrainLocked(lock, /*take_error=*/true); !err.ok()) return err;
+  if (Status err = DrainLocked(lock, errors); !err.ok()) return err;
   lock.unlock();
   const int64_t rest = static_cast<int64_t>(size - done);
   // Straight from the request when it is in memory (the session loop receives a WRITE's payload

@@ -5,8 +5,10 @@
 // the disk at queue depth one. Instead a sequential writer's data is gathered into an extent and
 // the reply goes out at once; a full extent is flushed to the engine asynchronously, which cuts it
 // into block_size O_DIRECT requests. POSIX allows this: the data is visible to every reader at
-// once (readers drain first) and durable after fsync (which drains, then fsyncs); a flush error
-// is kept (sticky) and returned by the next write, flush (close) or fsync.
+// once (readers drain first) and durable after fsync (which drains, then fsyncs). A flush error is
+// reported as Linux reports writeback errors (errseq_t): once to each open file description, at
+// its next write, flush (close) or fsync, through the ErrorCursor the description holds; one
+// description hearing of it never hides it from another, and a reader's close hears nothing.
 //
 // An extent is one of three kinds, never mixed (Extent::kind says which):
 //   kChunk    a pinned chunk (write_chunk bytes, 4 KiB aligned) the payloads are copied into;
@@ -59,6 +61,12 @@ struct WriteBehindShared {
   MountCounters* counters = nullptr;
 };
 
+// One open file description's place in its file's flush errors: WriteBehind tells it each error
+// it has not seen, once. Owned by the description (FileHandle); used under WriteBehind's mutex.
+struct ErrorCursor {
+  uint64_t seen = 0;  // the flush errors (WriteBehind's count) this description has heard of
+};
+
 class WriteBehind {
  public:
   explicit WriteBehind(const WriteBehindShared* shared) : shared_(shared) {}
@@ -70,12 +78,22 @@ class WriteBehind {
   // this opener's writes from its page cache, so spliced pages may go to disk as they are.
   // Data that cannot be gathered (unaligned start, no free chunk) is written synchronously after
   // everything before it landed, from the request or via `scratch` (pinned, aligned, >= size).
-  // Returns the sticky error of an earlier flush (clearing it) or this write's own error.
+  // Returns an earlier flush error `errors` has not heard of (then it has), or this write's own.
   Status Write(const FileRef& file, bool page_cache_writes, WriteSource& src, size_t size,
-               int64_t off, char* scratch);
-  // Flushes the pending extent and waits for every flush. Returns the sticky error, clearing it
-  // when `take_error` (fsync and close report it once; readers only look).
-  Status Drain(bool take_error);
+               int64_t off, char* scratch, ErrorCursor* errors);
+  // Flushes the pending extent and waits for every flush. With `errors` (a writer's close, any
+  // fsync): returns a flush error that description has not heard of, once. Without (a reader, a
+  // truncate, the control file): returns the latest error while no description has heard of it
+  // yet, and leaves it for them.
+  Status Drain(ErrorCursor* errors);
+  // Drain(&errors) that leaves `errors` where it was: what a close (FLUSH) does. The kernel sends
+  // a FLUSH for every descriptor of the description closed -- a forked child's close-on-exec of
+  // its copy too -- so a close shows the description's unheard error without taking it from the
+  // description's own fsync, which still reports it once.
+  Status DrainAndPeek(const ErrorCursor& errors);
+  // Where a description opened now starts: errors before it are not its own, except one nobody
+  // has heard of yet (as errseq_sample).
+  ErrorCursor Sample();
   // Folds data not yet on disk into `st`: the size the file will have and the modification time
   // of the last accepted write (POSIX marks mtime at write(), not at flush).
   void ApplyPending(struct stat* st);
@@ -99,8 +117,10 @@ class WriteBehind {
   // A flush completed (engine or splice thread): record its error, wake waiters.
   void FinishFlush(const Status& st, bool adopted);
   void FinishFlushLocked(const Status& st, bool adopted);
-  Status DrainLocked(std::unique_lock<std::mutex>& lock, bool take_error);
-  Status TakeErrorLocked();
+  Status DrainLocked(std::unique_lock<std::mutex>& lock, ErrorCursor* errors);
+  Status ReportLocked(ErrorCursor* errors);
+  Status PeekLocked(const ErrorCursor& errors);
+  void RecordErrorLocked(const Status& st);
   // Gathers as much of the write as it can; returns the bytes accepted or an error.
   Result<size_t> GatherLocked(std::unique_lock<std::mutex>& lock, const FileRef& file,
                               bool page_cache_writes, WriteSource& src, size_t size, int64_t off);
@@ -115,7 +135,9 @@ class WriteBehind {
   int64_t next_ = -1;         // end of the last extent: a write there continues the stream
   int64_t end_ = 0;           // end of the highest byte accepted and not yet known on disk
   struct timespec mtime_ {};  // time of the last write accepted
-  Status error_;              // first flush error since it was last reported to a writer
+  Status error_;              // the latest flush error
+  uint64_t error_count_ = 0;  // flush errors so far (ErrorCursor::seen counts against it)
+  bool error_heard_ = true;   // some description has heard of the latest one
 };
 
 }  // namespace dnvme::fs

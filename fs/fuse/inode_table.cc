@@ -117,7 +117,10 @@ Status Fs::ReservePrivileged(bool splicing, bool replies_to_fd) {
 }
 
 Status Fs::Start() {
-  int fd = open(opts_.backing.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  // Opened once, by Preflight, before the mount: the mount may cover BACKING_DIR itself (the
+  // set-up that keeps it out of every other user's reach, docs/security.md).
+  int fd = root_.fd;
+  if (fd < 0) fd = open(opts_.backing.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "open BACKING_DIR '" + opts_.backing + "'");
   root_.fd = fd;
   struct stat st {};
@@ -189,8 +192,11 @@ Status Fs::Preflight() {
     std::lock_guard lock(engine_mu_);
     engine_.reset();
   }
-  if (root_.fd >= 0) close(root_.fd);
-  root_.fd = -1;
+  // The BACKING_DIR descriptor stays for Start (see there).
+  if (!st.ok() && root_.fd >= 0) {
+    close(root_.fd);
+    root_.fd = -1;
+  }
   return st;
 }
 
@@ -221,7 +227,7 @@ void Fs::DrainAll() {
   // Inodes cannot be forgotten while we drain: the session loop has stopped (destroy/unmount).
   for (Inode* in : all) {
     if (S_ISREG(in->type)) {
-      Status st = in->wb.Drain(/*take_error=*/false);
+      Status st = in->wb.Drain(nullptr);
       if (!st.ok()) {
         Logger().error("write-behind data of inode {} lost at exit: {}", in->ino, st.ToString());
       }

@@ -37,6 +37,15 @@ void WaitForLeaseWrites(Inode& in, const char* before, bool share_if_busy) {
   }
 }
 
+void RunAfterLeaseWrites(Fs& fs, Inode& in, std::function<void()> op) {
+  const std::optional<uid_t> holder = in.leases.count() > 0 ? in.leases.BusyHolder() : std::nullopt;
+  if (!holder || !fs.RepliesMayBeDeferred()) return op();
+  auto job = std::make_shared<std::function<void()>>(std::move(op));
+  Status st = fs.ctl_lanes().Submit(
+      *holder, [job] { (*job)(); }, UidLanes::IfFull::kQueue);
+  if (!st.ok()) (*job)();  // shutting down: wait here, as before there were lanes
+}
+
 Caller CallerOf(fuse_req_t req) {
   Caller c;
   const fuse_ctx* ctx = fuse_req_ctx(req);
@@ -96,60 +105,22 @@ bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int 
   return true;
 }
 
-// Gives the object just created (and looked up into `e`) to the caller: the daemon runs as root
-// for many users and creates everything as root. Acts on the inode's own fd, not the name, which
-// another request may already have renamed. Under a set-group-ID directory the group stays the
-// directory's, as the backing fs chose it. chown(2) clears set-user-ID (and set-group-ID with
-// group execute) even for root, but on ext4 the creator's own file keeps the mode it was created
-// with, so that mode is put back. Refreshes e->attr. Returns an errno.
-int GiveToCaller(fuse_req_t req, Fs& fs, Inode& parent, fuse_entry_param* e) {
-  if (geteuid() != 0) return 0;  // an unprivileged daemon: everything belongs to its user anyway
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  struct stat dir {};
-  if (fstatat(parent.fd, "", &dir, AT_EMPTY_PATH) != 0) return errno;
-  const uid_t uid = ctx->uid == e->attr.st_uid ? static_cast<uid_t>(-1) : ctx->uid;
-  const gid_t gid = (dir.st_mode & S_ISGID) || ctx->gid == e->attr.st_gid
-                        ? static_cast<gid_t>(-1)  // setgid directory: the group it chose stays
-                        : ctx->gid;
-  if (uid == static_cast<uid_t>(-1) && gid == static_cast<gid_t>(-1)) return 0;
-  Inode& in = fs.GetInode(e->ino);
-  if (fchownat(in.fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
-  const mode_t created = e->attr.st_mode;
-  if (fstatat(in.fd, "", &e->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
-  if (e->attr.st_mode != created && !S_ISLNK(created)) {
-    if (chmod(ProcPath(in.fd).c_str(), created & 07777) != 0) return errno;
-    e->attr.st_mode = created;
+ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
+  if (mask_.error() != 0 || geteuid() != 0) return;
+  const Caller c = CallerOf(req);
+  auto id = ScopedFsIdentity::Enter(FsIdentity{c.uid, c.gid, c.groups});
+  if (!id.ok()) {
+    Logger().error("acting as uid {}: {}", c.uid, id.status().ToString());
+    err_ = id.status().error_number() != 0 ? id.status().error_number() : EPERM;
+    return;
   }
-  return 0;
+  id_.emplace(std::move(id).value());
 }
 
-// Replies to a create-like request (mknod, mkdir, symlink) whose object `name` was just made in
-// `parent`: looks it up, hands it to the caller and answers with its entry. When the hand-over
-// fails the object is removed again (`rmflags` for unlinkat): ext4 would not have made it.
-void ReplyCreated(fuse_req_t req, fuse_ino_t parent, const char* name, int rmflags) {
-  Fs& fs = FsOf(req);
-  fuse_entry_param e{};
-  int err = fs.DoLookup(parent, name, &e);
-  if (err) {  // gone or replaced already: nothing of ours to clean up
-    fuse_reply_err(req, err);
-    return;
-  }
-  const dev_t dev = e.attr.st_dev;
-  const ino_t ino = e.attr.st_ino;
-  err = GiveToCaller(req, fs, fs.GetInode(parent), &e);
-  if (err) {
-    fs.Forget(e.ino, 1);
-    // Remove it only while the name still means the object we made.
-    struct stat now {};
-    Inode& dir = fs.GetInode(parent);
-    if (fstatat(dir.fd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == dev &&
-        now.st_ino == ino && unlinkat(dir.fd, name, rmflags) != 0) {
-      Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
-    }
-    fuse_reply_err(req, err);
-    return;
-  }
-  fuse_reply_entry(req, &e);
+std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req) {
+  if (geteuid() != 0 || fuse_req_ctx(req)->uid == 0) return nullptr;
+  const Caller c = CallerOf(req);
+  return std::make_shared<const FsIdentity>(FsIdentity{c.uid, c.gid, c.groups});
 }
 
 void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {

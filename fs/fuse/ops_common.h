@@ -14,9 +14,14 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 
+#include "dnvme/identity.h"
 #include "dnvme/status.h"
+#include "engine/posix/identity.h"
 #include "fs/control/control.h"
 #include "fs/fs.h"
 
@@ -56,9 +61,19 @@ bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int 
 // (its write-behind, include/dnvme/broker.h writes_inflight). Before the mount lets someone else
 // open the file, or truncates it or sets its times, they must land, as they would have on ext4
 // (found by the model test: an in-flight write re-extended a file an O_TRUNC open had emptied).
-// Waits at most PreloadLeases::kWriteWait (a stopped client), then goes on with a warning.
+// Waits at most PreloadLeases::kWriteWait (a stopped or lying client), then goes on with a
+// warning; callers on FUSE loop threads go through RunAfterLeaseWrites first.
 // `share_if_busy`: see PreloadLeases::WaitForWrites (an open marks the leases shared itself).
 void WaitForLeaseWrites(Inode& in, const char* before, bool share_if_busy);
+
+// Runs `op` at once when no `dnvme run` client holding a lease on `in` has writes in flight;
+// otherwise on that client's lane (fs/limits/uid_lanes.h), where `op`'s own wait for those writes
+// (WaitForLeaseWrites, at most PreloadLeases::kWriteWait) holds no FUSE loop thread. So a
+// client's counter -- its to write, honest or not -- delays only the requests that must see its
+// writes, and nothing else of the mount (docs/security.md). `op` must own copies of what the
+// request handed in. Where a reply cannot leave the thread that received the request (FUSE over
+// io_uring), `op` runs at once and waits there.
+void RunAfterLeaseWrites(Fs& fs, Inode& in, std::function<void()> op);
 
 // FUSE_CAP_DONT_MASK (asked for in init) makes the kernel send create/mkdir/mknod modes without
 // the caller's umask and the umask beside them (fuse_ctx::umask). The backing create then runs
@@ -86,18 +101,30 @@ class CallerUmask {
   int err_ = 0;
   mode_t saved_ = 0;
 };
-// Gives the object just created (and looked up into `e`) to the caller: the daemon runs as root
-// for many users and creates everything as root. Acts on the inode's own fd, not the name, which
-// another request may already have renamed. Under a set-group-ID directory the group stays the
-// directory's, as the backing fs chose it. chown(2) clears set-user-ID (and set-group-ID with
-// group execute) even for root, but on ext4 the creator's own file keeps the mode it was created
-// with, so that mode is put back. Refreshes e->attr. Returns an errno.
-int GiveToCaller(fuse_req_t req, Fs& fs, Inode& parent, fuse_entry_param* e);
+// Runs the rest of a request's handler as its caller: fsuid, fsgid and supplementary groups
+// (ScopedFsIdentity, engine/posix/identity.h) and umask (CallerUmask). Every operation that
+// creates, removes, renames or opens a *name* in BACKING_DIR runs inside one, so the backing file
+// system decides and creates exactly as for the caller -- a new object belongs to the caller from
+// its first moment (no create-as-root-then-chown window), and a name another user swapped for a
+// symlink or a hard link to a file of root is never acted on with root's rights
+// (docs/security.md). A daemon not running as root acts as itself: it serves its own files only.
+class ActAsCaller {
+ public:
+  explicit ActAsCaller(fuse_req_t req);
+  ActAsCaller(const ActAsCaller&) = delete;
+  ActAsCaller& operator=(const ActAsCaller&) = delete;
+  // 0, or the errno to answer when the request cannot be served as its caller.
+  int error() const { return err_ != 0 ? err_ : mask_.error(); }
 
-// Replies to a create-like request (mknod, mkdir, symlink) whose object `name` was just made in
-// `parent`: looks it up, hands it to the caller and answers with its entry. When the hand-over
-// fails the object is removed again (`rmflags` for unlinkat): ext4 would not have made it.
-void ReplyCreated(fuse_req_t req, fuse_ino_t parent, const char* name, int rmflags);
+ private:
+  CallerUmask mask_;
+  std::optional<ScopedFsIdentity> id_;
+  int err_ = 0;
+};
+
+// The identity a non-root writer's data is written under (FileRef's write_as), or null for root
+// and for a daemon that does not run as root (its writes are its own).
+std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req);
 
 void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name);
 

@@ -58,8 +58,34 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
 }
 
+namespace {
+
+void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi);
+
+}  // namespace
+
 void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
   if (auto v = VirtualSetattr(ino, valid)) return ReplyAttr(req, *v, kVirtualTimeout);
+  Fs& fs = FsOf(req);
+  Inode& in = fs.GetInode(ino);
+  const int waits = FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |
+                    FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW;
+  if (!(valid & waits) || in.leases.count() == 0) return SetattrNow(req, ino, attr, valid, fi);
+  // A truncate or a time change waits for a `dnvme run` client's writes in flight: off the loop
+  // thread (RunAfterLeaseWrites), with copies of what the request handed in.
+  struct Args {
+    struct stat attr;
+    std::optional<fuse_file_info> fi;
+  };
+  auto args = std::make_shared<Args>(Args{*attr, fi ? std::optional(*fi) : std::nullopt});
+  RunAfterLeaseWrites(fs, in, [req, ino, valid, args] {
+    SetattrNow(req, ino, &args->attr, valid, args->fi ? &*args->fi : nullptr);
+  });
+}
+
+namespace {
+
+void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   const std::string proc = ProcPath(in.fd);
@@ -80,7 +106,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
     // Pending write-behind data -- the mount's, and a `dnvme run` client's -- must not land
     // after (and undo) the truncation.
     WaitForLeaseWrites(in, "the truncate", /*share_if_busy=*/true);
-    if (!err) err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+    if (!err) err = ErrnoOf(in.wb.Drain(nullptr));
     in.ra.Invalidate();
     if (!err) {
       int rc =
@@ -107,7 +133,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
     // Write-behind flushes would move mtime after we set it: land them first.
     if (S_ISREG(in.type)) {
       WaitForLeaseWrites(in, "setting the times", /*share_if_busy=*/true);
-      err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+      err = ErrnoOf(in.wb.Drain(nullptr));
     }
     if (!err) {
       int rc = fi ? futimens(Fh(fi).fd.get(), tv) : utimensat(AT_FDCWD, proc.c_str(), tv, 0);
@@ -120,6 +146,8 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
   }
   OpGetattr(req, ino, fi);
 }
+
+}  // namespace
 
 void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
   if (RefuseVirtual(req, ino, EINVAL)) return;
@@ -139,8 +167,11 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
 void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
+  ActAsCaller as(req);
+  if (as.error()) return (void)fuse_reply_err(req, as.error());
   // A device node reaches us only from a caller that holds CAP_MKNOD (the kernel checks it in
-  // vfs_mknod first), so the daemon may use its own, raised for this call alone (fs/caps.cc).
+  // vfs_mknod first), so the daemon may use its own, raised for this call alone (fs/caps.cc);
+  // leaving the caller's identity puts the thread's effective set back without it.
   std::optional<Result<ScopedCapability>> mknod_cap;
   if (S_ISBLK(mode) || S_ISCHR(mode)) {
     mknod_cap.emplace(ScopedCapability::Raise(CAP_MKNOD));
@@ -150,34 +181,27 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, d
       return;
     }
   }
-  CallerUmask mask(req);
-  if (mask.error() || mknodat(dir.fd, name, mode, rdev) != 0) {
-    fuse_reply_err(req, mask.error() ? mask.error() : errno);
-    return;
-  }
+  if (mknodat(dir.fd, name, mode, rdev) != 0) return (void)fuse_reply_err(req, errno);
   mknod_cap.reset();
-  ReplyCreated(req, parent, name, 0);
+  ReplyEntry(req, parent, name);
 }
 
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
-  CallerUmask mask(req);
-  if (mask.error() || mkdirat(dir.fd, name, mode) != 0) {
-    fuse_reply_err(req, mask.error() ? mask.error() : errno);
-    return;
-  }
-  ReplyCreated(req, parent, name, AT_REMOVEDIR);
+  ActAsCaller as(req);
+  if (as.error()) return (void)fuse_reply_err(req, as.error());
+  if (mkdirat(dir.fd, name, mode) != 0) return (void)fuse_reply_err(req, errno);
+  ReplyEntry(req, parent, name);
 }
 
 void OpSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
-  if (symlinkat(link, dir.fd, name) != 0) {
-    fuse_reply_err(req, errno);
-    return;
-  }
-  ReplyCreated(req, parent, name, 0);
+  ActAsCaller as(req);
+  if (as.error()) return (void)fuse_reply_err(req, as.error());
+  if (symlinkat(link, dir.fd, name) != 0) return (void)fuse_reply_err(req, errno);
+  ReplyEntry(req, parent, name);
 }
 
 void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
@@ -189,25 +213,36 @@ void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* ne
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   Inode& dir = fs.GetInode(newparent);
-  if (linkat(AT_FDCWD, ProcPath(in.fd).c_str(), dir.fd, newname, AT_SYMLINK_FOLLOW) != 0) {
-    // Symlinks cannot be reached through /proc with AT_SYMLINK_FOLLOW; use the empty path form.
-    if (errno != ENOENT || linkat(in.fd, "", dir.fd, newname, AT_EMPTY_PATH) != 0) {
-      fuse_reply_err(req, errno);
-      return;
-    }
+  int rc;
+  {
+    // As the caller: the kernel's protected_hardlinks rule and the directory's permissions are
+    // decided for it.
+    ActAsCaller as(req);
+    if (as.error()) return (void)fuse_reply_err(req, as.error());
+    rc = linkat(AT_FDCWD, ProcPath(in.fd).c_str(), dir.fd, newname, AT_SYMLINK_FOLLOW);
   }
+  // A symlink cannot be reached through /proc with AT_SYMLINK_FOLLOW; its own fd with
+  // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH, which only the daemon's identity has. It is the
+  // inode itself, never a name, so nothing can be swapped in.
+  if (rc != 0 && errno == ENOENT && S_ISLNK(in.type))
+    rc = linkat(in.fd, "", dir.fd, newname, AT_EMPTY_PATH);
+  if (rc != 0) return (void)fuse_reply_err(req, errno);
   ReplyEntry(req, newparent, newname);
 }
 
 void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (RefuseVirtualName(req, parent, name, EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
+  ActAsCaller as(req);
+  if (as.error()) return (void)fuse_reply_err(req, as.error());
   fuse_reply_err(req, unlinkat(dir.fd, name, 0) == 0 ? 0 : errno);
 }
 
 void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (RefuseVirtualName(req, parent, name, EPERM)) return;
   Inode& dir = FsOf(req).GetInode(parent);
+  ActAsCaller as(req);
+  if (as.error()) return (void)fuse_reply_err(req, as.error());
   fuse_reply_err(req, unlinkat(dir.fd, name, AT_REMOVEDIR) == 0 ? 0 : errno);
 }
 
@@ -220,6 +255,15 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   Fs& fs = FsOf(req);
   Inode& a = fs.GetInode(parent);
   Inode& b = fs.GetInode(newparent);
+  ActAsCaller as(req);
+  if (as.error()) return (void)fuse_reply_err(req, as.error());
+  // RENAME_WHITEOUT makes a whiteout device node: the kernel let it through only for a caller
+  // with CAP_MKNOD, so the daemon raises its own for this call, as for a device mknod.
+  std::optional<Result<ScopedCapability>> mknod_cap;
+  if (flags & RENAME_WHITEOUT) {
+    mknod_cap.emplace(ScopedCapability::Raise(CAP_MKNOD));
+    if (!mknod_cap->ok()) return (void)fuse_reply_err(req, EPERM);
+  }
   int rc = renameat2(a.fd, name, b.fd, newname, flags);
   fuse_reply_err(req, rc == 0 ? 0 : errno);
 }

@@ -42,7 +42,9 @@ int OpenBacking(Inode& in, int flags, UniqueFd* out) {
   return 0;
 }
 
-int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
+// `write_as`: the identity a non-root writer's data is written under (WriterIdentity).
+int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
+               std::shared_ptr<const FsIdentity> write_as, FileHandle** out) {
   auto fh = std::make_unique<FileHandle>();
   fh->inode = &in;
   fh->client_direct = (flags & O_DIRECT) != 0;
@@ -52,12 +54,14 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd, FileHandle** out) {
     FileAccess access = acc == O_RDONLY   ? FileAccess::kRead
                         : acc == O_WRONLY ? FileAccess::kWrite
                                           : FileAccess::kReadWrite;
-    auto ref = fs.Engine()->adopt_fd(fd.get(), access);
+    auto ref =
+        fs.Engine()->adopt_fd(fd.get(), access, access == FileAccess::kRead ? nullptr : write_as);
     if (!ref.ok()) {
       Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
       return ref.status().error_number() ? ref.status().error_number() : EIO;
     }
     fh->file = std::move(ref).value();
+    fh->wb_errors = in.wb.Sample();
   }
   fh->fd = std::move(fd);
   *out = fh.release();
@@ -102,6 +106,32 @@ void TellLeaseHolders(Fs& fs, Inode& in) {
   fs.AfterExternalWrite(in);
 }
 
+// The end of an open or a create (`entry`): how the kernel opens the file (passthrough or not),
+// the `dnvme run` clients told, and the reply -- after the clients' writes in flight have
+// landed, which may be later, on a lane (RunAfterLeaseWrites). `fi` is a copy: the request's own
+// is gone once the handler returns.
+void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
+                std::optional<fuse_entry_param> entry) {
+  Inode& in = *fh->inode;
+  // Shared before the holders' counters are read (include/dnvme/broker.h).
+  if (in.leases.count() > 0) in.leases.MarkShared();
+  RunAfterLeaseWrites(fs, in, [req, &fs, fh, fi, entry]() mutable {
+    Inode& in = *fh->inode;
+    const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi.flags) : OpenMode{};
+    fh->passthrough = how.passthrough;
+    TellLeaseHolders(fs, in);
+    int rc;
+    if (entry) {
+      rc = how.passthrough ? ReplyCreatePassthrough(req, *entry, fi, how.backing_id)
+                           : fuse_reply_create(req, &*entry, &fi);
+    } else {
+      rc = how.passthrough ? ReplyOpenPassthrough(req, fi, how.backing_id)
+                           : fuse_reply_open(req, &fi);
+    }
+    if (rc == -ENOENT) AbandonOpen(fs, fh);  // the opener was interrupted
+  });
+}
+
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualOpen(FsOf(req), ino, fuse_req_ctx(req)->uid, fi))
     return ReplyVirtualOpen(req, ino, *v, fi);
@@ -111,19 +141,30 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   UniqueFd fd;
   int err = OpenBacking(in, fi->flags, &fd);
   FileHandle* fh = nullptr;
-  if (!err) err = MakeHandle(fs, in, fi->flags, std::move(fd), &fh);
+  if (!err) {
+    const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
+    err = MakeHandle(fs, in, fi->flags, std::move(fd), writes ? WriterIdentity(req) : nullptr, &fh);
+  }
   if (err) {
     fuse_reply_err(req, err);
     return;
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fs, fi, fh);
-  const OpenMode mode = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
-  fh->passthrough = mode.passthrough;
-  TellLeaseHolders(fs, in);
-  const int rc =
-      mode.passthrough ? ReplyOpenPassthrough(req, *fi, mode.backing_id) : fuse_reply_open(req, fi);
-  if (rc == -ENOENT) AbandonOpen(fs, fh);  // the opener was interrupted
+  FinishOpen(req, fs, fh, *fi, std::nullopt);
+}
+
+// Removes `name` from `dir` after a create that cannot be answered, only while the name still
+// means the file we made, `mine` (another request may have renamed or replaced it).
+void RemoveIfStill(Inode& dir, const char* name, const struct stat& mine) {
+  struct stat now {};
+  if (fstatat(dir.fd, name, &now, AT_SYMLINK_NOFOLLOW) != 0 || mine.st_ino != now.st_ino ||
+      mine.st_dev != now.st_dev) {
+    return;
+  }
+  if (unlinkat(dir.fd, name, 0) != 0) {
+    Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
+  }
 }
 
 void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -132,54 +173,59 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   Fs& fs = FsOf(req);
   Inode& dir = fs.GetInode(parent);
   const int flags = (fi->flags & ~(O_DIRECT | O_APPEND | O_NOCTTY | O_CREAT | O_EXCL)) | O_CLOEXEC;
-  // O_EXCL always, so that we know whether this request made the file: only then does it go to
-  // the caller (and away again if the reply fails). The kernel sends CREATE for a name it found
-  // missing; one that appeared since (another client, BACKING_DIR) is opened as open(2) would.
+  // O_EXCL always, so that we know whether this request made the file (and removes it again if
+  // the reply fails). As the caller: the file is the caller's from its first moment, made with
+  // the caller's umask, group rules and ACLs (ActAsCaller). The kernel sends CREATE for a name it
+  // found missing; one that appeared since (another client, BACKING_DIR itself) is opened as
+  // open(2) would -- but never through a symlink (ELOOP) nor a FIFO or device (EEXIST), which a
+  // user with access to BACKING_DIR could have swapped in (docs/security.md).
   int fd;
   bool created = true;
   {
-    CallerUmask mask(req);
-    if (mask.error()) {
-      fuse_reply_err(req, mask.error());
-      return;
-    }
+    ActAsCaller as(req);
+    if (as.error()) return (void)fuse_reply_err(req, as.error());
     fd = openat(dir.fd, name, flags | O_CREAT | O_EXCL, mode);
     if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
       created = false;
-      fd = openat(dir.fd, name, flags);
+      fd = openat(dir.fd, name, flags | O_NOFOLLOW | O_NONBLOCK);
     }
-    if (fd < 0) {
-      fuse_reply_err(req, errno);
-      return;
-    }
+    if (fd < 0) return (void)fuse_reply_err(req, errno);
   }
   UniqueFd owned(fd);
+  struct stat mine {};
+  if (fstat(fd, &mine) != 0) return (void)fuse_reply_err(req, errno);
+  if (!created) {
+    if (!S_ISREG(mine.st_mode)) {
+      return (void)fuse_reply_err(req, S_ISDIR(mine.st_mode) ? EISDIR : EEXIST);
+    }
+    const int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+      return (void)fuse_reply_err(req, errno);
+  }
   fuse_entry_param e{};
   int err = fs.DoLookup(parent, name, &e);
   FileHandle* fh = nullptr;
   if (!err) {
-    if (created) err = GiveToCaller(req, fs, dir, &e);
-    if (!err) err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned), &fh);
+    // The name may mean another object by now: the handle is of the file we opened, and the
+    // entry must agree with it.
+    if (mine.st_ino != e.attr.st_ino || mine.st_dev != e.attr.st_dev) err = ESTALE;
+    const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
+    if (!err) {
+      err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned),
+                       writes ? WriterIdentity(req) : nullptr, &fh);
+    }
     if (err) fs.Forget(e.ino, 1);
   }
   if (err) {
-    if (created && unlinkat(dir.fd, name, 0) != 0) {
-      Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
-    }
+    if (created) RemoveIfStill(dir, name, mine);
     fuse_reply_err(req, err);
     return;
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fs, fi, fh);
   // A new file has no other open; an existing one reached by CREATE (made outside the mount,
-  // or a hard link the kernel has not looked up) may be passthrough already.
-  Inode& in = *fh->inode;
-  const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi->flags) : OpenMode{};
-  fh->passthrough = how.passthrough;
-  TellLeaseHolders(fs, in);
-  const int rc = how.passthrough ? ReplyCreatePassthrough(req, e, *fi, how.backing_id)
-                                 : fuse_reply_create(req, &e, fi);
-  if (rc == -ENOENT) AbandonOpen(fs, fh);
+  // or a hard link the kernel has not looked up) may be passthrough already, or leased.
+  FinishOpen(req, fs, fh, *fi, e);
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -249,7 +295,9 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
   // The payload as the transport received it: the pool its memory may be adopted from, if any.
   WriteSource src(bufv, transport ? transport->payload_pool() : nullptr);
   fh.inode->ra.Invalidate();
-  int err = ErrnoOf(fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch));
+  int err = ErrnoOf(
+      fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch, &fh.wb_errors));
+  if (!err) fh.wrote = true;
   // Bytes now in write-behind that a `dnvme run` client's direct transfer must not pass: it
   // drains before its next one (fs/broker/leases.h).
   if (!err && fh.inode->leases.count() > 0) fh.inode->leases.MarkMountDirty();
@@ -262,9 +310,13 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
 
 void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualNoop(ino)) return ReplyStatus(req, *v);
-  // close(2): hand the writer any write-behind error; the data need not be durable yet.
+  // close(2): a description that wrote sees a write-behind error it has not heard of (the data
+  // need not be durable yet) and its fsync still will (DrainAndPeek: a forked child's
+  // close-on-exec of a copy comes here too); a reader's close hears nothing and waits for
+  // nothing.
   FileHandle& fh = Fh(fi);
-  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
+  int err =
+      S_ISREG(fh.inode->type) && fh.wrote ? ErrnoOf(fh.inode->wb.DrainAndPeek(fh.wb_errors)) : 0;
   fuse_reply_err(req, err);
 }
 
@@ -272,7 +324,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualRelease(FsOf(req), ino, fi)) return ReplyStatus(req, *v);
   FileHandle* fh = &Fh(fi);
   if (S_ISREG(fh->inode->type)) {
-    Status st = fh->inode->wb.Drain(/*take_error=*/false);
+    Status st = fh->inode->wb.Drain(nullptr);
     if (!st.ok()) {
       Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, st.ToString());
     }
@@ -287,7 +339,9 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
   if (auto v = VirtualNoop(ino)) return ReplyStatus(req, *v);
   FileHandle& fh = Fh(fi);
-  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(/*take_error=*/true)) : 0;
+  // Every description opened before a write-behind error hears of it at its fsync, once (as
+  // Linux's errseq): a reader's too.
+  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(&fh.wb_errors)) : 0;
   if (!err) {
     int rc = datasync ? fdatasync(fh.fd.get()) : fsync(fh.fd.get());
     if (rc != 0) err = errno;
@@ -300,16 +354,21 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
   if (RefuseVirtual(req, ino, EOPNOTSUPP)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
-  int err = ErrnoOf(in.wb.Drain(/*take_error=*/false));
+  int err = ErrnoOf(in.wb.Drain(nullptr));
   in.ra.Invalidate();
-  if (!err && fallocate(Fh(fi).fd.get(), mode, offset, length) != 0) err = errno;
+  if (!err) {
+    // It allocates: as the caller, so a user stops at the space users may take (docs/security.md).
+    ActAsCaller as(req);
+    err = as.error();
+    if (!err && fallocate(Fh(fi).fd.get(), mode, offset, length) != 0) err = errno;
+  }
   fuse_reply_err(req, err);
 }
 
 void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
   if (RefuseVirtual(req, ino, EINVAL)) return;
   Fs& fs = FsOf(req);
-  int err = ErrnoOf(fs.GetInode(ino).wb.Drain(/*take_error=*/false));
+  int err = ErrnoOf(fs.GetInode(ino).wb.Drain(nullptr));
   if (err) {
     fuse_reply_err(req, err);
     return;

@@ -114,7 +114,7 @@ OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
   }
   // A passthrough reader must see every byte written so far, and nothing the daemon read ahead
   // may survive writes it does not see.
-  if (Status st = in.wb.Drain(/*take_error=*/false); !st.ok()) {
+  if (Status st = in.wb.Drain(nullptr); !st.ok()) {
     Logger().debug("inode {} opened through the daemon: write-behind {}", in.ino, st.ToString());
     ++m.other;
     return {};

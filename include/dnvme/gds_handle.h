@@ -37,6 +37,7 @@
 #include "dnvme/config.h"
 #include "dnvme/gpu.h"
 #include "dnvme/handle.h"
+#include "dnvme/identity.h"
 #include "dnvme/status.h"
 
 namespace dnvme {
@@ -87,6 +88,9 @@ struct GdsOptions {
   // Null means the CUDA runtime. Tests pass a factory whose "device memory" is host memory, so
   // the pipeline, the cuFile bookkeeping and the error paths run without a GPU.
   std::shared_ptr<gpu::CopyEngineFactory> copy_engine;
+  // A root process writing for a user (the daemon's control file): writes to descriptors go to
+  // the kernel under this identity (include/dnvme/identity.h), as AioHandle::adopt_fd's.
+  std::shared_ptr<const FsIdentity> write_as;
 };
 
 struct GdsStats {

@@ -54,12 +54,15 @@ class WriteBehindTest : public test::DataPathTest {
   }
 
   // Writes `n` pattern bytes at `off` from plain memory.
-  Status WritePattern(WriteBehind& wb, const FileRef& f, int64_t off, size_t n, uint64_t seed = 0) {
+  // `errors`: the writing description's place in the file's errors (the fixture's by default).
+  Status WritePattern(WriteBehind& wb, const FileRef& f, int64_t off, size_t n, uint64_t seed = 0,
+                      ErrorCursor* errors = nullptr) {
     std::vector<char> data(n);
     FillPattern(data.data(), n, off, seed);
     MemoryPayload p(data.data(), n);
     WriteSource src(&p.bv, nullptr);
-    return wb.Write(f, /*page_cache_writes=*/false, src, n, off, scratch_->bytes());
+    return wb.Write(f, /*page_cache_writes=*/false, src, n, off, scratch_->bytes(),
+                    errors != nullptr ? errors : &writer_);
   }
 
   // Acts as a transport's loop thread: receives `n` pattern bytes for `off` into a buffer lent
@@ -74,7 +77,7 @@ class WriteBehindTest : public test::DataPathTest {
     MemoryPayload p(payload, n);
     WriteSource src(&p.bv, &pool);
     if (spare != nullptr) *spare = src.adoptable_spare();
-    return wb.Write(f, /*page_cache_writes=*/false, src, n, off, scratch_->bytes());
+    return wb.Write(f, /*page_cache_writes=*/false, src, n, off, scratch_->bytes(), &writer_);
   }
 
   // The file holds pattern `seed` over [from, to).
@@ -92,6 +95,7 @@ class WriteBehindTest : public test::DataPathTest {
   std::unique_ptr<SpliceWorkers> splicers_;
   std::unique_ptr<PinnedBuffer> scratch_;
   WriteBehindShared shared_;
+  ErrorCursor writer_;  // the one writing description of most tests
 };
 
 TEST_F(WriteBehindTest, ChunkExtentsLandExactlyAndSizeShowsBeforeTheyDo) {
@@ -104,7 +108,7 @@ TEST_F(WriteBehindTest, ChunkExtentsLandExactlyAndSizeShowsBeforeTheyDo) {
   st.st_size = 0;
   wb.ApplyPending(&st);
   EXPECT_EQ(st.st_size, 5 * kMiB) << "accepted bytes count in the size before they land";
-  DNVME_ASSERT_OK(wb.Drain(/*take_error=*/true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_EQ(wb.inflight(), 0);
   ExpectPattern("a", 0, 5 * kMiB);
   EXPECT_EQ(counters_.bytes_written_behind.load(), static_cast<uint64_t>(5 * kMiB));
@@ -123,7 +127,7 @@ TEST_F(WriteBehindTest, UnalignedWriteGoesSynchronouslyAfterEarlierData) {
   // data would overwrite it).
   DNVME_ASSERT_OK(WritePattern(wb, f, 512 * kKiB + 100, 1000, /*seed=*/2));
   EXPECT_EQ(counters_.bytes_written_sync.load(), 1000u);
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   ExpectPattern("b", 0, 512 * kKiB + 100, 1);
   ExpectPattern("b", 512 * kKiB + 100, 512 * kKiB + 1100, 2);
   ExpectPattern("b", 512 * kKiB + 1100, kMiB, 1);
@@ -139,7 +143,7 @@ TEST_F(WriteBehindTest, OverlappingExtentWaitsForTheFlightBeforeIt) {
     faults_.delay_offset = 4096 + round * 8192;
     DNVME_ASSERT_OK(WritePattern(wb, f, 0, 2 * kChunk, /*seed=*/10 + round));
     DNVME_ASSERT_OK(WritePattern(wb, f, 0, kChunk, /*seed=*/100 + round));
-    DNVME_ASSERT_OK(wb.Drain(true));
+    DNVME_ASSERT_OK(wb.Drain(&writer_));
     ExpectPattern("c", 0, kChunk, 100 + round);
     ExpectPattern("c", kChunk, 2 * kChunk, 10 + round);
   }
@@ -152,7 +156,7 @@ TEST_F(WriteBehindTest, ShortCompletionsAreContinued) {
   WriteBehind wb(&shared_);
   for (int64_t off = 0; off < 4 * kMiB; off += kMiB)
     DNVME_ASSERT_OK(WritePattern(wb, f, off, kMiB));
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_GT(faults_.injected.load(), 0u);
   ExpectPattern("d", 0, 4 * kMiB);
 }
@@ -171,17 +175,17 @@ TEST_P(WriteBehindErrorTest, FailedFlushIsStickyAndReportedOnce) {
     DNVME_ASSERT_OK(WritePattern(wb, f, off, 256 * kKiB));
   }
   // A reader's drain sees the error but leaves it for the writer.
-  Status seen = wb.Drain(/*take_error=*/false);
+  Status seen = wb.Drain(nullptr);
   EXPECT_EQ(seen.error_number(), err) << seen.ToString();
-  EXPECT_EQ(wb.Drain(false).error_number(), err);
+  EXPECT_EQ(wb.Drain(nullptr).error_number(), err);
   // The next write hears of it (and is not accepted)...
   Status next = WritePattern(wb, f, 2 * kChunk, 4096);
   EXPECT_EQ(next.error_number(), err) << next.ToString();
   // ...once: after that writes and drains succeed again.
   faults_.fail_errno = 0;
-  DNVME_EXPECT_OK(wb.Drain(true));
+  DNVME_EXPECT_OK(wb.Drain(&writer_));
   DNVME_ASSERT_OK(WritePattern(wb, f, 2 * kChunk, 4096));
-  DNVME_EXPECT_OK(wb.Drain(true));
+  DNVME_EXPECT_OK(wb.Drain(&writer_));
   EXPECT_GE(counters_.errors.load(), 1u);
   EXPECT_GE(faults_.injected.load(), 1u);
   ExpectPattern("e", 0, kChunk);  // the other extents landed
@@ -190,8 +194,57 @@ TEST_P(WriteBehindErrorTest, FailedFlushIsStickyAndReportedOnce) {
   faults_.fail_errno = err;
   faults_.fail_offset = 3 * kChunk;
   DNVME_ASSERT_OK(WritePattern(wb, f, 3 * kChunk, 256 * kKiB));
-  EXPECT_EQ(wb.Drain(/*take_error=*/true).error_number(), err);
-  DNVME_EXPECT_OK(wb.Drain(true));
+  EXPECT_EQ(wb.Drain(&writer_).error_number(), err);
+  DNVME_EXPECT_OK(wb.Drain(&writer_));
+}
+
+// Linux's errseq rules (docs/security.md): each writing description hears of a flush error once,
+// at its next write, close or fsync; one hearing of it does not hide it from another; a reader's
+// look never takes it; a description opened after a heard error does not hear of it.
+TEST_P(WriteBehindErrorTest, EachDescriptionHearsOfAnErrorOnceAndAReaderTakesNothing) {
+  const int err = GetParam();
+  FileRef f = Open("q");
+  WriteBehind wb(&shared_);
+  ErrorCursor a = wb.Sample(), b = wb.Sample();
+  faults_.fail_errno = err;
+  faults_.fail_offset = 0;
+  DNVME_ASSERT_OK(WritePattern(wb, f, 0, 256 * kKiB, 0, &a));  // accepted; its flush will fail
+  // A reader's close and a truncate look (and drain) but take nothing, however often.
+  EXPECT_EQ(wb.Drain(nullptr).error_number(), err);
+  EXPECT_EQ(wb.Drain(nullptr).error_number(), err);
+  faults_.fail_errno = 0;
+  // The writer's fsync hears of it, once...
+  EXPECT_EQ(wb.Drain(&a).error_number(), err);
+  DNVME_EXPECT_OK(wb.Drain(&a));
+  // (A close only looks: a forked child's close-on-exec of the writer's copy must not take the
+  // error from the writer's own fsync.)
+  faults_.fail_errno = err;
+  DNVME_ASSERT_OK(WritePattern(wb, f, 0, 256 * kKiB, 0, &a));
+  EXPECT_EQ(wb.DrainAndPeek(a).error_number(), err);
+  faults_.fail_errno = 0;
+  EXPECT_EQ(wb.DrainAndPeek(a).error_number(), err);
+  EXPECT_EQ(wb.Drain(&a).error_number(), err);
+  DNVME_EXPECT_OK(wb.DrainAndPeek(a));
+  // ...and another description opened before the errors, which never wrote, hears of the latest
+  // at its fsync, once.
+  EXPECT_EQ(wb.Drain(&b).error_number(), err);
+  DNVME_EXPECT_OK(wb.Drain(&b));
+  // Heard of: a reader's look is clean now, and a description opened now starts after it.
+  DNVME_EXPECT_OK(wb.Drain(nullptr));
+  ErrorCursor c = wb.Sample();
+  DNVME_EXPECT_OK(wb.Drain(&c));
+  // A new error: each of them hears of it, once, whichever asks first.
+  faults_.fail_errno = err;
+  DNVME_ASSERT_OK(WritePattern(wb, f, 0, 256 * kKiB, 0, &c));
+  ErrorCursor d = wb.Sample();  // opened before the flush failed: hears of it too
+  EXPECT_EQ(wb.Drain(&c).error_number(), err);
+  EXPECT_EQ(wb.Drain(&d).error_number(), err);
+  EXPECT_EQ(WritePattern(wb, f, 512 * kKiB, 4096, 0, &a).error_number(), err);
+  faults_.fail_errno = 0;
+  DNVME_EXPECT_OK(WritePattern(wb, f, 512 * kKiB, 4096, 0, &a));
+  DNVME_EXPECT_OK(wb.Drain(&a));
+  DNVME_EXPECT_OK(wb.Drain(&c));
+  EXPECT_EQ(wb.Drain(&b).error_number(), err);
 }
 
 INSTANTIATE_TEST_SUITE_P(Errnos, WriteBehindErrorTest, ::testing::Values(EIO, ENOSPC),
@@ -214,11 +267,11 @@ TEST_F(WriteBehindTest, AdoptedRequestBuffersAreWrittenWithoutACopy) {
     MemoryPayload p(payload, 512 * kKiB);
     WriteSource src(&p.bv, pool.get());
     ASSERT_TRUE(src.adoptable());
-    DNVME_ASSERT_OK(wb.Write(f, false, src, 512 * kKiB, off, scratch_->bytes()));
+    DNVME_ASSERT_OK(wb.Write(f, false, src, 512 * kKiB, off, scratch_->bytes(), &writer_));
     // Adopted: the loop's next request lands in a replacement, the payload stays where it was.
     EXPECT_NE(r.buffer.data(), received);
   }
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(4 * kMiB));
   ExpectPattern("g", 0, 4 * kMiB);
 }
@@ -238,7 +291,7 @@ TEST_F(WriteBehindTest, APayloadCutInsideAPageIsCompletedByTheNextRequest) {
     EXPECT_EQ(spare, 16u);
     DNVME_ASSERT_OK(WritePattern(wb, f, off + static_cast<int64_t>(kCut), 16));
   }
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(4 * kMiB));
   EXPECT_EQ(counters_.bytes_written_sync.load(), 0u);
   ExpectPattern("cut", 0, 4 * kMiB);
@@ -254,7 +307,7 @@ TEST_F(WriteBehindTest, AWriteLongerThanTheCutPageGoesOnInAChunk) {
   DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, 0, 300 * kKiB + 100));
   DNVME_ASSERT_OK(WritePattern(wb, f, 300 * kKiB + 100, 8192 + 7));
   DNVME_ASSERT_OK(WritePattern(wb, f, 300 * kKiB + 100 + 8192 + 7, 5000));
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(300 * kKiB + 4096))
       << "the adopted payload, completed to its page";
   ExpectPattern("longer", 0, 300 * kKiB + 100 + 8192 + 7 + 5000);
@@ -268,9 +321,9 @@ TEST_F(WriteBehindTest, ACutPayloadFlushedBeforeItsPageIsCompletedStillLands) {
   WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 4096, 4);
   DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, 0, kMiB - 16));
-  DNVME_ASSERT_OK(wb.Drain(false));
+  DNVME_ASSERT_OK(wb.Drain(nullptr));
   DNVME_ASSERT_OK(WritePattern(wb, f, kMiB - 16, 16 + 4096));
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(kMiB - 16));
   EXPECT_EQ(counters_.bytes_written_sync.load(), 16u + 4096u);
   ExpectPattern("drained", 0, kMiB + 4096);
@@ -292,7 +345,7 @@ TEST_F(WriteBehindTest, CompletedPayloadsShareLargeExtents) {
     DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, off, kCut));
     DNVME_ASSERT_OK(WritePattern(wb, f, off + static_cast<int64_t>(kCut), 64));
   }
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_EQ(counters_.bytes_written_adopted.load(), static_cast<uint64_t>(16 * kMiB));
   EXPECT_EQ(counters_.write_behind_flushes.load(), 2u) << "two 8 MiB extents";
   ExpectPattern("large", 0, 16 * kMiB);
@@ -322,12 +375,13 @@ TEST_F(WriteBehindTest, SplicedPipeExtentsLandExactly) {
     bv.buf[0].fd = fds[0];
     WriteSource src(&bv, nullptr);
     ASSERT_TRUE(src.in_pipe());
-    Status st = wb.Write(f, /*page_cache_writes=*/true, src, data.size(), off, scratch_->bytes());
+    Status st =
+        wb.Write(f, /*page_cache_writes=*/true, src, data.size(), off, scratch_->bytes(), &writer_);
     close(fds[0]);
     close(fds[1]);
     DNVME_ASSERT_OK(st);
   }
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   EXPECT_EQ(counters_.bytes_written_spliced.load() + counters_.bytes_splice_fallback.load(),
             static_cast<uint64_t>(3 * kMiB));
   EXPECT_EQ(counters_.bytes_written_behind.load(), static_cast<uint64_t>(3 * kMiB));
@@ -343,7 +397,7 @@ TEST_F(WriteBehindTest, ConcurrentWritersAndDrainersLoseNothing) {
   std::atomic<int> failures{0};
   std::thread drainer([&] {
     while (!stop) {
-      if (!wb.Drain(/*take_error=*/false).ok()) ++failures;
+      if (!wb.Drain(nullptr).ok()) ++failures;
       struct stat st {};
       wb.ApplyPending(&st);
     }
@@ -354,14 +408,14 @@ TEST_F(WriteBehindTest, ConcurrentWritersAndDrainersLoseNothing) {
       for (int64_t off = w * kEach; off < (w + 1) * kEach; off += 128 * kKiB) {
         if (!WritePattern(wb, f, off, 128 * kKiB).ok()) ++failures;
       }
-      if (!wb.Drain(/*take_error=*/true).ok()) ++failures;  // close
+      if (!wb.Drain(&writer_).ok()) ++failures;  // close
     });
   }
   for (auto& t : writers) t.join();
   stop = true;
   drainer.join();
   EXPECT_EQ(failures.load(), 0);
-  DNVME_ASSERT_OK(wb.Drain(true));
+  DNVME_ASSERT_OK(wb.Drain(&writer_));
   ExpectPattern("i", 0, kWriters * kEach);
 }
 
