@@ -8,6 +8,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=${DNVME_DEMO_DIR:-$ROOT/var/offload}
+# var/ is the caller's alone (0700), as docs/security.md's set-up asks of a backing directory.
+install -d -m 0700 "$ROOT/var" && chmod 0700 "$ROOT/var"
 mkdir -p "$DIR"
 echo "== 1/2: the engine (dnvme io) against fio on $DIR"
 "$ROOT/bench/engine_vs_fio.sh" --dir "$DIR" --runs 1 --size 1G

@@ -21,6 +21,7 @@
 #include "dnvme/gpu.h"
 #include "dnvme/log.h"
 #include "engine/common/log.h"
+#include "fs/backing_access.h"
 #include "fs/caps.h"
 #include "fs/fs.h"
 #include "fs/options.h"
@@ -224,7 +225,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  RaiseFileLimit();
   auto fs = std::make_unique<dnvme::fs::Fs>(opts);
   if (dnvme::Status st = fs->Preflight(); !st.ok()) {
     std::fprintf(stderr, "dnvmefs: error: %s\n", st.ToString().c_str());
@@ -247,6 +247,12 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   if (!fuse_complaint.empty()) std::fprintf(stderr, "%s\n", fuse_complaint.c_str());
+  // Only once the invocation is known to be good (a usage error stays one line).
+  for (const std::string& why :
+       dnvme::fs::BackingExposure(opts.backing, opts.mountpoint, geteuid())) {
+    Logger().warn("{}", why);
+  }
+  RaiseFileLimit();
   fs->set_session(se);  // for the control file's cache invalidations
   int rc = kExitFailure;
   if (fuse_set_signal_handlers(se) != 0) {

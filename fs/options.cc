@@ -380,6 +380,13 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
   return o;
 }
 
+bool SameDirectory(const std::string& a, const std::string& b) {
+  struct stat sa {
+  }, sb{};
+  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 Status CheckDirectories(const MountOptions& opts) {
   for (const auto* p : {&opts.backing, &opts.mountpoint}) {
     const char* what = p == &opts.backing ? "BACKING_DIR" : "MOUNTPOINT";
@@ -391,9 +398,10 @@ Status CheckDirectories(const MountOptions& opts) {
       return Status::InvalidArgument(std::string(what) + " '" + *p + "' is not a directory");
     }
   }
-  if (opts.backing == opts.mountpoint) {
-    return Status::InvalidArgument("BACKING_DIR and MOUNTPOINT are the same directory");
-  }
+  // The mount may cover BACKING_DIR itself: the daemon opens it before mounting, and from then
+  // on nobody reaches it except through the mount (docs/security.md, "Set-up"). Its content is
+  // what the mount serves, so it need not be empty.
+  if (SameDirectory(opts.backing, opts.mountpoint)) return Status::Ok();
   if (!opts.nonempty) {
     DIR* d = opendir(opts.mountpoint.c_str());
     if (d == nullptr) return Status::FromErrno(errno, "MOUNTPOINT '" + opts.mountpoint + "'");

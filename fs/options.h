@@ -187,8 +187,10 @@ struct MountOptions {
 Result<MountOptions> ParseMountOptions(int argc, char** argv);
 
 // Checks BACKING_DIR and MOUNTPOINT exist and are directories, and that MOUNTPOINT is empty
-// unless -o nonempty was given.
+// unless -o nonempty was given or it is BACKING_DIR itself (a mount over its own backing).
 Status CheckDirectories(const MountOptions& opts);
+// Whether two paths name the same directory (stat: device and inode).
+bool SameDirectory(const std::string& a, const std::string& b);
 
 std::string UsageText();
 

@@ -34,6 +34,9 @@ command -v fusermount3 >/dev/null || die "fusermount3 is missing; run scripts/in
 [[ -e /dev/fuse ]] || die "/dev/fuse is missing: load the module (modprobe fuse) or, in a" \
   "container, pass the device through (--device /dev/fuse)"
 
+# var/ is root's alone (0700): nobody else reaches the backing directory except through the
+# mount (docs/security.md, "Set-up"; the daemon warns when another user could).
+install -d -m 0700 "$ROOT/var" && chmod 0700 "$ROOT/var"
 mkdir -p "$BACKING" "$MNT"
 WORK=$(mktemp -d)
 RAW_FILE=$BACKING/quickstart_raw.dat
