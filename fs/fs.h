@@ -86,6 +86,9 @@ struct Inode {
 // kernel never released (it does not send RELEASE for files still open when the daemon exits).
 struct OpenHandle {
   virtual ~OpenHandle() = default;
+  // The opener's share of max_files_per_uid (docs/security.md): the descriptors this open holds
+  // in the daemon are charged to it until the handle goes.
+  UidCharge files;
 };
 
 // An open control file: a ctl session, or a snapshot of stats/config being read.

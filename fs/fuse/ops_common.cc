@@ -117,6 +117,21 @@ ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
   id_.emplace(std::move(id).value());
 }
 
+int ChargeOpen(fuse_req_t req, UidCharge* out) {
+  const uid_t uid = fuse_req_ctx(req)->uid;
+  // Root is trusted (docs/security.md) and its programs open as many files as they like, as on
+  // ext4: the limit keeps users from starving each other and root.
+  if (uid == 0) return 0;
+  auto charge = FsOf(req).uid_limits().Charge(uid, UidResource::kFiles, 1);
+  if (!charge.ok()) {
+    Logger().info("open by pid {} uid {} refused: {}", fuse_req_ctx(req)->pid, uid,
+                  charge.status().ToString());
+    return ErrnoOf(charge.status());
+  }
+  *out = std::move(charge).value();
+  return 0;
+}
+
 std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req) {
   if (geteuid() != 0 || fuse_req_ctx(req)->uid == 0) return nullptr;
   const Caller c = CallerOf(req);

@@ -122,6 +122,12 @@ class ActAsCaller {
   int err_ = 0;
 };
 
+// Charges one open file to the request's caller (UidResource::kFiles, max_files_per_uid): the
+// descriptors an open makes the daemon hold are the opener's share. Returns the errno to answer
+// (EMFILE, the reason logged) when the caller has reached its limit. Root's opens are not
+// charged.
+int ChargeOpen(fuse_req_t req, UidCharge* out);
+
 // The identity a non-root writer's data is written under (FileRef's write_as), or null for root
 // and for a daemon that does not run as root (its writes are its own).
 std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req);

@@ -39,12 +39,15 @@ struct DirHandle : OpenHandle {
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualOpendir(ino, fi)) return ReplyVirtualOpen(req, ino, *v, fi);
   Inode& in = FsOf(req).GetInode(ino);
+  UidCharge files;
+  if (int err = ChargeOpen(req, &files); err != 0) return (void)fuse_reply_err(req, err);
   int fd = openat(in.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     fuse_reply_err(req, errno);
     return;
   }
   auto dh = std::make_unique<DirHandle>();
+  dh->files = std::move(files);
   dh->dp = fdopendir(fd);
   if (dh->dp == nullptr) {
     int err = errno;

@@ -44,8 +44,9 @@ int OpenBacking(Inode& in, int flags, UniqueFd* out) {
 
 // `write_as`: the identity a non-root writer's data is written under (WriterIdentity).
 int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
-               std::shared_ptr<const FsIdentity> write_as, FileHandle** out) {
+               std::shared_ptr<const FsIdentity> write_as, UidCharge files, FileHandle** out) {
   auto fh = std::make_unique<FileHandle>();
+  fh->files = std::move(files);
   fh->inode = &in;
   fh->client_direct = (flags & O_DIRECT) != 0;
   const int acc = flags & O_ACCMODE;
@@ -138,12 +139,15 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
   // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
+  UidCharge files;
   UniqueFd fd;
-  int err = OpenBacking(in, fi->flags, &fd);
+  int err = ChargeOpen(req, &files);
+  if (!err) err = OpenBacking(in, fi->flags, &fd);
   FileHandle* fh = nullptr;
   if (!err) {
     const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
-    err = MakeHandle(fs, in, fi->flags, std::move(fd), writes ? WriterIdentity(req) : nullptr, &fh);
+    err = MakeHandle(fs, in, fi->flags, std::move(fd), writes ? WriterIdentity(req) : nullptr,
+                     std::move(files), &fh);
   }
   if (err) {
     fuse_reply_err(req, err);
@@ -179,6 +183,8 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   // found missing; one that appeared since (another client, BACKING_DIR itself) is opened as
   // open(2) would -- but never through a symlink (ELOOP) nor a FIFO or device (EEXIST), which a
   // user with access to BACKING_DIR could have swapped in (docs/security.md).
+  UidCharge files;
+  if (int err = ChargeOpen(req, &files); err != 0) return (void)fuse_reply_err(req, err);
   int fd;
   bool created = true;
   {
@@ -212,7 +218,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
     if (!err) {
       err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned),
-                       writes ? WriterIdentity(req) : nullptr, &fh);
+                       writes ? WriterIdentity(req) : nullptr, std::move(files), &fh);
     }
     if (err) fs.Forget(e.ino, 1);
   }

@@ -1254,6 +1254,41 @@ print(json.dumps(res))
         self.assertEqual(res["sync"], "OK", "a synchronous transfer holds nothing afterwards")
         self.assertEqual((res["wait"], res["after_wait"]), (2, "OK"))
 
+    def test_mount_opens_count_as_files(self):
+        """Each open of a file or directory through the mount holds descriptors in the daemon:
+        a user holding max_files_per_uid of them is refused the next (EMFILE), root is not, and
+        a close gives the share back."""
+        for name in ("a", "b", "c"):
+            self.write(self.m(name), b"x")
+            os.chmod(self.m(name), 0o644)
+        res = self.as_nobody(r"""
+import errno
+mnt = sys.argv[1]
+fds = [os.open(os.path.join(mnt, n), os.O_RDONLY) for n in ("a", "b")]
+try:
+    os.open(os.path.join(mnt, "c"), os.O_RDONLY)
+    res["third"] = "OK"
+except OSError as e:
+    res["third"] = errno.errorcode[e.errno]
+try:
+    os.listdir(mnt)
+    res["opendir"] = "OK"
+except OSError as e:
+    res["opendir"] = errno.errorcode[e.errno]
+os.close(fds.pop())
+time.sleep(0.2)  # the RELEASE reaches the daemon after close returns
+fds.append(os.open(os.path.join(mnt, "c"), os.O_RDONLY))
+res["after_close"] = "OK"
+for fd in fds:
+    os.close(fd)
+print(json.dumps(res))
+""")
+        self.assertEqual((res["third"], res["opendir"], res["after_close"]),
+                         ("EMFILE", "EMFILE", "OK"), res)
+        held = [os.open(self.m(n), os.O_RDONLY) for n in ("a", "b", "c")]
+        for fd in held:
+            os.close(fd)
+
 
 class ShrunkBufferTest(CtlCase):
     """A client truncates its registered /dev/shm object: the daemon survives (SIGBUS repaired)
