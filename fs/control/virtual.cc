@@ -183,7 +183,15 @@ std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_
                                        fuse_file_info* fi) {
   if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
-  if (vf->kind == VirtualNode::kCtl) return vf->session->ReadAnswer(size);
+  if (vf->kind == VirtualNode::kCtl) {
+    // The kernel names the reader's file table in every direct read (FUSE_READ_LOCKOWNER); a
+    // read without one fills the page cache, for a fault in a mapping of ctl. It gets zeros, all
+    // of `size`: a session's answer must not land in pages every opener of ctl shares, and a
+    // short read would shrink the kernel's size of ctl, whose writes would then all take the
+    // inode's lock exclusively (past EOF).
+    if (fi->lock_owner == 0) return std::string(size, '\0');
+    return vf->session->ReadAnswer(size);
+  }
   std::lock_guard lock(vf->m);
   // Reading from the start again (pread at 0, or a rewind) gets fresh numbers.
   if (off == 0) vf->snapshot = Snapshot(fs, vf->kind);
@@ -199,6 +207,13 @@ uint32_t VirtualOpenFlags(fuse_ino_t ino) {
 void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi,
                   VirtualWriteReply reply) {
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
+  // The dirty pages of a shared writable mapping come back as writeback (FUSE_WRITE_CACHE):
+  // the kernel sends them as uid, gid and pid 0, through whichever mapper's file it picks, so
+  // they name no caller. Run, they were root's requests; only write(2) makes one.
+  if (fi->writepage) {
+    return reply(CtlError(EPERM, std::string("a mapping of ") + kCtlDirName +
+                                     " is not written back: write(2) each request"));
+  }
   const size_t size = fuse_buf_size(bufv);
   // The bytes are copied out here: `bufv` belongs to the FUSE thread's request buffer.
   std::string text(size, '\0');

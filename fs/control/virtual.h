@@ -60,7 +60,8 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
 // every other node.
 uint32_t VirtualOpenFlags(fuse_ino_t ino);
 // The bytes to answer: the ctl session's pending answer (consumed), or up to `size` bytes of the
-// stats/config snapshot at `off` (refreshed when reading from 0). Never fails.
+// stats/config snapshot at `off` (refreshed when reading from 0). Never fails. A read of ctl into
+// the page cache (a fault in a mapping of it: no lock owner in `fi`) gets `size` zero bytes.
 std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_t off,
                                        fuse_file_info* fi);
 // A write to an open control file (call only when IsVirtual(ino): gathering the caller's groups
@@ -72,6 +73,7 @@ std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_
 //     once. A full lane is answered EAGAIN, a write with O_APPEND EINVAL, both at once. Where
 //     replies cannot be deferred (FUSE over io_uring) the request runs here.
 //   config: the patch is applied and answered before this returns.
+// Writeback of a shared mapping (fi->writepage) is refused (EPERM): it names no caller.
 // `reply` is called exactly once, on any thread.
 using VirtualWriteReply = std::function<void(const Result<size_t>&)>;
 void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi,

@@ -1064,6 +1064,22 @@ class SecurityTest(CtlCase):
             os.close(fd)
         self.assertIs(self.ctl.req("hello")["ok"], True)
 
+    def test_a_shared_mapping_of_ctl_runs_nothing_and_reads_zeros(self):
+        """The dirty pages of a MAP_SHARED mapping of ctl come back as writeback, which the kernel
+        sends as uid 0 through a file of its choosing: a user's config.set written into one
+        changed the live configuration. Writeback is refused; a fault reads zeros (a session's
+        answer never lands in the page cache every opener shares) and leaves ctl's size alone;
+        the session's own answer stays whole for its read()."""
+        res = self.as_nobody(MAPPED_BODY)
+        self.assertEqual(res["page"], "zeros", res)
+        self.assertGreaterEqual(res["size"], 1 << 31, "a fault shrank the kernel's size of ctl")
+        self.assertNotEqual(res["flush"], "OK", "the mapping's writeback was accepted")
+        self.assertTrue(res["answer_whole"], res)
+        self.assertEqual(res["hello"], "OK")
+        self.assertEqual(self.ctl.ok("config.get")["config"]["queue_depth"], 128,
+                         "a user's writeback ran config.set as root")
+        self.assertTrue(self.mount.alive())
+
 
 PROC_BODY = r"""
 pid, tid, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -1077,6 +1093,36 @@ memfd = os.memfd_create("nobody", os.MFD_ALLOW_SEALING)
 os.ftruncate(memfd, 1 << 20)
 res["own_memfd"] = code(s.req(op="buffer.register",
                              source="/proc/%d/fd/%d" % (os.getpid(), memfd)))
+print(json.dumps(res))
+"""
+
+MAPPED_BODY = r"""
+import errno, mmap
+s = Session()
+os.write(s.fd, json.dumps({"op": "stats"}).encode())  # an answer longer than a page, unread
+mm = mmap.mmap(s.fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+page = mm[:4096]
+res["page"] = "zeros" if page == bytes(4096) else page[:64].decode(errors="replace")
+res["size"] = os.fstat(s.fd).st_size
+req = json.dumps({"op": "config.set", "config": {"queue_depth": 7}}).encode()
+mm[:len(req)] = req
+try:
+    mm.flush()
+    res["flush"] = "OK"
+except OSError as e:
+    res["flush"] = errno.errorcode.get(e.errno, str(e.errno))
+mm.close()
+out = b""
+while True:
+    c = os.read(s.fd, 1 << 20)
+    if not c:
+        break
+    out += c
+try:
+    res["answer_whole"] = "stats" in json.loads(out)
+except ValueError:
+    res["answer_whole"] = False
+res["hello"] = code(s.req(op="hello"))
 print(json.dumps(res))
 """
 
