@@ -8,6 +8,7 @@ login of that user would be). The mount itself is tests/fs/mount_harness.py's.
 """
 
 import ctypes
+import glob
 import json
 import os
 import select
@@ -285,6 +286,12 @@ class Child:
             except OSError:
                 pass
         self.errf.close()
+        # Shared-memory objects the child made with shm() and did not remove (it was killed).
+        for name in glob.glob("/dev/shm/dnvme-sec-%d-*" % self.p.pid):
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
 
 
 def run_child(code, args=None, uid=NOBODY, timeout=120.0):
