@@ -207,14 +207,13 @@ uint32_t VirtualOpenFlags(fuse_ino_t ino) {
 void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi,
                   VirtualWriteReply reply) {
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
+  const size_t size = fuse_buf_size(bufv);
   // The dirty pages of a shared writable mapping come back as writeback (FUSE_WRITE_CACHE):
   // the kernel sends them as uid, gid and pid 0, through whichever mapper's file it picks, so
-  // they name no caller. Run, they were root's requests; only write(2) makes one.
-  if (fi->writepage) {
-    return reply(CtlError(EPERM, std::string("a mapping of ") + kCtlDirName +
-                                     " is not written back: write(2) each request"));
-  }
-  const size_t size = fuse_buf_size(bufv);
+  // they name no caller (run, they were root's requests): acknowledged and dropped. A refusal
+  // would be kept as the mapping's error, and the next ctl write or read of any user would fail
+  // with it (EIO: the kernel flushes a mapping's pages before direct I/O).
+  if (fi->writepage) return reply(size);
   // The bytes are copied out here: `bufv` belongs to the FUSE thread's request buffer.
   std::string text(size, '\0');
   fuse_bufvec dst = FUSE_BUFVEC_INIT(size);

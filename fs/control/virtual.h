@@ -73,7 +73,7 @@ std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_
 //     once. A full lane is answered EAGAIN, a write with O_APPEND EINVAL, both at once. Where
 //     replies cannot be deferred (FUSE over io_uring) the request runs here.
 //   config: the patch is applied and answered before this returns.
-// Writeback of a shared mapping (fi->writepage) is refused (EPERM): it names no caller.
+// Writeback of a shared mapping (fi->writepage) names no caller: acknowledged, nothing run.
 // `reply` is called exactly once, on any thread.
 using VirtualWriteReply = std::function<void(const Result<size_t>&)>;
 void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_info* fi,

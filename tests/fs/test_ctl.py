@@ -11,6 +11,7 @@ import hashlib
 import json
 import mmap
 import os
+import select
 import socket
 import stat
 import struct
@@ -150,6 +151,49 @@ res = {}
 ''' + BROKER_PY
 
 
+class NobodyChild:
+    """NOBODY_PY + `body` running as uid 65534 alongside the test: it prints JSON lines
+    ({"tag": ..., "t": its time.monotonic(), ...}) and reads lines the test sends."""
+
+    def __init__(self, mnt, body, *args):
+        self.p = subprocess.Popen([PY, "-c", NOBODY_PY + body, mnt] +
+                                  [str(a) for a in args], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.buf = b""
+        self.seen = {}
+
+    def expect(self, tag, timeout=120.0):
+        """The line tagged `tag` (others read meanwhile are kept for later)."""
+        deadline = time.monotonic() + timeout
+        while tag not in self.seen:
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                msg = json.loads(line)
+                self.seen[msg["tag"]] = msg
+            if tag in self.seen:
+                break
+            left = deadline - time.monotonic()
+            r = select.select([self.p.stdout], [], [], max(left, 0))[0] if left > 0 else []
+            chunk = os.read(self.p.stdout.fileno(), 65536) if r else b""
+            if not chunk:
+                self.p.kill()
+                raise AssertionError("uid 65534 child: no %r line (exit %s): %s" % (
+                    tag, self.p.wait(), self.p.stderr.read().decode()[-3000:]))
+            self.buf += chunk
+        return self.seen[tag]
+
+    def send(self, line):
+        self.p.stdin.write(line.encode() + b"\n")
+        self.p.stdin.flush()
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait()
+        for f in (self.p.stdin, self.p.stdout, self.p.stderr):
+            f.close()
+
+
 class CtlCase(mh.MountedTestCase):
     MOUNT_OPTIONS = ("allow_other", "default_permissions")
 
@@ -192,15 +236,19 @@ class CtlCase(mh.MountedTestCase):
     def stats(self):
         return self.ctl.ok("stats")["stats"]
 
-    def as_nobody(self, body, *args, timeout=60):
-        """Runs NOBODY_PY + `body` as uid 65534 (argv: the mount, then `args`); returns the JSON
-        it prints. Skips when the scratch directory is not reachable by other users."""
+    def reachable_by_nobody(self):
+        """Opens the scratch directory to uid 65534; skips when a directory above it is not."""
         os.chmod(self.scratch.path, 0o755)
         d = os.path.dirname(self.scratch.path)
         while d != "/":
             if not os.stat(d).st_mode & 0o001:
                 self.skipTest("%s is not searchable by other users" % d)
             d = os.path.dirname(d)
+
+    def as_nobody(self, body, *args, timeout=60):
+        """Runs NOBODY_PY + `body` as uid 65534 (argv: the mount, then `args`); returns the JSON
+        it prints. Skips when the scratch directory is not reachable by other users."""
+        self.reachable_by_nobody()
         r = subprocess.run([PY, "-c", NOBODY_PY + body, self.mnt] + [str(a) for a in args],
                            capture_output=True, timeout=timeout)
         self.assertEqual(r.returncode, 0, r.stderr.decode())
@@ -1067,13 +1115,25 @@ class SecurityTest(CtlCase):
     def test_a_shared_mapping_of_ctl_runs_nothing_and_reads_zeros(self):
         """The dirty pages of a MAP_SHARED mapping of ctl come back as writeback, which the kernel
         sends as uid 0 through a file of its choosing: a user's config.set written into one
-        changed the live configuration. Writeback is refused; a fault reads zeros (a session's
-        answer never lands in the page cache every opener shares) and leaves ctl's size alone;
-        the session's own answer stays whole for its read()."""
-        res = self.as_nobody(MAPPED_BODY)
+        changed the live configuration. Writeback is acknowledged and dropped (refused, it became
+        the mapping's error and root's next ctl write failed with EIO); a fault reads zeros (a
+        session's answer never lands in the page cache every opener shares) and leaves ctl's
+        size alone; the session's own answer stays whole for its read()."""
+        self.reachable_by_nobody()
+        child = NobodyChild(self.mnt, MAPPED_BODY)
+        try:
+            res = child.expect("written_back")
+            # The kernel flushes ctl's mapping before root's direct write and hands it the error
+            # of that writeback, if any.
+            self.assertIs(self.ctl.req("hello")["ok"], True)
+            child.send("go")
+            res.update(child.expect("done"))
+            self.assertEqual(child.p.wait(60), 0, child.p.stderr.read().decode())
+        finally:
+            child.close()
         self.assertEqual(res["page"], "zeros", res)
         self.assertGreaterEqual(res["size"], 1 << 31, "a fault shrank the kernel's size of ctl")
-        self.assertNotEqual(res["flush"], "OK", "the mapping's writeback was accepted")
+        self.assertEqual(res["writeback"], 0, res)
         self.assertTrue(res["answer_whole"], res)
         self.assertEqual(res["hello"], "OK")
         self.assertEqual(self.ctl.ok("config.get")["config"]["queue_depth"], 128,
@@ -1097,7 +1157,11 @@ print(json.dumps(res))
 """
 
 MAPPED_BODY = r"""
-import errno, mmap
+import mmap
+def emit(tag, **kw):
+    kw["tag"] = tag
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
 s = Session()
 os.write(s.fd, json.dumps({"op": "stats"}).encode())  # an answer longer than a page, unread
 mm = mmap.mmap(s.fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -1106,11 +1170,13 @@ res["page"] = "zeros" if page == bytes(4096) else page[:64].decode(errors="repla
 res["size"] = os.fstat(s.fd).st_size
 req = json.dumps({"op": "config.set", "config": {"queue_depth": 7}}).encode()
 mm[:len(req)] = req
-try:
-    mm.flush()
-    res["flush"] = "OK"
-except OSError as e:
-    res["flush"] = errno.errorcode.get(e.errno, str(e.errno))
+# Written back (SYNC_FILE_RANGE_WRITE) but not waited for: the outcome stays with the mapping for
+# whoever flushes it next.
+res["writeback"] = ctypes.CDLL(None, use_errno=True).sync_file_range(
+    s.fd, ctypes.c_longlong(0), ctypes.c_longlong(4096), 2)
+emit("written_back", **res)
+sys.stdin.readline()
+res = {}
 mm.close()
 out = b""
 while True:
@@ -1123,7 +1189,7 @@ try:
 except ValueError:
     res["answer_whole"] = False
 res["hello"] = code(s.req(op="hello"))
-print(json.dumps(res))
+emit("done", **res)
 """
 
 SETID_BODY = r"""
