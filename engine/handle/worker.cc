@@ -1,5 +1,6 @@
 #include "engine/handle/worker.h"
 
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -250,6 +251,7 @@ class Worker::SliceRun {
       io_prep_pread(&r.cb, f_.direct_fd, buf, static_cast<size_t>(r.length), r.offset);
     }
     r.cb.data = &r;
+    if (w_.wake_.valid()) io_set_eventfd(&r.cb, w_.wake_.get());
   }
 
   Worker& w_;
@@ -281,6 +283,7 @@ Worker::Worker(int index, const HandleConfig& config, std::shared_ptr<AioBackend
   for (size_t i = requests_.size(); i > 0; --i) free_.push_back(static_cast<int>(i - 1));
   events_.resize(static_cast<size_t>(config_.queue_depth));
   batch_.reserve(static_cast<size_t>(config_.queue_depth));
+  if (config_.overlap_events) wake_.Reset(eventfd(0, EFD_CLOEXEC));
 }
 
 Result<std::unique_ptr<Worker>> Worker::Create(int index, const HandleConfig& config,
@@ -308,6 +311,13 @@ void Worker::Post(Slice slice) {
     queue_.push_back(std::move(slice));
   }
   not_empty_.notify_one();
+  if (wake_.valid()) {  // the worker may be waiting for completions (ReapOrWake)
+    const uint64_t one = 1;
+    ssize_t n;
+    do {
+      n = ::write(wake_.get(), &one, sizeof(one));
+    } while (n < 0 && errno == EINTR);
+  }
 }
 
 void Worker::Release(Request& r) {
@@ -367,7 +377,9 @@ void Worker::Loop() {
       if (refused) Backoff();
       continue;
     }
-    Status st = Reap(overlap ? 1 : static_cast<long>(inflight_));
+    Status st = !overlap        ? Reap(static_cast<long>(inflight_))
+                : wake_.valid() ? ReapOrWake()
+                                : Reap(1);
     if (!st.ok()) {
       // The context is in an unknown state: destroy it (waits for the kernel to finish with our
       // buffers) and fail every active run; the next slice gets a fresh context.
@@ -471,8 +483,8 @@ void Worker::Backoff() {
   std::this_thread::sleep_for(delay);
 }
 
-Status Worker::Reap(long min_nr) {
-  int n = aio_->GetEvents(min_nr, static_cast<long>(events_.size()), events_.data(), nullptr);
+Status Worker::Reap(long min_nr, struct timespec* timeout) {
+  int n = aio_->GetEvents(min_nr, static_cast<long>(events_.size()), events_.data(), timeout);
   if (n == -EINTR) return Status::Ok();  // the loop calls again
   if (n < 0) return Status::FromErrno(-n, "io_getevents");
   for (int i = 0; i < n; ++i) {
@@ -482,6 +494,27 @@ Status Worker::Reap(long min_nr) {
     counters_->AddInflight(-1);
     r.run->Complete(r, static_cast<long>(ev.res));
   }
+  return Status::Ok();
+}
+
+// The sliding window's wait: completions if there are any, else sleep until a request completes
+// or a slice is posted (both signal wake_). The eventfd is read only after the queue was seen
+// empty and no event was ready, and both signal it after they happen, so neither is missed (a
+// signal from before the checks only makes the loop run once more).
+Status Worker::ReapOrWake() {
+  struct timespec now {};
+  const size_t before = inflight_;
+  DNVME_RETURN_IF_ERROR(Reap(0, &now));
+  if (inflight_ < before) return Status::Ok();
+  {
+    std::lock_guard lock(mu_);
+    if (!queue_.empty() && active_.size() < kMaxActiveRuns) return Status::Ok();
+  }
+  uint64_t count = 0;
+  ssize_t n;
+  do {
+    n = ::read(wake_.get(), &count, sizeof(count));
+  } while (n < 0 && errno == EINTR);
   return Status::Ok();
 }
 

@@ -2,6 +2,12 @@
 // queue of slices, a lazily created pool of pinned bounce buffers. Up to kMaxActiveRuns slices are
 // active at once and share the ring, so small operations from many callers overlap on the disk.
 //
+// With overlap_events (a sliding window) the worker sleeps, while requests are in flight, on an
+// eventfd that both their completions and Post() signal: a slice posted then is started at once,
+// not after the next completion (a caller waiting for its write's Submitted notice would otherwise
+// wait for the previous write to complete, and a writer of one request per call would keep one
+// request in flight). Lock-step batches (the default) wait for the whole batch as before.
+//
 // Thread contract: Post() may be called from any thread (the queue is mutex-guarded and blocks when
 // full, so a burst of async submissions is throttled instead of growing memory without bound).
 // Everything else (the libaio backend, the request ring, the bounce pool) is touched only by the
@@ -20,6 +26,7 @@
 #include "dnvme/pinned.h"
 #include "engine/aio/backend.h"
 #include "engine/handle/op.h"
+#include "engine/posix/file.h"
 
 namespace dnvme {
 
@@ -55,7 +62,8 @@ class Worker {
   };
   IdentityRun NextIdentityRun(size_t from) const;
   void Backoff();
-  Status Reap(long min_nr);
+  Status Reap(long min_nr, struct timespec* timeout = nullptr);
+  Status ReapOrWake();
   void FinishDoneRuns();
   void Release(Request& r);
   Status Validate(const Slice& slice, OpState& op, int64_t* err_off);
@@ -88,6 +96,9 @@ class Worker {
   std::condition_variable not_empty_, not_full_;
   std::deque<Slice> queue_;  // guarded by mu_
   bool stopping_ = false;    // guarded by mu_
+  // overlap_events: signalled by every request's completion (io_set_eventfd) and by Post().
+  // Invalid in lock-step mode, or when no eventfd could be made (then Reap(1) as before).
+  UniqueFd wake_;
   std::thread thread_;
 };
 
