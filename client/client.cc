@@ -156,7 +156,8 @@ CtlClient::~CtlClient() {
 
 Result<std::string> CtlClient::Send(const std::string& request) {
   if (fd_ < 0) return Status::InvalidArgument("control client is not open");
-  // One request is one write(): the daemon answers each write() separately.
+  // One request is one write(): the daemon answers the write() once the request is queued, and
+  // the first read() below once it has run.
   ssize_t n;
   do {
     n = write(fd_, request.data(), request.size());

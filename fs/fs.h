@@ -96,7 +96,7 @@ struct VirtualFile : OpenHandle {
   VirtualNode kind = VirtualNode::kNone;
   std::mutex m;
   std::string snapshot;                 // stats/config: the document being read (guarded by m)
-  std::unique_ptr<CtlSession> session;  // ctl only
+  std::shared_ptr<CtlSession> session;  // ctl only; lane jobs running its queue hold it too
 };
 
 struct FileHandle : OpenHandle {

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "engine/common/log.h"
 #include "engine/posix/file.h"
@@ -139,6 +141,8 @@ CtlSession::CtlSession(ControlCore& core, uid_t owner) : fs_(core), owner_(owner
 }
 
 CtlSession::~CtlSession() {
+  // A job running the queue holds the session until it is empty and its parked reads answered.
+  assert(!running_ && queue_.empty() && parked_.empty());
   std::lock_guard lock(mu_);
   for (auto& [id, h] : handles_) ReleaseHandle(*h);
   handles_.clear();  // destroys the engines (nothing in flight)
@@ -148,9 +152,14 @@ CtlSession::~CtlSession() {
 }
 
 void CtlSession::Request(std::string_view text, const Caller& caller) {
+  Run(text, text.size(), caller);
+}
+
+void CtlSession::Run(std::string_view text, size_t bytes, const Caller& caller) {
   std::lock_guard lock(mu_);
   fs_.ctl_counters().requests.fetch_add(1, std::memory_order_relaxed);
-  auto req = ParseCtlRequest(text, fs_.mountpoint());
+  auto req = bytes > kMaxRequestBytes ? Result<CtlRequest>(CtlTooLarge(bytes))
+                                      : ParseCtlRequest(text, fs_.mountpoint());
   std::string id = req.ok() ? req->id_json : ExtractCtlId(text);
   Result<std::string> body =
       req.ok() ? Dispatch(req.value(), caller) : Result<std::string>(req.status());
@@ -163,13 +172,71 @@ void CtlSession::Request(std::string_view text, const Caller& caller) {
                   body.status().ToString());
     answer = CtlErrorResponse(id, body.status());
   }
-  std::lock_guard al(answer_mu_);
+  std::lock_guard ql(queue_mu_);
   answer_ = std::move(answer);
   answer_pos_ = 0;
 }
 
-std::string CtlSession::ReadAnswer(size_t size) {
-  std::lock_guard lock(answer_mu_);
+Status CtlSession::Enqueue(std::string text, Caller caller, const Starter& start) {
+  // A request too long to be taken is refused by its size alone: its text is not kept (a write
+  // over max_write arrives as several of them, each refused on its own).
+  const size_t bytes = text.size();
+  if (bytes > kMaxRequestBytes) text = std::string();
+  std::lock_guard lock(queue_mu_);
+  // Bounded: the requests wait in the daemon's memory (and a lane holds one job per busy session,
+  // so a uid's share stays within its lane's queue times these).
+  if (queue_.size() >= kMaxQueued ||
+      (!queue_.empty() && queued_bytes_ + text.size() > kMaxQueuedBytes)) {
+    return Status::ResourceExhausted(
+        EAGAIN, "this session has " + std::to_string(queue_.size()) + " requests (" +
+                    std::to_string(queued_bytes_) + " bytes) queued, the most it may (" +
+                    std::to_string(kMaxQueued) + " requests, " + std::to_string(kMaxQueuedBytes) +
+                    " bytes): read the answer before writing more");
+  }
+  if (!running_) {
+    // Handed over under the lock: a writer after us sees the job and only queues behind it, and
+    // the job, which needs the lock, finds this request queued.
+    DNVME_RETURN_IF_ERROR(start());
+    running_ = true;
+  }
+  queued_bytes_ += text.size();
+  queue_.push_back(QueuedRequest{std::move(text), bytes, std::move(caller)});
+  return Status::Ok();
+}
+
+void CtlSession::RunQueued() {
+  std::unique_lock lock(queue_mu_);
+  while (!queue_.empty()) {
+    QueuedRequest next = std::move(queue_.front());
+    queue_.pop_front();
+    queued_bytes_ -= next.text.size();
+    lock.unlock();
+    Run(next.text, next.bytes, next.caller);
+    lock.lock();
+  }
+  running_ = false;
+  // The parked reads take their parts of the last answer in the order they came; the replies go
+  // out after the lock is given back (a reply is a write to /dev/fuse).
+  std::vector<std::pair<ReadReply, std::string>> answers;
+  answers.reserve(parked_.size());
+  for (ParkedRead& p : parked_) answers.emplace_back(std::move(p.reply), TakeAnswerLocked(p.size));
+  parked_.clear();
+  lock.unlock();
+  for (auto& [reply, bytes] : answers) reply(bytes);
+}
+
+void CtlSession::Read(size_t size, ReadReply reply) {
+  std::unique_lock lock(queue_mu_);
+  if (running_) {
+    parked_.push_back(ParkedRead{size, std::move(reply)});
+    return;
+  }
+  std::string bytes = TakeAnswerLocked(size);
+  lock.unlock();
+  reply(bytes);
+}
+
+std::string CtlSession::TakeAnswerLocked(size_t size) {
   const size_t n = std::min(size, answer_.size() - answer_pos_);
   std::string out = answer_.substr(answer_pos_, n);
   answer_pos_ += n;

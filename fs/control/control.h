@@ -1,12 +1,16 @@
 // The control plane behind `<mount>/.dnvme/` (docs/control-protocol.md): the `ctl` sessions and
 // the `stats` / `config` documents.
 //
-// A CtlSession belongs to one open of `ctl`. Each write() is one request, run on a thread of the
-// writer's uid's lane (fs/limits/uid_lanes.h; virtual.cc hands it over) and answered from there:
-// one user's long `wait` occupies only that user's threads, never a FUSE loop thread. The answer
-// waits in the session for the next read(). Handles (engine instances with their own parameters)
-// and registered client buffers belong to the session and go away with it (release waits for
-// their in-flight operations first, on the owner's lane).
+// A CtlSession belongs to one open of `ctl`. Each write() is one request: it joins the session's
+// queue and the write is answered at once; one job on a thread of the writer's uid's lane
+// (fs/limits/uid_lanes.h; virtual.cc hands it over) runs the queue in order, so one user's long
+// `wait` occupies only that user's threads, never a FUSE loop thread, and no write waits for a
+// request to run (the kernel may hold the ctl inode's lock for the write: docs/security.md). The
+// answer of the last request waits in the session for the next read(), and that read waits (is
+// parked, answered by the job when the queue is empty; no thread blocks) while requests are queued
+// or running. Handles (engine instances with their own parameters) and registered client buffers
+// belong to the session and go away with it (release waits for its queued requests and in-flight
+// operations first, on a lane).
 //
 // Identity: every request acts as the process that sent it (the FUSE request's uid, gid and
 // supplementary groups): paths are opened inside BACKING_DIR with openat2(RESOLVE_BENEATH) under
@@ -17,13 +21,14 @@
 // transfers and the files they keep open -- is charged to the session owner's uid in the core's
 // UidLimits (fs/limits/uid_limits.h), so a user at a limit is refused alone.
 //
-// Thread contract: a session serialises its own requests (mu_); different sessions run in
-// parallel. ReadAnswer takes only the answer's own mutex, so a read never waits for a request
-// that is still running (a FUSE thread serves the read). Completion callbacks of a session's
-// asynchronous transfers run on engine workers and only touch the per-handle record list under its
-// own mutex. Coherence work (draining the mount's write-behind, invalidating read-ahead and the
-// kernel's page cache) runs on the FUSE thread, never in a callback, so a callback never waits for
-// a FUSE reply.
+// Thread contract: a session runs its requests one at a time, in the order they were queued (mu_);
+// different sessions run in parallel. Enqueue, Read and RunQueued take only queue_mu_, never for
+// long, so a FUSE thread serving a write or a read never waits for a request that is running.
+// Lock order: mu_, then queue_mu_, then the lanes' own (Enqueue's `start` runs under queue_mu_).
+// Completion callbacks of a session's asynchronous transfers run on engine workers and only touch
+// the per-handle record list under its own mutex. Coherence work (draining the mount's
+// write-behind, invalidating read-ahead and the kernel's page cache) runs on the thread serving the
+// request, never in a callback, so a callback never waits for a FUSE reply.
 #pragma once
 
 #include <sys/types.h>
@@ -31,6 +36,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -166,13 +173,34 @@ class ControlCore {
 
 class CtlSession {
  public:
+  // Requests a session holds queued (written, not yet run) at most, and their bytes (a request
+  // beyond either is refused, EAGAIN; the first is always taken): a client writes a request or a
+  // few, then reads.
+  static constexpr size_t kMaxQueued = 64;
+  static constexpr size_t kMaxQueuedBytes = size_t{1} << 20;
+  // Hands over one job that calls RunQueued (on the writer's lane); a refusal is the write's.
+  using Starter = std::function<Status()>;
+  // Answers a read: the bytes of the answer (errors are for the edge to turn into errno).
+  using ReadReply = std::function<void(const Result<std::string>&)>;
+
   CtlSession(ControlCore& core, uid_t owner);
   ~CtlSession();  // waits for in-flight transfers, unmaps buffers, gives the limits back
 
-  // Processes one request (the bytes of one write()); the answer replaces the pending one.
+  // Queues one request (the bytes of one write()) behind the session's others. When the session
+  // is idle (nothing queued or running), `start` is called, with queue_mu_ held (it must only hand
+  // the job over), and its refusal is returned with nothing queued. EAGAIN when kMaxQueued
+  // requests or kMaxQueuedBytes wait already.
+  Status Enqueue(std::string text, Caller caller, const Starter& start);
+  // The job `start` handed over: runs the queued requests in order until none is left, then
+  // answers the reads parked meanwhile, in their order.
+  void RunQueued();
+  // A read of up to `size` bytes of the answer (consumed as read; empty at its end): answered
+  // here when nothing is queued or running, else parked and answered by RunQueued once the queue
+  // is empty (with the last request's answer). `reply` is called exactly once.
+  void Read(size_t size, ReadReply reply);
+  // Processes one request on this thread, outside the queue (where a reply cannot come from
+  // another thread: FUSE over io_uring); the answer replaces the pending one.
   void Request(std::string_view text, const Caller& caller);
-  // Copies up to `size` bytes of the pending answer (consumed as read); empty at its end.
-  std::string ReadAnswer(size_t size);
   // The uid that opened the session: its limits are charged.
   uid_t owner() const { return owner_; }
 
@@ -204,9 +232,27 @@ class CtlSession {
   // `caller`: the first GPU transfer's, whose identity the handle's writes then take.
   Result<GdsHandle*> GpuEngine(CtlHandle& h, int device, const Caller& caller);
 
+  struct QueuedRequest {
+    std::string text;  // empty when `bytes` is over kMaxRequestBytes (refused by its size)
+    size_t bytes;      // as written
+    Caller caller;
+  };
+  // Request, for a request of `bytes` bytes whose `text` may have been dropped (see QueuedRequest).
+  void Run(std::string_view text, size_t bytes, const Caller& caller);
+  struct ParkedRead {
+    size_t size;
+    ReadReply reply;
+  };
+  // Up to `size` bytes of the answer from where the last read stopped; needs queue_mu_.
+  std::string TakeAnswerLocked(size_t size);
+
   ControlCore& fs_;  // the core, through the interface above only
   const uid_t owner_;
-  std::mutex answer_mu_;  // guards answer_ and answer_pos_ only (never held for long)
+  std::mutex queue_mu_;  // guards the queue, the parked reads and the answer (never held for long)
+  std::deque<QueuedRequest> queue_;
+  size_t queued_bytes_ = 0;
+  bool running_ = false;  // a RunQueued job is handed over or running: the queue will be emptied
+  std::vector<ParkedRead> parked_;
   std::string answer_;
   size_t answer_pos_ = 0;
   std::mutex mu_;  // serialises requests; guards everything below

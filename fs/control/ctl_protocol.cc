@@ -205,11 +205,13 @@ std::string ExtractCtlId(std::string_view text) {
   return IdJson(j["id"]).value_or("");
 }
 
+Status CtlTooLarge(size_t bytes) {
+  return Err(E2BIG, "request of " + std::to_string(bytes) + " bytes; the limit is " +
+                        std::to_string(kMaxRequestBytes));
+}
+
 Result<CtlRequest> ParseCtlRequest(std::string_view text, const std::string& mountpoint) {
-  if (text.size() > kMaxRequestBytes) {
-    return Err(E2BIG, "request of " + std::to_string(text.size()) + " bytes; the limit is " +
-                          std::to_string(kMaxRequestBytes));
-  }
+  if (text.size() > kMaxRequestBytes) return CtlTooLarge(text.size());
   if (NestingDepth(text, kMaxRequestDepth) > kMaxRequestDepth) {
     return Err(EINVAL, "request nested deeper than " + std::to_string(kMaxRequestDepth));
   }

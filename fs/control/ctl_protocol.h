@@ -82,6 +82,9 @@ struct CtlRequest {
 // EBADMSG (not JSON, or not one object), EOPNOTSUPP (unknown op), EINVAL (anything else).
 // `mountpoint` (absolute) lets a path be given as an absolute path inside the mount.
 Result<CtlRequest> ParseCtlRequest(std::string_view text, const std::string& mountpoint);
+// ParseCtlRequest's refusal of a request of `bytes` bytes, over kMaxRequestBytes (E2BIG): for a
+// request refused by its size alone, whose text need not be kept.
+Status CtlTooLarge(size_t bytes);
 
 // The request's "id", re-serialised, when the text is a JSON object with a valid id ("" if not):
 // so that even a refused request's answer carries its id.

@@ -164,7 +164,7 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
   auto vf = std::make_unique<VirtualFile>();
   vf->kind = kind;
   if (kind == VirtualNode::kCtl) {
-    vf->session = std::make_unique<CtlSession>(fs, caller_uid);
+    vf->session = std::make_shared<CtlSession>(fs, caller_uid);
   } else {
     vf->snapshot = Snapshot(fs, kind);
   }
@@ -179,25 +179,28 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
   return Status::Ok();
 }
 
-std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_t off,
-                                       fuse_file_info* fi) {
-  if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
+void VirtualRead(Fs& fs, size_t size, off_t off, fuse_file_info* fi, VirtualReadReply reply) {
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
   if (vf->kind == VirtualNode::kCtl) {
     // The kernel names the reader's file table in every direct read (FUSE_READ_LOCKOWNER); a
     // read without one fills the page cache, for a fault in a mapping of ctl. It gets zeros, all
-    // of `size`: a session's answer must not land in pages every opener of ctl shares, and a
+    // of `size`, at once: a session's answer must not land in pages every opener of ctl shares, a
     // short read would shrink the kernel's size of ctl, whose writes would then all take the
-    // inode's lock exclusively (past EOF).
-    if (fi->lock_owner == 0) return std::string(size, '\0');
-    return vf->session->ReadAnswer(size);
+    // inode's lock exclusively (past EOF), and the page stays locked until answered (a write to
+    // ctl in the kernel's caching mode waits for it).
+    if (fi->lock_owner == 0) return reply(std::string(size, '\0'));
+    return vf->session->Read(size, std::move(reply));
   }
-  std::lock_guard lock(vf->m);
-  // Reading from the start again (pread at 0, or a rewind) gets fresh numbers.
-  if (off == 0) vf->snapshot = Snapshot(fs, vf->kind);
-  const size_t from = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), vf->snapshot.size());
-  const size_t n = std::min(size, vf->snapshot.size() - from);
-  return vf->snapshot.substr(from, n);
+  std::string bytes;
+  {
+    std::lock_guard lock(vf->m);
+    // Reading from the start again (pread at 0, or a rewind) gets fresh numbers.
+    if (off == 0) vf->snapshot = Snapshot(fs, vf->kind);
+    const size_t from = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), vf->snapshot.size());
+    const size_t n = std::min(size, vf->snapshot.size() - from);
+    bytes = vf->snapshot.substr(from, n);
+  }
+  reply(bytes);
 }
 
 uint32_t VirtualOpenFlags(fuse_ino_t ino) {
@@ -229,20 +232,22 @@ void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_inf
     if (fi->flags & O_APPEND) {
       return reply(CtlError(EINVAL, std::string(kCtlDirName) + "/ctl takes no O_APPEND"));
     }
-    CtlSession* session = vf->session.get();
+    const std::shared_ptr<CtlSession>& session = vf->session;
     if (!fs.RepliesMayBeDeferred()) {
       session->Request(text, caller);
       return reply(size);
     }
-    // The session outlives the job: the kernel releases the file only after every write to it
-    // has been answered, and Fs::Stop shuts the lanes down before open files are deleted.
-    Status queued =
-        fs.ctl_lanes().Submit(caller.uid, [session, text = std::move(text), caller, reply, size] {
-          session->Request(text, caller);
-          reply(size);
-        });
-    if (!queued.ok()) reply(queued);
-    return;
+    // Answered once queued, never after the request ran: the kernel holds the ctl inode's lock
+    // for a write, exclusively while someone maps ctl (its caching mode), and any other user's
+    // write would wait for this one's request. The read of the answer waits instead
+    // (VirtualRead); reads of ctl take no inode lock. The job holds the session: queued requests
+    // still run after a release, and Fs::Stop runs every job before open files are deleted.
+    const uid_t uid = caller.uid;
+    Status queued = session->Enqueue(std::move(text), caller, [&fs, &session, uid] {
+      return fs.ctl_lanes().Submit(uid, [s = session] { s->RunQueued(); });
+    });
+    if (!queued.ok()) return reply(queued);
+    return reply(size);
   }
   if (vf->kind != VirtualNode::kConfig) {
     return reply(CtlError(EBADF, std::string(kCtlDirName) + "/stats is read-only"));

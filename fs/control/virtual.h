@@ -59,19 +59,27 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
 // kernel's inode lock shared and run in parallel (fs/fuse/ops_common.cc, ReplyVirtualOpen). 0 for
 // every other node.
 uint32_t VirtualOpenFlags(fuse_ino_t ino);
-// The bytes to answer: the ctl session's pending answer (consumed), or up to `size` bytes of the
-// stats/config snapshot at `off` (refreshed when reading from 0). Never fails. A read of ctl into
-// the page cache (a fault in a mapping of it: no lock owner in `fi`) gets `size` zero bytes.
-std::optional<std::string> VirtualRead(Fs& fs, fuse_ino_t ino, size_t size, off_t off,
-                                       fuse_file_info* fi);
+// A read of an open control file (call only when IsVirtual(ino)), answered through `reply` with
+// the bytes:
+//   ctl: the session's pending answer (consumed as read): at once when the session has nothing
+//     queued or running, else later, from the lane that runs its requests, once the last one is
+//     done (CtlSession::Read; no thread waits meanwhile). A read into the page cache (a fault in
+//     a mapping of ctl: no lock owner in `fi`) gets `size` zero bytes at once.
+//   stats/config: up to `size` bytes of the snapshot at `off` (refreshed when reading from 0),
+//     before this returns.
+// `reply` is called exactly once, on any thread.
+using VirtualReadReply = std::function<void(const Result<std::string>&)>;
+void VirtualRead(Fs& fs, size_t size, off_t off, fuse_file_info* fi, VirtualReadReply reply);
 // A write to an open control file (call only when IsVirtual(ino): gathering the caller's groups
 // reads /proc, which no data write should pay for), answered through `reply` with the byte count
 // to acknowledge (all of `bufv`: a refused ctl request still counts, its error is the answer
 // read next) or an error.
-//   ctl: the request (copied out of `bufv` first) runs on the caller uid's lane (Fs::ctl_lanes,
-//     fs/limits/uid_lanes.h) and `reply` is called from there when it is done; this returns at
-//     once. A full lane is answered EAGAIN, a write with O_APPEND EINVAL, both at once. Where
-//     replies cannot be deferred (FUSE over io_uring) the request runs here.
+//   ctl: the request (copied out of `bufv` first) joins the session's queue and `reply` is
+//     called before this returns: a job on the caller uid's lane (Fs::ctl_lanes,
+//     fs/limits/uid_lanes.h) runs the queue, and the read of the answer waits for it. A full
+//     session queue (CtlSession::kMaxQueued) or a full lane is answered EAGAIN, a write with
+//     O_APPEND EINVAL. Where replies cannot be deferred (FUSE over io_uring) the request runs
+//     here, before the reply.
 //   config: the patch is applied and answered before this returns.
 // Writeback of a shared mapping (fi->writepage) names no caller: acknowledged, nothing run.
 // `reply` is called exactly once, on any thread.

@@ -235,7 +235,14 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
-  if (auto v = VirtualRead(FsOf(req), ino, size, off, fi)) return ReplyBuf(req, *v);
+  if (IsVirtual(ino)) {
+    // A ctl read may wait for its session's queued requests and be answered from the lane that
+    // runs them (VirtualRead): `req` stays valid until that one reply.
+    return VirtualRead(FsOf(req), size, off, fi, [req](const Result<std::string>& got) {
+      if (!got.ok()) return ReplyStatus(req, got.status());
+      ReplyBuf(req, got.value());
+    });
+  }
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
   MountCounters::NoteMax(fs.counters().largest_read, size);

@@ -17,6 +17,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -151,12 +152,43 @@ res = {}
 ''' + BROKER_PY
 
 
+# A session kept busy for a while: async preads queued on a handle of 4 KiB requests one at a
+# time, as many as take about `seconds` at the rate a first (synchronous) one showed; a `wait` on
+# the handle then lasts about that long. Defined here and sent, as text, to the uid-65534 children.
+LONG_PY = r'''
+def ctl_call(fd, **kw):
+    os.write(fd, json.dumps(kw).encode())
+    out = b""
+    while True:
+        c = os.read(fd, 1 << 20)
+        if not c:
+            return json.loads(out)
+        out += c
+def queue_long_reads(fd, path, shm_name, size, seconds, max_ops=400):
+    """Returns (handle, async preads queued); 3 + that many requests ran on the session."""
+    h = ctl_call(fd, op="handle.open", block_size=4096, queue_depth=1,
+                 intra_op_parallelism=1)["handle"]
+    b = ctl_call(fd, op="buffer.register", shm=shm_name)["buffer"]
+    t0 = time.monotonic()
+    a = ctl_call(fd, op="pread", handle=h, buffer=b, length=size, path=path)
+    assert a["ok"], a
+    rate = size / max(time.monotonic() - t0, 1e-6)
+    n = max(2, min(max_ops, int(seconds * rate / size) + 1))
+    for _ in range(n):
+        a = ctl_call(fd, op="pread", handle=h, buffer=b, length=size, path=path,
+                     **{"async": True})
+        assert a["ok"], a
+    return h, n
+'''
+exec(LONG_PY)
+
+
 class NobodyChild:
-    """NOBODY_PY + `body` running as uid 65534 alongside the test: it prints JSON lines
+    """NOBODY_PY + LONG_PY + `body` running as uid 65534 alongside the test: it prints JSON lines
     ({"tag": ..., "t": its time.monotonic(), ...}) and reads lines the test sends."""
 
     def __init__(self, mnt, body, *args):
-        self.p = subprocess.Popen([PY, "-c", NOBODY_PY + body, mnt] +
+        self.p = subprocess.Popen([PY, "-c", NOBODY_PY + LONG_PY + body, mnt] +
                                   [str(a) for a in args], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.buf = b""
@@ -1140,6 +1172,100 @@ class SecurityTest(CtlCase):
                          "a user's writeback ran config.set as root")
         self.assertTrue(self.mount.alive())
 
+    LONG_SIZE = 16 * MiB  # each async pread of the user's
+    LONG_SECONDS = 3.0  # the user's `wait` is sized to last about this long
+
+    def ctl_requests(self):
+        """Control requests started so far, from the stats file (another inode than ctl: never
+        held by a ctl write)."""
+        with open(self.m(".dnvme", "stats")) as f:
+            return json.load(f)["ctl"]["requests"]
+
+    def roots_requests_pass_a_users_long_wait(self, mode):
+        """uid 65534 runs a long `wait` in a session of its own while it holds ctl the way `mode`
+        says; root's hello and stats (write and read, another session) must be answered while
+        that wait still runs. Ordering, not timing: root's answers before the user's."""
+        self.reachable_by_nobody()
+        self.write(self.m("big"), pattern(self.LONG_SIZE, 8))
+        os.chmod(self.m("big"), 0o644)
+        base = self.ctl_requests()
+        child = NobodyChild(self.mnt, LONG_WAIT_BODY, mode, self.LONG_SIZE, self.LONG_SECONDS)
+        try:
+            n = child.expect("waiting")["n"]
+            # The user's `wait` has started (the counter counts a request as it starts).
+            deadline = time.monotonic() + 60
+            while self.ctl_requests() < base + 3 + n + 1:
+                self.assertLess(time.monotonic(), deadline, "the user's wait never started")
+                time.sleep(0.01)
+            if mode == "append":
+                child.send("go")
+                child.expect("appending")
+                time.sleep(0.3)  # its write reaches the kernel's inode lock (not an assertion)
+            self.assertEqual(self.ctl.ok("hello")["protocol"], 1)
+            self.assertIn("ctl", self.ctl.ok("stats")["stats"])
+            root_done = time.monotonic()
+            waited = child.expect("waited", timeout=300)
+            self.assertEqual(waited["code"], "OK", waited)
+            self.assertEqual(waited["completed"], n)
+            self.assertLess(root_done, waited["t"],
+                            "root's hello and stats were answered only after uid 65534's wait "
+                            "of %d x %d bytes ended: root waited for another user (%s)" %
+                            (n, self.LONG_SIZE, mode))
+            if mode == "append":
+                self.assertEqual(child.expect("appended")["code"], "EINVAL")
+            self.assertEqual(child.p.wait(60), 0, child.p.stderr.read().decode())
+        finally:
+            child.close()
+        self.assertTrue(self.mount.alive())
+
+    def test_a_users_mapping_of_ctl_does_not_hold_roots_request(self):
+        """While a user maps ctl MAP_SHARED, the kernel takes the ctl inode's lock exclusively
+        for every write: a write answered only after its request ran held everyone's writes
+        for the whole of a user's `wait`. Writes are answered once queued."""
+        self.roots_requests_pass_a_users_long_wait("mmap")
+
+    def test_a_users_o_append_write_does_not_hold_roots_request(self):
+        """A write on a ctl descriptor made O_APPEND wants the inode's lock exclusively: it waited
+        behind the user's own long request (which held the lock shared while it ran), and root's
+        write queued behind it. Writes are answered once queued; the append is refused."""
+        self.roots_requests_pass_a_users_long_wait("append")
+
+
+LONG_WAIT_BODY = r"""
+import errno, fcntl, mmap, threading
+def emit(tag, **kw):
+    kw["tag"], kw["t"] = tag, time.monotonic()
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+mode, size, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+s = Session()
+if mode == "mmap":
+    # Mapped: the kernel keeps the ctl inode in its caching mode until this file is closed, and
+    # every write to ctl, anybody's, takes the inode's lock exclusively.
+    mapped = mmap.mmap(s.fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+h, n = queue_long_reads(s.fd, "big", shm(0, size), size, seconds)
+def append():
+    sys.stdin.readline()  # the test says when: once the wait below runs
+    fd = os.open(os.path.join(mnt, ".dnvme", "ctl"), os.O_RDWR)
+    fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND)
+    emit("appending")
+    try:
+        os.write(fd, b'{"op": "hello"}')
+        res = "OK"
+    except OSError as e:
+        res = errno.errorcode.get(e.errno, str(e.errno))
+    emit("appended", code=res)
+    os.close(fd)
+if mode == "append":
+    th = threading.Thread(target=append)
+    th.start()
+emit("waiting", n=n)
+w = s.req(op="wait", handle=h)
+emit("waited", code=code(w), completed=w.get("completed"))
+if mode == "append":
+    th.join()
+shm_cleanup()
+"""
 
 PROC_BODY = r"""
 pid, tid, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -1219,6 +1345,103 @@ except TimeoutError:
     res["write_open"] = "TIMEOUT"
 print(json.dumps(res))
 """
+
+
+class CtlQueueTest(CtlCase):
+    """Each write(2) of ctl is queued in its session and answered at once; the requests run in
+    order on the writer's lane, and the read of the answer waits for the last of them."""
+
+    def read_all(self, fd, timeout=60.0):
+        """Reads an answer to its end on another thread, failing if that takes over `timeout`."""
+        got = []
+
+        def reader():
+            out = b""
+            while True:
+                c = os.read(fd, 1 << 20)
+                if not c:
+                    break
+                out += c
+            got.append(out)
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        t.join(timeout)
+        self.assertFalse(t.is_alive(), "a read of ctl was not answered in %.0fs" % timeout)
+        return got[0]
+
+    def test_writes_without_reads_run_in_order(self):
+        self.write(self.m("ordered"), pattern(64 * KiB, 9))
+        s = self.shm(MiB)
+        c = Ctl(self.mnt)
+        try:
+            # Handle and buffer ids start at 1 in a session: the pread needs both requests before
+            # it to have run.
+            for r in (dict(op="handle.open", id="open"), dict(op="buffer.register", shm=s.name),
+                      dict(op="pread", handle=1, buffer=1, length=64 * KiB, path="ordered",
+                           id="pread")):
+                data = json.dumps(r).encode()
+                self.assertEqual(os.write(c.fd, data), len(data))
+            a = json.loads(self.read_all(c.fd))
+            self.assertEqual(a.get("id"), "pread", a)
+            self.assertIs(a["ok"], True, a)
+            self.assertEqual(a["bytes"], 64 * KiB)
+            self.assertBytesEqual(bytes(s.map[:64 * KiB]), pattern(64 * KiB, 9), "pread")
+        finally:
+            c.close()
+
+    def test_a_read_with_nothing_queued_answers_at_once(self):
+        c = Ctl(self.mnt)
+        try:
+            self.assertEqual(self.read_all(c.fd, timeout=10), b"", "a new session has no answer")
+            self.assertIs(c.req("hello")["ok"], True)
+            self.assertEqual(self.read_all(c.fd, timeout=10), b"", "the answer was read")
+        finally:
+            c.close()
+
+    def test_session_queue_is_bounded(self):
+        """While a long `wait` runs, the session takes CtlSession::kMaxQueued (64) requests more
+        and refuses the next write (EAGAIN); the read then answers the last one queued."""
+        size = 16 * MiB
+        self.write(self.m("long"), pattern(size, 10))
+        s = self.shm(size)
+        c = Ctl(self.mnt)
+        try:
+            h, n = queue_long_reads(c.fd, "long", s.name, size, 2.0)
+            os.write(c.fd, json.dumps(dict(op="wait", handle=h)).encode())
+            accepted, refused = 0, None
+            for i in range(100):
+                try:
+                    os.write(c.fd, json.dumps(dict(op="hello", id=i)).encode())
+                    accepted += 1
+                except OSError as e:
+                    refused = e.errno
+                    break
+            self.assertEqual(refused, errno.EAGAIN, "no refusal after %d requests" % accepted)
+            # 64 queued behind the running wait (63 when the wait had not left the queue yet).
+            self.assertIn(accepted, (63, 64))
+            a = json.loads(self.read_all(c.fd, timeout=300))
+            self.assertEqual(a.get("id"), accepted - 1, a)
+            self.assertEqual(c.req("hello")["ok"], True, "the session goes on")
+        finally:
+            c.close()
+
+    def test_close_with_requests_queued(self):
+        """Requests written and never read still run after the file is closed (a pwrite lands),
+        and the session goes away afterwards."""
+        s = self.shm(MiB)
+        s.map[:4096] = pattern(4096, 11)
+        c = Ctl(self.mnt)
+        for r in (dict(op="handle.open"), dict(op="buffer.register", shm=s.name),
+                  dict(op="pwrite", handle=1, buffer=1, length=4096, path="queued_then_closed")):
+            os.write(c.fd, json.dumps(r).encode())
+        c.close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.b("queued_then_closed")) or \
+                os.path.getsize(self.b("queued_then_closed")) < 4096:
+            self.assertLess(time.monotonic(), deadline, "the queued pwrite never ran")
+            time.sleep(0.02)
+        self.assertBytesEqual(self.read(self.m("queued_then_closed")), pattern(4096, 11))
+        self.wait_sessions(1)
 
 
 class PerUidLimitsTest(CtlCase):
