@@ -1214,6 +1214,15 @@ class PreloadNoSpaceTest(unittest.TestCase):
         self.assertIn("No space left on device", p.stderr)
         self.assertTrue(self.mount.alive())
         os.unlink(os.path.join(self.scratch.mnt, "big"))
+        # The kernel sends dd's RELEASE asynchronously (FUSE releases every file that way but on
+        # fuseblk), so the daemon may still hold the unlinked file, and its space, a moment after
+        # dd exited: wait (bounded) until the space is back, then the mount must serve a write.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            st = os.statvfs(self.scratch.backing)
+            if st.f_bavail * st.f_frsize >= MiB:
+                break
+            time.sleep(0.05)
         with open(os.path.join(self.scratch.mnt, "small"), "wb") as f:
             f.write(b"ok")
 
