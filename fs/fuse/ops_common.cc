@@ -107,6 +107,11 @@ bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int 
 
 ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
   if (mask_.error() != 0 || geteuid() != 0) return;
+  // Root with group root is what the daemon's threads are already (and root's supplementary
+  // groups decide nothing its capabilities do not): no switch, no read of its groups from /proc,
+  // which cost a create or unlink by root 50-120 us (docs/performance-journal.md).
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  if (ctx->uid == 0 && ctx->gid == 0) return;
   const Caller c = CallerOf(req);
   auto id = ScopedFsIdentity::Enter(FsIdentity{c.uid, c.gid, c.groups});
   if (!id.ok()) {
