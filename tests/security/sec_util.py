@@ -8,6 +8,7 @@ login of that user would be). The mount itself is tests/fs/mount_harness.py's.
 """
 
 import ctypes
+import errno
 import glob
 import json
 import os
@@ -138,23 +139,9 @@ def broker_socket(mnt):
 # ---------------------------------------------------------------------------------------------
 # The unprivileged child
 
-# Prepended to every child's code: `A` (its JSON argument), emit(tag, **fields) (one line to the
-# test), ask() (the next line the test sends), Ctl (a control-file session) and Broker (a raw
-# broker connection, include/dnvme/broker.h).
-CHILD_LIB = r'''
-import ctypes, errno, json, mmap, os, socket, struct, sys, threading, time
-A = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-def emit(tag, **kw):
-    kw["tag"] = tag
-    kw["t"] = time.monotonic()
-    sys.stdout.write(json.dumps(kw) + "\n")
-    sys.stdout.flush()
-def ask():
-    line = sys.stdin.readline()
-    if not line:
-        os._exit(3)
-    return line.strip()
+# A control-file session (one write per request, the answer read to its end): the children's and
+# the root side's, one definition for both.
+CTL_CLIENT = r'''
 class Ctl:
     def __init__(self, mnt):
         self.fd = os.open(os.path.join(mnt, ".dnvme", "ctl"), os.O_RDWR)
@@ -178,6 +165,26 @@ class Ctl:
         return a
     def close(self):
         os.close(self.fd)
+'''
+
+# Prepended to every child's code: `A` (its JSON argument), emit(tag, **fields) (one line to the
+# test), ask() (the next line the test sends), Ctl (a control-file session) and Broker (a raw
+# broker connection, include/dnvme/broker.h).
+CHILD_LIB = r'''
+import ctypes, errno, json, mmap, os, socket, struct, sys, threading, time
+A = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+def emit(tag, **kw):
+    kw["tag"] = tag
+    kw["t"] = time.monotonic()
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+def ask():
+    line = sys.stdin.readline()
+    if not line:
+        os._exit(3)
+    return line.strip()
+''' + CTL_CLIENT + r'''
 def code(a):
     return "OK" if a.get("ok") else a["error"]["code"]
 def shm(size, name=None):
@@ -397,24 +404,8 @@ def suite_skip_reason():
 # The test case
 
 
-class Ctl:
-    """A control-file session of this (root) process."""
-
-    def __init__(self, mnt):
-        self.fd = os.open(os.path.join(mnt, ".dnvme", "ctl"), os.O_RDWR)
-
-    def req(self, op, **kw):
-        kw["op"] = op
-        os.write(self.fd, json.dumps(kw).encode())
-        out = b""
-        while True:
-            c = os.read(self.fd, 1 << 20)
-            if not c:
-                return json.loads(out)
-            out += c
-
-    def close(self):
-        os.close(self.fd)
+# The root side's control-file sessions: the same client the children use.
+exec(CTL_CLIENT)
 
 
 class SecurityCase(unittest.TestCase):
