@@ -31,6 +31,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "datapath/read_ahead.h"
+#include "datapath/splice_io.h"
+#include "datapath/write_behind.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "engine/posix/file.h"
@@ -38,15 +41,12 @@
 #include "fs/broker/leases.h"
 #include "fs/control/control.h"
 #include "fs/data/counters.h"
-#include "fs/data/read_ahead.h"
-#include "fs/data/splice_io.h"
-#include "fs/data/write_behind.h"
 #include "fs/limits/uid_lanes.h"
 #include "fs/limits/uid_limits.h"
 #include "fs/options.h"
-#include "fs/transport/pipe.h"
 #include "fs/transport/protocol_ext.h"
 #include "fs/transport/request_buffer.h"
+#include "fs/transport/request_pipe.h"
 #include "fs/transport/transport.h"
 #include "fs/transport/write_source.h"
 
@@ -73,12 +73,14 @@ struct Inode {
   mode_t type = 0;       // S_IFMT bits
   uint64_t nlookup = 0;  // guarded by Fs::inodes_mu_
 
-  WriteBehind wb;        // data accepted from writers, not yet on disk (fs/data/write_behind.h)
-  ReadAhead ra;          // the window fetched ahead of a sequential reader (fs/data/read_ahead.h)
+  datapath::WriteBehind
+      wb;  // data accepted from writers, not yet on disk (datapath/write_behind.h)
+  datapath::ReadAhead
+      ra;                // the window fetched ahead of a sequential reader (datapath/read_ahead.h)
   OpenModes modes;       // regular files
   PreloadLeases leases;  // descriptors the broker handed to `dnvme run` clients (fs/broker/)
 
-  Inode(const WriteBehindShared* w, const ReadAheadShared* r) : wb(w), ra(r) {}
+  Inode(const datapath::WriteBehindShared* w, const datapath::ReadAheadShared* r) : wb(w), ra(r) {}
   ~Inode();
 };
 
@@ -110,9 +112,9 @@ struct FileHandle : OpenHandle {
   // The kernel serves this open from the backing file (fs/fuse/passthrough.h): no READ or
   // WRITE of it reaches the daemon.
   bool passthrough = false;
-  // This description's place in the file's write-behind errors (fs/data/write_behind.h), and
+  // This description's place in the file's write-behind errors (datapath/write_behind.h), and
   // whether it wrote (only a writer's close hears of a flush error).
-  ErrorCursor wb_errors;  // used under the inode's WriteBehind mutex
+  datapath::ErrorCursor wb_errors;  // used under the inode's WriteBehind mutex
   std::atomic<bool> wrote{false};
   Inode* inode = nullptr;
 };
@@ -157,7 +159,7 @@ class Fs : public ControlCore, public BrokerCore {
   // True when page-cache WRITEs can reach the disk without a copy (pipes were reserved).
   bool SplicesWrites() const { return wb_pipes_ != nullptr; }
   // Pipes for spliced replies (-o splice_reply); null when replies are written.
-  PipePool* reply_pipes() const { return reply_pipes_.get(); }
+  datapath::PipePool* reply_pipes() const { return reply_pipes_.get(); }
   // The transport the requests arrive by (set by main.cc before the session runs, cleared after
   // it ended): the WRITE handler asks it for the write flags and the payload's pool.
   void set_transport(Transport* t) { transport_ = t; }
@@ -228,7 +230,8 @@ class Fs : public ControlCore, public BrokerCore {
   // Reads up to `size` bytes at `off` (readers see every accepted byte: write-behind is drained
   // first); `scratch` (at least `size` bytes, pinned and aligned) takes what is read on demand.
   // Returns the bytes read (the iovecs in `reply` add up to it).
-  Result<int64_t> Read(FileHandle& fh, char* scratch, size_t size, off_t off, ReadReply* reply);
+  Result<int64_t> Read(FileHandle& fh, char* scratch, size_t size, off_t off,
+                       datapath::ReadReply* reply);
 
  private:
   MountOptions opts_;
@@ -258,15 +261,17 @@ class Fs : public ControlCore, public BrokerCore {
   void ReapRetiredLocked();
   void InitVirtualNodes();
   std::unique_ptr<PinnedPool> wb_pool_;
-  std::unique_ptr<PipePool> wb_pipes_;       // spliced write-behind extents (ReservePrivileged)
-  std::unique_ptr<PipePool> reply_pipes_;    // spliced replies (ReservePrivileged)
-  std::unique_ptr<SpliceWorkers> splicers_;  // runs spliced flushes; exists iff wb_pipes_ does
+  std::unique_ptr<datapath::PipePool>
+      wb_pipes_;  // spliced write-behind extents (ReservePrivileged)
+  std::unique_ptr<datapath::PipePool> reply_pipes_;  // spliced replies (ReservePrivileged)
+  std::unique_ptr<datapath::SpliceWorkers>
+      splicers_;  // runs spliced flushes; exists iff wb_pipes_ does
   std::unique_ptr<PinnedPool> ra_pool_;
   std::unique_ptr<PinnedPool> reply_pool_;  // 1 MiB buffers for async replies
   // What every inode's WriteBehind / ReadAhead share (filled by Start; declared before every
   // Inode, so they outlive them).
-  WriteBehindShared wb_shared_;
-  ReadAheadShared ra_shared_;
+  datapath::WriteBehindShared wb_shared_;
+  datapath::ReadAheadShared ra_shared_;
   Inode ctl_dir_, ctl_node_, stats_node_, config_node_, broker_node_;
 
   std::mutex handles_mu_;

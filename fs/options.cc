@@ -18,7 +18,7 @@
 #include <utility>
 
 #include "dnvme/mount.h"
-#include "fs/transport/pipe.h"
+#include "fs/transport/request_pipe.h"
 
 namespace dnvme::fs {
 namespace {

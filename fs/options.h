@@ -30,7 +30,7 @@ inline constexpr int64_t kMaxRequestLimit = int64_t{16} << 20;
 // async_reply: one 1 MiB buffer per read an O_DIRECT client can have in flight at the kernel's
 // limit.
 inline constexpr int kAsyncReplyBuffers = 64;
-// Threads for spliced write-behind flushes (fs/data/splice_io.h): each keeps one extent in flight
+// Threads for spliced write-behind flushes (datapath/splice_io.h): each keeps one extent in flight
 // (splice blocks until its transfer is done).
 inline constexpr size_t kSpliceThreads = 16;
 // Smallest pipe worth holding an extent in (a small write_chunk gets pipes of its own size).
@@ -85,7 +85,7 @@ struct MountOptions {
   // thread, one after another, instead of on many FUSE threads in parallel.
   bool async_reply = false;
   // Receive requests with splice (fs/transport/session_loop.h) and write page-cache-backed writers'
-  // data to disk from the kernel's own pages (fs/data/splice_io.h): no copy in the daemon. Needs
+  // data to disk from the kernel's own pages (datapath/splice_io.h): no copy in the daemon. Needs
   // the daemon's own loop (not clone_fd) and pipes sized before the capability drop. Unset: splice
   // exactly when writers go through the page cache (direct_io below is not `writable`), the only
   // requests splicing saves a copy for (SpliceRequests()).
@@ -102,7 +102,7 @@ struct MountOptions {
   DirectIo direct_io = DirectIo::kWritable;
   // Large replies (READ data) sent with vmsplice + splice from a pipe instead of writev(2): the
   // kernel then takes the daemon's pages from the pipe instead of pinning them one at a time as
-  // it copies (fs/transport/pipe.h, SpliceMessage). Pipes sized before the capability drop; not
+  // it copies (fs/transport/request_pipe.h, SpliceMessage). Pipes sized before the capability drop; not
   // with io_uring (replies go through the ring).
   bool splice_reply = false;
   // The descriptor broker for `dnvme run` (fs/broker/broker.h, docs/preload.md): processes under

@@ -67,7 +67,7 @@ std::string Fs::StatsJson() {
         {"config_changes", r(c.config_changes)},
         {"engine", json::parse(ctl_total.ToJson())}}},
   };
-  // Pipes for spliced write-behind (fs/data/splice_io.h); 0 when requests are read, not spliced.
+  // Pipes for spliced write-behind (datapath/splice_io.h); 0 when requests are read, not spliced.
   j["mount"]["splice_pipes"] = wb_pipes_ ? wb_pipes_->count() : 0;
   // Pipes for spliced replies (-o splice_reply); 0 when replies are written.
   j["mount"]["reply_pipes"] = reply_pipes_ ? reply_pipes_->count() : 0;

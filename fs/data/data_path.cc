@@ -1,7 +1,7 @@
-// The data path of the mount for READs: how a read reaches the engine through the inode's
-// WriteBehind (drained first, fs/data/write_behind.h) and ReadAhead (fs/data/read_ahead.h). A
-// WRITE goes from the op (fs/fuse/ops_file.cc) straight to the inode's WriteBehind. Errors leave
-// as Status; the FUSE ops turn them into errno replies.
+// The mount's READ path: a read reaches the engine through the inode's WriteBehind (drained
+// first) and ReadAhead (datapath/, shared with `dnvme run`); O_DIRECT clients' reads may be
+// answered asynchronously (ReadAsync). A WRITE goes from the op (fs/fuse/ops_file.cc) straight to
+// the inode's WriteBehind. Errors leave as Status; the FUSE ops turn them into errno replies.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,23 +12,49 @@
 #include "fs/fs.h"
 
 namespace dnvme::fs {
+namespace {
+
+// What a READ of `size` bytes at `off` gets: the bytes the file has there, after the inode's
+// write-behind landed (readers see every accepted byte; a flush error is the writer's to hear,
+// at fsync or close). 0 at or past the end.
+Result<int64_t> ReadableBytes(FileHandle& fh, size_t size, off_t off, int64_t* file_size) {
+  (void)fh.inode->wb.Drain(nullptr);
+  struct stat st {};
+  if (fstat(fh.fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat before a read");
+  *file_size = st.st_size;
+  if (off >= st.st_size) return int64_t{0};
+  return std::min<int64_t>(static_cast<int64_t>(size), st.st_size - off);
+}
+
+// The file shrank between the fstat and the engine's read: what is there now, as read(2) would
+// answer, through the buffered descriptor.
+Result<int64_t> ReadShrunk(int fd, char* buf, int64_t n, int64_t off) {
+  ssize_t got;
+  do {
+    got = pread(fd, buf, static_cast<size_t>(n), off);
+  } while (got < 0 && errno == EINTR);
+  if (got < 0) return Status::FromErrno(errno, "pread after the file shrank");
+  return static_cast<int64_t>(got);
+}
+
+}  // namespace
 
 bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
   if (!reply_pool_ || size > reply_pool_->buffer_size()) return false;
   PinnedPool::Lease lease = reply_pool_->TryAcquire();
   if (!lease) return false;
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
-  (void)fh.inode->wb.Drain(nullptr);  // readers see every accepted byte
-  struct stat st {};
-  if (fstat(fh.fd.get(), &st) != 0) {
-    done(Status::FromErrno(errno, "fstat before a read"));
+  int64_t file_size = 0;
+  Result<int64_t> readable = ReadableBytes(fh, size, off, &file_size);
+  if (!readable.ok() || *readable == 0) {
+    if (readable.ok()) {
+      done(std::span<const char>());
+    } else {
+      done(readable.status());
+    }
     return true;
   }
-  if (off >= st.st_size) {
-    done(std::span<const char>());
-    return true;
-  }
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(size), st.st_size - off);
+  const int64_t n = *readable;
   auto buf = std::make_shared<PinnedPool::Lease>(std::move(lease));
   const int fd = fh.fd.get();  // valid until release, which cannot come while a read is pending
   // Shared by the callback and the submit-failure path below: exactly one of them runs it.
@@ -40,15 +66,11 @@ bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
                                                 std::memory_order_relaxed);
           (*finish)(std::span<const char>(buf->data(), static_cast<size_t>(n)));
         } else if (r.status.code() == Status::Code::kEndOfFile) {
-          // The file shrank since fstat: answer with what is there, as read(2) would.
-          ssize_t got;
-          do {
-            got = pread(fd, buf->data(), static_cast<size_t>(n), off);
-          } while (got < 0 && errno == EINTR);
-          if (got < 0) {
-            (*finish)(Status::FromErrno(errno, "pread after the file shrank"));
+          Result<int64_t> got = ReadShrunk(fd, buf->data(), n, off);
+          if (got.ok()) {
+            (*finish)(std::span<const char>(buf->data(), static_cast<size_t>(*got)));
           } else {
-            (*finish)(std::span<const char>(buf->data(), static_cast<size_t>(got)));
+            (*finish)(got.status());
           }
         } else {
           counters_.errors.fetch_add(1, std::memory_order_relaxed);
@@ -62,38 +84,23 @@ bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
   return true;
 }
 
-Result<int64_t> Fs::Read(FileHandle& fh, char* out, size_t size, off_t off, ReadReply* reply) {
-  Inode& in = *fh.inode;
+Result<int64_t> Fs::Read(FileHandle& fh, char* out, size_t size, off_t off,
+                         datapath::ReadReply* reply) {
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
-  // Readers see every accepted byte (a flush error is the writer's to hear, at fsync or close).
-  (void)in.wb.Drain(nullptr);
-  struct stat st {};
-  if (fstat(fh.fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat before a read");
-  if (off >= st.st_size) return int64_t{0};
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(size), st.st_size - off);
-  // O_DIRECT clients asked for no caching: they read on demand.
-  const int64_t copied = fh.client_direct ? 0 : in.ra.Serve(fh.file, off, n, st.st_size, reply);
-  if (copied == n) return n;
-  // The rest is read on demand into the caller's (pinned, aligned) scratch buffer.
-  Status s = Engine()->sync_pread(out + copied, n - copied, fh.file, off + copied);
-  if (s.code() == Status::Code::kEndOfFile) {
-    // The file shrank since fstat: return what is there, as read(2) would.
-    ssize_t r;
-    do {
-      r = pread(fh.fd.get(), out + copied, static_cast<size_t>(n - copied), off + copied);
-    } while (r < 0 && errno == EINTR);
-    if (r < 0) return Status::FromErrno(errno, "pread after the file shrank");
-    reply->iov.push_back({out + copied, static_cast<size_t>(r)});
-    return copied + r;
-  }
-  if (!s.ok()) {
-    counters_.errors.fetch_add(1, std::memory_order_relaxed);
-    return s;
-  }
-  counters_.bytes_read_engine.fetch_add(static_cast<uint64_t>(n - copied),
-                                        std::memory_order_relaxed);
-  reply->iov.push_back({out + copied, static_cast<size_t>(n - copied)});
-  return n;
+  int64_t file_size = 0;
+  Result<int64_t> readable = ReadableBytes(fh, size, off, &file_size);
+  if (!readable.ok() || *readable == 0) return readable;
+  const int64_t n = *readable;
+  // O_DIRECT clients asked for no caching: they read on demand. The window's counters and the
+  // rest read into the caller's (pinned, aligned) scratch buffer are the data path's.
+  Result<int64_t> got =
+      fh.inode->ra.Read(*Engine(), fh.file, off, n, file_size, !fh.client_direct, out, reply);
+  if (got.ok() || got.status().code() != Status::Code::kEndOfFile) return got;
+  const int64_t served = reply->bytes();
+  Result<int64_t> rest = ReadShrunk(fh.fd.get(), out + served, n - served, off + served);
+  if (!rest.ok()) return rest.status();
+  reply->iov.push_back({out + served, static_cast<size_t>(*rest)});
+  return served + *rest;
 }
 
 }  // namespace dnvme::fs

@@ -90,7 +90,7 @@ Status Fs::ReservePrivileged(bool splicing, bool replies_to_fd) {
     // A few replies are in flight at once (one per CPU copying); a reply that finds every pipe
     // taken is written instead. A pipe holds no memory until a reply's page references are in it.
     const int64_t bytes = RequestPipeBytes(opts_.max_request);
-    auto pool = PipePool::Create(kReplyPipes * bytes, bytes, bytes);
+    auto pool = datapath::PipePool::Create(kReplyPipes * bytes, bytes, bytes);
     if (pool.ok()) {
       reply_pipes_ = std::move(pool).value();
       Logger().info("spliced replies: {} pipes of {} bytes", reply_pipes_->count(),
@@ -103,7 +103,8 @@ Status Fs::ReservePrivileged(bool splicing, bool replies_to_fd) {
   if (opts_.write_behind > 0) {
     // write_behind bytes of pipes, each holding one write_chunk extent; without
     // CAP_SYS_RESOURCE, pipe-max-size pipes (1 MiB by default), more of them.
-    auto pool = PipePool::Create(opts_.write_behind, opts_.write_chunk, kMinSplicePipeBytes);
+    auto pool =
+        datapath::PipePool::Create(opts_.write_behind, opts_.write_chunk, kMinSplicePipeBytes);
     if (pool.ok()) {
       wb_pipes_ = std::move(pool).value();
       Logger().info("spliced write-behind: {} pipes of {} bytes", wb_pipes_->count(),
@@ -146,7 +147,8 @@ Status Fs::Start() {
     wb_pool_ = std::move(pool).value();
   }
   // One writer thread per extent in flight; the pipes beyond that queue up behind them.
-  if (wb_pipes_) splicers_ = std::make_unique<SpliceWorkers>(static_cast<int>(kSpliceThreads));
+  if (wb_pipes_)
+    splicers_ = std::make_unique<datapath::SpliceWorkers>(static_cast<int>(kSpliceThreads));
   if (opts_.read_ahead > 0) {
     const int64_t chunk = std::min<int64_t>(opts_.read_ahead, 4 << 20);
     // Room for kReadAheadWindows sequential readers' windows; more readers share what is free.
@@ -156,9 +158,19 @@ Status Fs::Start() {
     ra_pool_ = std::move(pool).value();
   }
   auto engine = [this] { return Engine(); };
-  wb_shared_ = {wb_pool_.get(),    wb_pipes_.get(), splicers_.get(),
-                opts_.write_chunk, engine,          &counters_};
-  ra_shared_ = {ra_pool_.get(), opts_.read_ahead, engine, &counters_};
+  wb_shared_.chunks = wb_pool_.get();
+  wb_shared_.pipes = wb_pipes_.get();
+  wb_shared_.splicers = splicers_.get();
+  wb_shared_.write_chunk = opts_.write_chunk;
+  wb_shared_.ack = datapath::Ack::kGathered;  // the daemon holds the data, not the writer
+  wb_shared_.engine = engine;
+  wb_shared_.counters = &counters_;
+  // FUSE sends a sequential reader's requests exactly in order: no skip, and no size limit
+  // (requests are <= max_request).
+  ra_shared_.chunks = ra_pool_.get();
+  ra_shared_.window = opts_.read_ahead;
+  ra_shared_.engine = engine;
+  ra_shared_.counters = &counters_;
   if (opts_.async_reply) {
     // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
     auto pool = PinnedPool::Create(static_cast<size_t>(kMaxFuseRequestBytes), kAsyncReplyBuffers);
@@ -183,8 +195,8 @@ int Fs::OpenCount(Inode& in) {
 
 Status Fs::Preflight() {
   Status st = Start();
-  wb_shared_ = WriteBehindShared();
-  ra_shared_ = ReadAheadShared();
+  wb_shared_ = datapath::WriteBehindShared();
+  ra_shared_ = datapath::ReadAheadShared();
   reply_pool_.reset();
   ra_pool_.reset();
   wb_pool_.reset();

@@ -218,7 +218,7 @@ void WarnIfKernelClampsRequests(int64_t request) {
   if (limit == pages) {
     // The spare page (fs/transport/protocol_ext.h) does not fit: a write of `request` bytes from
     // a buffer that is not page-aligned arrives as two requests (write-behind still writes both
-    // from the request buffer, fs/data/write_behind.h, but that is one more round trip each).
+    // from the request buffer, datapath/write_behind.h, but that is one more round trip each).
     Logger().info(
         "fs.fuse.max_pages_limit is {}: writes of {} KiB from buffers that are not page-aligned "
         "arrive as two requests (sysctl -w fs.fuse.max_pages_limit={} lets them through whole)",

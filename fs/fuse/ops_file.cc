@@ -83,7 +83,7 @@ void FillOpenFlags(Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   fi->direct_io = direct ? 1 : 0;
   fi->noflush = 0;
   // Otherwise the kernel copies a write's data into its page cache first and, when the session
-  // loop splices, hands us references to those pages (fs/transport/pipe.h). With direct_io or
+  // loop splices, hands us references to those pages (datapath/pipe.h). With direct_io or
   // O_DIRECT it sends the caller's own pages, which splice can only copy.
   fh->page_cache_writes = !fi->direct_io && !fh->client_direct;
 }
@@ -264,7 +264,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     fuse_reply_err(req, ENOMEM);
     return;
   }
-  ReadReply reply;
+  datapath::ReadReply reply;
   Result<int64_t> n = fs.Read(fh, scratch, size, off, &reply);
   if (!n.ok()) {
     fuse_reply_err(req, ErrnoOf(n.status()));

@@ -141,7 +141,7 @@ std::optional<ssize_t> SpliceReply(Fs& fs, int fd, const iovec* iov, int count) 
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   if (total < kMinSplicedReply) return std::nullopt;
   MountCounters& c = fs.counters();
-  PipePool::Lease pipe = fs.reply_pipes()->TryAcquire();
+  datapath::PipePool::Lease pipe = fs.reply_pipes()->TryAcquire();
   Result<std::optional<size_t>> sent = std::optional<size_t>();  // no pipe free: written
   if (pipe) sent = SpliceMessage(*pipe, fd, iov, count);
   if (!sent.ok()) {  // the device refused the reply (ENOENT: the request was interrupted)

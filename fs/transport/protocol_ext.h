@@ -18,7 +18,7 @@
 //   - max_pages one above max_write's pages: a writer's buffer that is not page-aligned spans
 //     one page more than its length, and with exactly max_write/4 KiB pages the kernel would cut
 //     every max_write-sized write from such a buffer into a long and a 16-byte request (which
-//     write-behind still writes from the request buffer, fs/data/write_behind.h, at one more
+//     write-behind still writes from the request buffer, datapath/write_behind.h, at one more
 //     round trip each). The kernel clamps max_pages to fs.fuse.max_pages_limit (256 by
 //     default): only where that was raised does this take effect.
 //

@@ -1,6 +1,6 @@
 // The kSplice transport (fs/transport/transport.h): requests spliced out of /dev/fuse into one
 // pipe per loop thread, so that a page-cache WRITE's payload reaches write_buf as references to
-// the kernel's pages and the splice writer (fs/data/splice_io.h) moves them to the disk with no
+// the kernel's pages and the splice writer (datapath/splice_io.h) moves them to the disk with no
 // copy in the daemon. libfuse gets the pipe as a FUSE_BUF_IS_FD buffer.
 //
 // Splicing pays only for WRITEs from the kernel's page cache. A caller's own pages (an O_DIRECT
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "fs/transport/pipe.h"
+#include "fs/transport/request_pipe.h"
 #include "fs/transport/session_loop.h"
 
 namespace dnvme::fs {

@@ -3,7 +3,7 @@
 //
 // Three forms, picked by the mount's options (CreateTransport):
 //   kSplice   our loop; each request is spliced into the thread's pipe, so a page-cache WRITE's
-//             payload reaches write_buf as page references (fs/data/splice_io.h moves them to
+//             payload reaches write_buf as page references (datapath/splice_io.h moves them to
 //             the disk without a copy). The loop itself steers: it reads (read(2)) instead while
 //             the large WRITEs it sees come from callers' own pages (O_DIRECT), which splice would
 //             only copy (fs/transport/splice_loop.h).

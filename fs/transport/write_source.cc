@@ -5,8 +5,27 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <memory>
+#include <utility>
 
 namespace dnvme::fs {
+namespace {
+
+// A request buffer handed to the write-behind: back to its pool when the write completed.
+class AdoptedRequest final : public datapath::AdoptedBuffer {
+ public:
+  explicit AdoptedRequest(RequestBuffer b) : b_(std::move(b)) {}
+  const char* data() const override { return b_.payload(); }
+  size_t size() const override { return b_.payload_size(); }
+  size_t spare() const override { return b_.spare(); }
+  char* spare_data() override { return b_.spare_data(); }
+  void Grow(size_t n) override { b_.Grow(n); }
+
+ private:
+  RequestBuffer b_;
+};
+
+}  // namespace
 
 bool WriteSource::in_pipe() const {
   if (src_->idx >= src_->count) return false;
@@ -53,14 +72,15 @@ size_t WriteSource::adoptable_spare() const {
   return pool_->SpareAfter(rest, n);
 }
 
-RequestBuffer WriteSource::Adopt(size_t n) {
-  if (!adoptable()) return {};
+std::unique_ptr<datapath::AdoptedBuffer> WriteSource::Adopt(size_t n) {
+  if (!adoptable()) return nullptr;
   size_t left = 0;
   const char* rest = RestInMemory(&left);
-  if (left != n) return {};
+  if (left != n) return nullptr;
   RequestBuffer r = pool_->Adopt(rest, n);
-  if (r) src_->off += n;  // consumed, as a copy would have
-  return r;
+  if (!r) return nullptr;
+  src_->off += n;  // consumed, as a copy would have
+  return std::make_unique<AdoptedRequest>(std::move(r));
 }
 
 const char* WriteSource::InMemory(size_t n) {

@@ -8,6 +8,8 @@
 // it into (fs/transport/request_buffer.h). The pool is handed over with the payload: memory
 // outside it is never adopted.
 //
+// The write-behind takes it as a datapath::ExtentSource (datapath/extent_source.h).
+//
 // Thread contract: one WriteSource per request, used by the thread handling it.
 #pragma once
 
@@ -16,35 +18,27 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "datapath/extent_source.h"
 #include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
 
-class WriteSource {
+class WriteSource final : public datapath::ExtentSource {
  public:
   // `pool`: where the transport received the request (Transport::payload_pool); null when the
   // payload is not the daemon's to keep.
   WriteSource(fuse_bufvec* src, RequestBufferPool* pool) : src_(src), pool_(pool) {}
-  // Moves the next `n` bytes into `dst`; false (errno set) on failure.
-  bool CopyTo(char* dst, size_t n);
-  // True when the bytes are still in the request pipe (the session loop spliced the request).
-  bool in_pipe() const;
-  // Moves up to `n` of the next bytes, as page references, into the pipe `pipe_w` without
-  // blocking. Returns the bytes moved (fewer when that pipe is full) or -errno.
-  int64_t SpliceTo(int pipe_w, size_t n);
-  // True when the rest of the request is one page-aligned piece of a buffer the transport
-  // received it in: Adopt can take it.
-  bool adoptable() const;
-  // Bytes after the rest of the request in the buffer Adopt would take (0 when not adoptable):
-  // room for the next request to complete a payload the kernel cut inside a page.
-  size_t adoptable_spare() const;
-  // The rest of the request (exactly `n` bytes) when it is one piece of memory, marked consumed;
-  // null otherwise. Valid until the handler returns.
-  const char* InMemory(size_t n);
-  // Takes the buffer holding the rest of the request (exactly `n` bytes) from the transport
-  // instead of copying out of it; empty when it is not adoptable or the pool has no buffer to
-  // replace it with.
-  RequestBuffer Adopt(size_t n);
+  bool CopyTo(char* dst, size_t n) override;
+  // True when the session loop spliced the request: its bytes are still in the request pipe.
+  bool in_pipe() const override;
+  int64_t SpliceTo(int pipe_w, size_t n) override;
+  // Adoptable: the rest of the request is one page-aligned piece of a buffer the transport
+  // received it in (fs/transport/request_buffer.h); Adopt takes that buffer and gives the pool
+  // another, or nothing when the pool has none to spare.
+  bool adoptable() const override;
+  size_t adoptable_spare() const override;
+  const char* InMemory(size_t n) override;
+  std::unique_ptr<datapath::AdoptedBuffer> Adopt(size_t n) override;
 
  private:
   // The rest of the request when it is one piece of memory, its size in `n`; null otherwise.

@@ -383,7 +383,7 @@ class StatsCountingTest(CtlCase):
         self.assertGreater(f1["bytes_written_behind"], f0["bytes_written_behind"],
                            "a sequential writer goes through write-behind")
         # Each byte reached the disk once: through the engine, or spliced from the kernel's
-        # pages when the daemon receives requests with splice (fs/data/splice_io.h).
+        # pages when the daemon receives requests with splice (datapath/splice_io.h).
         e0, e1 = s0["engine"], s1["engine"]
         spliced = f1["bytes_written_spliced"] - f0["bytes_written_spliced"]
         self.assertEqual(e1["bytes_written"] - e0["bytes_written"] + spliced, size)
@@ -672,7 +672,7 @@ class CoherenceTest(CtlCase):
 
 
 class SpliceTest(CtlCase):
-    """Page-cache writes spliced to the disk (fs/data/splice_io.h), checked byte for byte in
+    """Page-cache writes spliced to the disk (datapath/splice_io.h), checked byte for byte in
     BACKING_DIR, next to the cases that must not be spliced."""
 
     def setUp(self):

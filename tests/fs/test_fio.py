@@ -95,7 +95,7 @@ class FioAsyncReplyTest(FioTest):
 
 class FioSplicedReplyTest(FioTest):
     """The same fio jobs with READ replies sent by vmsplice + splice from a pipe (-o
-    splice_reply=1, off by default; fs/transport/pipe.h, SpliceMessage), passthrough off so that
+    splice_reply=1, off by default; fs/transport/request_pipe.h, SpliceMessage), passthrough off so that
     O_DIRECT reads are answered by the daemon too."""
     MOUNT_OPTIONS = ("splice_reply=1", "passthrough=off")
 

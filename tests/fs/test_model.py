@@ -607,7 +607,7 @@ class ModelReadReceiveTest(ModelTest):
 class ModelPageCacheSpliceTest(ModelTest):
     """Writers through the kernel's page cache (-o direct_io=off), whose WRITEs the loop then
     splices: page references go from the request pipe to write-behind pipes and on to the disk
-    with no copy in the daemon (fs/data/splice_io.h). The main run gives every open for writing
+    with no copy in the daemon (datapath/splice_io.h). The main run gives every open for writing
     direct_io (the default) and reads requests."""
     MOUNT_OPTIONS = ("direct_io=off",)
     BUDGET_FACTOR = 0.5

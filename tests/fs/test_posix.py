@@ -1000,7 +1000,7 @@ class DirectIoWritesTest(unittest.TestCase):
     request; from the writer's pages it is 257 pages, which the kernel sends whole only where
     fs.fuse.max_pages_limit lets the mount's spare page through (fs/transport/protocol_ext.h),
     and otherwise as 1 MiB - 16 bytes plus 16 (both written from the request buffer all the same:
-    fs/data/write_behind.h). Every case mounts anew with the limit set for it
+    datapath/write_behind.h). Every case mounts anew with the limit set for it
     (and put back), then checks the bytes in BACKING_DIR."""
     LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
 

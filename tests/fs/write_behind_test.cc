@@ -1,9 +1,10 @@
-// WriteBehind (fs/data/write_behind.h) without a mount: extents of each kind (pinned chunk,
+// WriteBehind (datapath/write_behind.h) without a mount: extents of each kind (pinned chunk,
 // spliced pipe, adopted request buffer) land exactly; ordering (a synchronous write waits for
 // earlier data, an overlapping extent for the flight before it); short completions are
 // continued; EIO and ENOSPC injected through the engine's backend seam become the sticky error,
 // reported once; drain and write under concurrency; destruction waits for flushes.
-#include "fs/data/write_behind.h"
+#include "datapath/write_behind.h"
+#include "fs/transport/write_source.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -14,16 +15,16 @@
 #include <vector>
 
 #include "fs/transport/request_buffer.h"
-#include "tests/fs/data_test_util.h"
+#include "tests/datapath/data_test_util.h"
 
 namespace dnvme::fs {
 namespace {
 
+using datapath::test::kKiB;
+using datapath::test::kMiB;
 using dnvme::test::FillPattern;
 using dnvme::test::PatternByte;
 using dnvme::test::ReadWholeFile;
-using test::kKiB;
-using test::kMiB;
 
 // A WriteSource over plain memory, as libfuse hands a request the loop read(2) into a buffer
 // that is not a request buffer (so it cannot be adopted).
@@ -34,7 +35,7 @@ struct MemoryPayload {
   fuse_bufvec bv;
 };
 
-class WriteBehindTest : public test::DataPathTest {
+class WriteBehindTest : public datapath::test::DataPathTest {
  protected:
   void SetUp() override {
     DataPathTest::SetUp();
@@ -55,8 +56,8 @@ class WriteBehindTest : public test::DataPathTest {
 
   // Writes `n` pattern bytes at `off` from plain memory.
   // `errors`: the writing description's place in the file's errors (the fixture's by default).
-  Status WritePattern(WriteBehind& wb, const FileRef& f, int64_t off, size_t n, uint64_t seed = 0,
-                      ErrorCursor* errors = nullptr) {
+  Status WritePattern(datapath::WriteBehind& wb, const FileRef& f, int64_t off, size_t n,
+                      uint64_t seed = 0, datapath::ErrorCursor* errors = nullptr) {
     std::vector<char> data(n);
     FillPattern(data.data(), n, off, seed);
     MemoryPayload p(data.data(), n);
@@ -68,8 +69,8 @@ class WriteBehindTest : public test::DataPathTest {
   // Acts as a transport's loop thread: receives `n` pattern bytes for `off` into a buffer lent
   // from `pool` (the payload page-aligned after the headers) and hands them to `wb`. `spare`, when
   // given, gets the room the buffer has after the payload.
-  Status WriteReceived(WriteBehind& wb, const FileRef& f, RequestBufferPool& pool, int64_t off,
-                       size_t n, size_t* spare = nullptr) {
+  Status WriteReceived(datapath::WriteBehind& wb, const FileRef& f, RequestBufferPool& pool,
+                       int64_t off, size_t n, size_t* spare = nullptr) {
     Receiver r;
     if (!pool.Lend(&r)) return Status::ResourceExhausted(ENOMEM, "no request buffer to lend");
     char* payload = r.buffer.data() + kRequestReadOffset + kWriteHeaderBytes;
@@ -91,16 +92,16 @@ class WriteBehindTest : public test::DataPathTest {
 
   static constexpr int64_t kChunk = 1 << 20;
   std::unique_ptr<PinnedPool> chunks_;
-  std::unique_ptr<PipePool> pipes_;
-  std::unique_ptr<SpliceWorkers> splicers_;
+  std::unique_ptr<datapath::PipePool> pipes_;
+  std::unique_ptr<datapath::SpliceWorkers> splicers_;
   std::unique_ptr<PinnedBuffer> scratch_;
-  WriteBehindShared shared_;
-  ErrorCursor writer_;  // the one writing description of most tests
+  datapath::WriteBehindShared shared_;
+  datapath::ErrorCursor writer_;  // the one writing description of most tests
 };
 
 TEST_F(WriteBehindTest, ChunkExtentsLandExactlyAndSizeShowsBeforeTheyDo) {
   FileRef f = Open("a");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   for (int64_t off = 0; off < 5 * kMiB; off += 256 * kKiB) {
     DNVME_ASSERT_OK(WritePattern(wb, f, off, 256 * kKiB));
   }
@@ -121,7 +122,7 @@ TEST_F(WriteBehindTest, ChunkExtentsLandExactlyAndSizeShowsBeforeTheyDo) {
 
 TEST_F(WriteBehindTest, UnalignedWriteGoesSynchronouslyAfterEarlierData) {
   FileRef f = Open("b");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   DNVME_ASSERT_OK(WritePattern(wb, f, 0, kMiB, /*seed=*/1));
   // Unaligned: written at once, but only after the gathered megabyte landed (else the older
   // data would overwrite it).
@@ -135,7 +136,7 @@ TEST_F(WriteBehindTest, UnalignedWriteGoesSynchronouslyAfterEarlierData) {
 
 TEST_F(WriteBehindTest, OverlappingExtentWaitsForTheFlightBeforeIt) {
   FileRef f = Open("c");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   for (int round = 0; round < 4; ++round) {
     // Two full chunks in flight, then a rewrite of the first that must land last. One request of
     // the first flush reaches the disk late: were the rewrite submitted before that flush
@@ -153,7 +154,7 @@ TEST_F(WriteBehindTest, OverlappingExtentWaitsForTheFlightBeforeIt) {
 TEST_F(WriteBehindTest, ShortCompletionsAreContinued) {
   faults_.short_every = 2;
   FileRef f = Open("d");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   for (int64_t off = 0; off < 4 * kMiB; off += kMiB)
     DNVME_ASSERT_OK(WritePattern(wb, f, off, kMiB));
   DNVME_ASSERT_OK(wb.Drain(&writer_));
@@ -168,7 +169,7 @@ TEST_P(WriteBehindErrorTest, FailedFlushIsStickyAndReportedOnce) {
   faults_.fail_errno = err;
   faults_.fail_offset = kChunk + 4096;  // in the second extent
   FileRef f = Open("e");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   // Accepted: the second extent is flushed by the last of these writes, so its failure can
   // only surface afterwards.
   for (int64_t off = 0; off < 2 * kChunk; off += 256 * kKiB) {
@@ -204,8 +205,8 @@ TEST_P(WriteBehindErrorTest, FailedFlushIsStickyAndReportedOnce) {
 TEST_P(WriteBehindErrorTest, EachDescriptionHearsOfAnErrorOnceAndAReaderTakesNothing) {
   const int err = GetParam();
   FileRef f = Open("q");
-  WriteBehind wb(&shared_);
-  ErrorCursor a = wb.Sample(), b = wb.Sample();
+  datapath::WriteBehind wb(&shared_);
+  datapath::ErrorCursor a = wb.Sample(), b = wb.Sample();
   faults_.fail_errno = err;
   faults_.fail_offset = 0;
   DNVME_ASSERT_OK(WritePattern(wb, f, 0, 256 * kKiB, 0, &a));  // accepted; its flush will fail
@@ -231,12 +232,12 @@ TEST_P(WriteBehindErrorTest, EachDescriptionHearsOfAnErrorOnceAndAReaderTakesNot
   DNVME_EXPECT_OK(wb.Drain(&b));
   // Heard of: a reader's look is clean now, and a description opened now starts after it.
   DNVME_EXPECT_OK(wb.Drain(nullptr));
-  ErrorCursor c = wb.Sample();
+  datapath::ErrorCursor c = wb.Sample();
   DNVME_EXPECT_OK(wb.Drain(&c));
   // A new error: each of them hears of it, once, whichever asks first.
   faults_.fail_errno = err;
   DNVME_ASSERT_OK(WritePattern(wb, f, 0, 256 * kKiB, 0, &c));
-  ErrorCursor d = wb.Sample();  // opened before the flush failed: hears of it too
+  datapath::ErrorCursor d = wb.Sample();  // opened before the flush failed: hears of it too
   EXPECT_EQ(wb.Drain(&c).error_number(), err);
   EXPECT_EQ(wb.Drain(&d).error_number(), err);
   EXPECT_EQ(WritePattern(wb, f, 512 * kKiB, 4096, 0, &a).error_number(), err);
@@ -254,7 +255,7 @@ INSTANTIATE_TEST_SUITE_P(Errnos, WriteBehindErrorTest, ::testing::Values(EIO, EN
 
 TEST_F(WriteBehindTest, AdoptedRequestBuffersAreWrittenWithoutACopy) {
   FileRef f = Open("g");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 8192, 32);
   // Act as a transport's loop thread: each request is received into the Receiver's buffer, with
   // the payload page-aligned after the headers.
@@ -282,7 +283,7 @@ TEST_F(WriteBehindTest, AdoptedRequestBuffersAreWrittenWithoutACopy) {
 // synchronously and every byte goes out from the request buffers.
 TEST_F(WriteBehindTest, APayloadCutInsideAPageIsCompletedByTheNextRequest) {
   FileRef f = Open("cut");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 4096, 32);  // room for exactly 1 MiB of payload
   constexpr size_t kCut = kMiB - 16;
   for (int64_t off = 0; off < 4 * kMiB; off += kMiB) {
@@ -302,7 +303,7 @@ TEST_F(WriteBehindTest, APayloadCutInsideAPageIsCompletedByTheNextRequest) {
 // the extent's end inside a page again still lands.
 TEST_F(WriteBehindTest, AWriteLongerThanTheCutPageGoesOnInAChunk) {
   FileRef f = Open("longer");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 4096, 4);
   DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, 0, 300 * kKiB + 100));
   DNVME_ASSERT_OK(WritePattern(wb, f, 300 * kKiB + 100, 8192 + 7));
@@ -318,7 +319,7 @@ TEST_F(WriteBehindTest, AWriteLongerThanTheCutPageGoesOnInAChunk) {
 // that page, is written synchronously after it.
 TEST_F(WriteBehindTest, ACutPayloadFlushedBeforeItsPageIsCompletedStillLands) {
   FileRef f = Open("drained");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 4096, 4);
   DNVME_ASSERT_OK(WriteReceived(wb, f, *pool, 0, kMiB - 16));
   DNVME_ASSERT_OK(wb.Drain(nullptr));
@@ -338,7 +339,7 @@ TEST_F(WriteBehindTest, CompletedPayloadsShareLargeExtents) {
   shared_.chunks = chunks.get();
   shared_.write_chunk = 8 * kMiB;
   FileRef f = Open("large");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   auto pool = RequestBufferPool::Create(kMiB + 4096, 32);
   constexpr size_t kCut = kMiB - 64;  // torch's tensors sit 64 bytes into a page
   for (int64_t off = 0; off < 16 * kMiB; off += kMiB) {
@@ -353,15 +354,15 @@ TEST_F(WriteBehindTest, CompletedPayloadsShareLargeExtents) {
 }
 
 TEST_F(WriteBehindTest, SplicedPipeExtentsLandExactly) {
-  auto pipes = PipePool::Create(4 * kChunk, kChunk, 64 * kKiB);
+  auto pipes = datapath::PipePool::Create(4 * kChunk, kChunk, 64 * kKiB);
   if (!pipes.ok()) GTEST_SKIP() << "no pipes: " << pipes.status().ToString();
   pipes_ = std::move(pipes).value();
-  splicers_ = std::make_unique<SpliceWorkers>(2);
+  splicers_ = std::make_unique<datapath::SpliceWorkers>(2);
   shared_.pipes = pipes_.get();
   shared_.splicers = splicers_.get();
   FileRef f = Open("h");
   ASSERT_GE(f.direct_fd(), 0) << "the scratch filesystem must take O_DIRECT";
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   // Each request arrives in a pipe, as the session loop's spliced receive leaves it.
   for (int64_t off = 0; off < 3 * kMiB; off += 256 * kKiB) {
     int fds[2];
@@ -390,7 +391,7 @@ TEST_F(WriteBehindTest, SplicedPipeExtentsLandExactly) {
 
 TEST_F(WriteBehindTest, ConcurrentWritersAndDrainersLoseNothing) {
   FileRef f = Open("i");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   constexpr int kWriters = 4;
   constexpr int64_t kEach = 3 * kMiB;
   std::atomic<bool> stop{false};
@@ -422,7 +423,7 @@ TEST_F(WriteBehindTest, ConcurrentWritersAndDrainersLoseNothing) {
 TEST_F(WriteBehindTest, DestructionWaitsForFlushesInFlight) {
   FileRef f = Open("j");
   {
-    WriteBehind wb(&shared_);
+    datapath::WriteBehind wb(&shared_);
     for (int64_t off = 0; off < 4 * kChunk; off += kChunk) {
       DNVME_ASSERT_OK(WritePattern(wb, f, off, kChunk));
     }
@@ -433,7 +434,7 @@ TEST_F(WriteBehindTest, DestructionWaitsForFlushesInFlight) {
 TEST_F(WriteBehindTest, WithoutChunksEveryWriteIsSynchronous) {
   shared_.chunks = nullptr;  // write_behind=0
   FileRef f = Open("k");
-  WriteBehind wb(&shared_);
+  datapath::WriteBehind wb(&shared_);
   DNVME_ASSERT_OK(WritePattern(wb, f, 0, kMiB));
   EXPECT_EQ(counters_.bytes_written_sync.load(), static_cast<uint64_t>(kMiB));
   EXPECT_EQ(wb.inflight(), 0);

@@ -1,6 +1,7 @@
-// Shared by the WriteBehind and ReadAhead unit tests: an engine whose libaio backend can fail
-// completions on demand (the engine's backend seam, engine/aio/backend.h), scratch files, and
-// the mount's shared structs wired to them. No mount, no FUSE session.
+// Shared by the data path's unit tests (WriteBehind, ReadAhead; tests/datapath/, and
+// tests/fs/write_behind_test.cc with the FUSE transport's sources): an engine whose libaio backend
+// can fail completions on demand (the engine's backend seam, engine/aio/backend.h), scratch
+// files, and counters. No mount, no FUSE session.
 //
 // Thread safety: Faults is atomics (read by engine workers); the rest is used by the test thread.
 #pragma once
@@ -16,13 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "datapath/counters.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "engine/aio/backend.h"
-#include "fs/data/counters.h"
 #include "tests/engine/test_util.h"
 
-namespace dnvme::fs::test {
+namespace dnvme::datapath::test {
 
 using dnvme::test::kKiB;
 using dnvme::test::kMiB;
@@ -153,7 +154,7 @@ class DataPathTest : public dnvme::test::ScratchTest {
 
   Faults faults_;
   std::shared_ptr<AioHandle> engine_;
-  MountCounters counters_;
+  Counters counters_;
 };
 
-}  // namespace dnvme::fs::test
+}  // namespace dnvme::datapath::test

@@ -1,6 +1,6 @@
 // Writing write-behind extents held in pipes to the backing files with splice(2), without the
 // daemon touching the bytes: the pipe holds references to the FUSE inode's page-cache pages (see
-// fs/transport/pipe.h), and splicing it into the backing file's O_DIRECT descriptor makes the
+// datapath/pipe.h), and splicing it into the backing file's O_DIRECT descriptor makes the
 // kernel build the direct write from those very pages.
 //
 // splice blocks until the write is done, so parallelism comes from threads (SpliceWorkers): each
@@ -21,10 +21,10 @@
 #include <thread>
 #include <vector>
 
+#include "datapath/pipe.h"
 #include "dnvme/status.h"
-#include "fs/transport/pipe.h"
 
-namespace dnvme::fs {
+namespace dnvme::datapath {
 
 // Writes `len` bytes at `offset` of the file the caller writes through; used for what splice
 // could not write.
@@ -64,4 +64,4 @@ class SpliceWorkers {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace dnvme::fs
+}  // namespace dnvme::datapath

@@ -1,13 +1,15 @@
-#include "fs/data/write_behind.h"
+#include "datapath/write_behind.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <string>
+#include <thread>
 
 #include "engine/common/log.h"
 #include "engine/posix/identity.h"
 
-namespace dnvme::fs {
+namespace dnvme::datapath {
 namespace {
 
 constexpr int64_t kAlign = 4096;
@@ -18,6 +20,41 @@ constexpr int64_t kAlign = 4096;
 constexpr size_t kAdoptMinBytes = 256 << 10;
 
 }  // namespace
+
+// Counts one write's engine writes until each is in the kernel (the Submitted notice), for
+// Ack::kSubmitted. Shared by the writer and the notices (which may come after Write gave up on
+// an error, so it lives in a shared_ptr).
+//
+// Wait() first yields for a moment before it sleeps: the engine's worker usually submits within
+// tens of microseconds, and being woken from a futex costs about as much again. For a program
+// writing 128 KiB per call on the RAM ext4 that was 1.2-1.4 GiB/s sleeping at once against
+// 1.8-2.5 yielding first; 1 MiB writes moved within the noise (docs/performance-journal.md,
+// 2026-11-25).
+class WriteBehind::SubmitLatch {
+ public:
+  void Add() {
+    std::lock_guard lock(mu_);
+    left_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void Done() {
+    std::lock_guard lock(mu_);
+    if (left_.fetch_sub(1, std::memory_order_release) == 1) cv_.notify_all();
+  }
+  void Wait() {
+    for (int i = 0; i < kYields; ++i) {
+      if (left_.load(std::memory_order_acquire) == 0) return;
+      std::this_thread::yield();
+    }
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return left_.load(std::memory_order_acquire) == 0; });
+  }
+
+ private:
+  static constexpr int kYields = 200;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<int> left_{0};  // written under mu_
+};
 
 WriteBehind::~WriteBehind() {
   // The mount drains at release; this only keeps a completion from touching a dead object.
@@ -30,7 +67,28 @@ int WriteBehind::inflight() {
   return inflight_;
 }
 
+bool WriteBehind::WaitForOverlapLocked(std::unique_lock<std::mutex>& lock, int64_t pos,
+                                       int64_t end) {
+  if (inflight_ == 0) return false;
+  const bool continues = pos == next_ || (ext_.kind != Kind::kNone && pos == ext_.start + ext_.len);
+  const int64_t lo = continues ? (pos + kAlign - 1) / kAlign * kAlign : pos / kAlign * kAlign;
+  const int64_t hi = (end + kAlign - 1) / kAlign * kAlign;
+  if (lo >= hi || lo >= flight_hi_ || hi <= flight_lo_) return false;
+  cv_.wait(lock);
+  return true;
+}
+
+void WriteBehind::NoteFlightLocked(int64_t start, int64_t len) {
+  const int64_t lo = start / kAlign * kAlign;
+  const int64_t hi = (start + len + kAlign - 1) / kAlign * kAlign;
+  // inflight_ already counts this flush.
+  flight_lo_ = inflight_ == 1 ? lo : std::min(flight_lo_, lo);
+  flight_hi_ = inflight_ == 1 ? hi : std::max(flight_hi_, hi);
+  if (hooks_.started) hooks_.started();
+}
+
 void WriteBehind::FinishFlushLocked(const Status& st, bool adopted) {
+  if (hooks_.finished) hooks_.finished();
   if (adopted) --adopted_inflight_;
   if (!st.ok()) {
     shared_->counters->errors.fetch_add(1, std::memory_order_relaxed);
@@ -48,12 +106,12 @@ void WriteBehind::FinishFlush(const Status& st, bool adopted) {
   cv_.notify_all();
 }
 
-void WriteBehind::FlushAdoptedLocked(Extent e) {
+void WriteBehind::FlushAdoptedLocked(Extent e, const Latch& latch) {
   // The payloads are not contiguous in memory: one engine write each (the engine still cuts
   // them into block_size requests). Each completion returns its own buffer to the loop's pool;
   // the last one completes the extent with the first error.
   struct Parts {
-    std::vector<RequestBuffer> bufs;  // element i is touched only by write i's completion
+    std::vector<std::unique_ptr<AdoptedBuffer>> bufs;  // element i: only write i's completion
     std::mutex mu;
     Status first;     // guarded by mu
     size_t left = 0;  // guarded by mu
@@ -63,7 +121,7 @@ void WriteBehind::FlushAdoptedLocked(Extent e) {
   parts->left = parts->bufs.size();
   // True when this was the last part (the caller then completes the extent).
   auto part_done = [](Parts& p, size_t i, const Status& st) {
-    p.bufs[i].Reset();
+    p.bufs[i].reset();
     std::lock_guard g(p.mu);
     if (!st.ok() && p.first.ok()) p.first = st;
     return --p.left == 0;
@@ -72,12 +130,19 @@ void WriteBehind::FlushAdoptedLocked(Extent e) {
   std::shared_ptr<AioHandle> engine = shared_->engine();
   int64_t at = e.start;
   for (size_t i = 0; i < parts->bufs.size(); ++i) {
-    const char* data = parts->bufs[i].payload();
-    const auto n = static_cast<int64_t>(parts->bufs[i].payload_size());
-    Status st =
-        engine->submit_pwrite(data, n, e.file, at, [this, parts, i, part_done](const OpResult& r) {
-          if (part_done(*parts, i, r.status)) FinishFlush(parts->first, /*adopted=*/true);
-        });
+    const char* data = parts->bufs[i]->data();
+    const auto n = static_cast<int64_t>(parts->bufs[i]->size());
+    Completion done = [this, parts, i, part_done](const OpResult& r) {
+      if (part_done(*parts, i, r.status)) FinishFlush(parts->first, /*adopted=*/true);
+    };
+    Status st;
+    if (latch != nullptr) {
+      latch->Add();
+      st = engine->submit_pwrite(data, n, e.file, at, std::move(done), [latch] { latch->Done(); });
+      if (!st.ok()) latch->Done();
+    } else {
+      st = engine->submit_pwrite(data, n, e.file, at, std::move(done));
+    }
     // Not queued: its completion will not come, so count it here, where m_ is held.
     if (!st.ok() && part_done(*parts, i, st)) {
       FinishFlushLocked(parts->first, /*adopted=*/true);
@@ -89,23 +154,26 @@ void WriteBehind::FlushAdoptedLocked(Extent e) {
                                                      std::memory_order_relaxed);
 }
 
-void WriteBehind::FlushLocked() {
+void WriteBehind::FlushLocked(const Latch& latch) {
   if (ext_.kind == Kind::kNone) return;
   Extent e = std::move(ext_);
   ext_ = Extent();
   if (e.len == 0) return;
   ++inflight_;
+  NoteFlightLocked(e.start, e.len);
   shared_->counters->write_behind_flushes.fetch_add(1, std::memory_order_relaxed);
   switch (e.kind) {
     case Kind::kNone:
       break;
     case Kind::kAdopted:
-      FlushAdoptedLocked(std::move(e));
+      FlushAdoptedLocked(std::move(e), latch);
       return;
     case Kind::kPipe: {
       // std::function wants a copyable task: the extent rides in a shared_ptr.
       auto held = std::make_shared<Extent>(std::move(e));
-      shared_->splicers->Submit([this, held] {
+      // The splice is the whole write: it is in the kernel when it returned.
+      if (latch != nullptr) latch->Add();
+      shared_->splicers->Submit([this, held, latch] {
         const FileRef& file = held->file;
         // The splice is the write: it allocates under this thread's identity, so it takes the
         // writer's as the engine's threads do (include/dnvme/identity.h).
@@ -122,18 +190,30 @@ void WriteBehind::FlushLocked() {
         shared_->counters->bytes_splice_fallback.fetch_add(static_cast<uint64_t>(r.fell_back),
                                                            std::memory_order_relaxed);
         held->pipe.Reset();  // emptied (or discarded) and back in the pool before waiters wake
+        if (latch != nullptr) latch->Done();
         FinishFlush(r.status, /*adopted=*/false);
       });
       return;
     }
     case Kind::kChunk: {
       auto chunk = e.chunk;
-      Status st = shared_->engine()->submit_pwrite(chunk->data(), e.len, e.file, e.start,
-                                                   [this, chunk](const OpResult& r) mutable {
-                                                     chunk.reset();  // back to the pool first
-                                                     FinishFlush(r.status, /*adopted=*/false);
-                                                   });
+      Completion done = [this, chunk](const OpResult& r) mutable {
+        chunk.reset();  // back to the pool first
+        FinishFlush(r.status, /*adopted=*/false);
+      };
+      const char* data = chunk->data() + e.lead;
+      Status st;
+      if (latch != nullptr) {
+        latch->Add();
+        st = shared_->engine()->submit_pwrite(data, e.len, e.file, e.start, std::move(done),
+                                              [latch] { latch->Done(); });
+        if (!st.ok()) latch->Done();
+      } else {
+        st = shared_->engine()->submit_pwrite(data, e.len, e.file, e.start, std::move(done));
+      }
       if (!st.ok()) {
+        // Not queued: no completion will come.
+        if (hooks_.finished) hooks_.finished();
         --inflight_;
         RecordErrorLocked(st);
         shared_->counters->errors.fetch_add(1, std::memory_order_relaxed);
@@ -175,7 +255,7 @@ ErrorCursor WriteBehind::Sample() {
 }
 
 Status WriteBehind::DrainLocked(std::unique_lock<std::mutex>& lock, ErrorCursor* errors) {
-  FlushLocked();
+  FlushLocked({});
   cv_.wait(lock, [&] { return inflight_ == 0; });
   end_ = 0;
   return ReportLocked(errors);
@@ -184,6 +264,12 @@ Status WriteBehind::DrainLocked(std::unique_lock<std::mutex>& lock, ErrorCursor*
 Status WriteBehind::Drain(ErrorCursor* errors) {
   std::unique_lock lock(m_);
   return DrainLocked(lock, errors);
+}
+
+void WriteBehind::Close() {
+  std::unique_lock lock(m_);
+  (void)DrainLocked(lock, nullptr);
+  closed_ = true;
 }
 
 void WriteBehind::ApplyPending(struct stat* st) {
@@ -198,13 +284,13 @@ void WriteBehind::ApplyPending(struct stat* st) {
 }
 
 Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, const FileRef& file,
-                                         bool page_cache_writes, WriteSource& src, size_t size,
-                                         int64_t off) {
+                                         bool page_cache_writes, ExtentSource& src, size_t size,
+                                         int64_t off, const Latch& latch) {
   const int64_t write_chunk = shared_->write_chunk;
   size_t done = 0;
   bool splice_ok = true;  // cleared if a pipe refuses the request's pages
-  // The whole payload, page-aligned in the buffer the session loop received it in, for a
-  // page-aligned file range: that buffer can be written as it is (fs/transport/request_buffer.h).
+  // The whole payload, page-aligned in memory the source can hand over (a FUSE request buffer),
+  // for a page-aligned file range: that buffer can be written as it is.
   // A payload that ends inside a page is adopted too when its buffer has room for the rest of
   // that page: the kernel cuts a write from a buffer that is not page-aligned at max_pages, and
   // the piece after the cut, the next request, completes the page there (below).
@@ -212,13 +298,16 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
   bool adopt_ok = size >= kAdoptMinBytes && src.adoptable() && off % kAlign == 0 &&
                   static_cast<int64_t>(size) <= write_chunk &&
                   (partial == 0 || src.adoptable_spare() >= kAlign - partial);
+  const int64_t end = off + static_cast<int64_t>(size);
   while (done < size) {
     const int64_t pos = off + static_cast<int64_t>(done);
+    // Two O_DIRECT writes of the same pages complete in any order: the older could win.
+    if (WaitForOverlapLocked(lock, pos, end)) continue;
     // The adopted extent's last payload ends inside a page and this write continues it: its
     // bytes go into the room after that payload (one small copy) rather than making the extent
     // flush with a partial page and this write wait for it (an unaligned start is synchronous).
     if (ext_.kind == Kind::kAdopted && pos == ext_.start + ext_.len && ext_.len % kAlign != 0) {
-      RequestBuffer& last = ext_.bufs.back();
+      AdoptedBuffer& last = *ext_.bufs.back();
       const size_t n =
           std::min({size - done, last.spare(), static_cast<size_t>(kAlign - ext_.len % kAlign)});
       if (n > 0) {
@@ -230,7 +319,7 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
         done += n;
         end_ = std::max(end_, ext_.start + ext_.len);
         next_ = ext_.start + ext_.len;
-        if (ext_.len >= write_chunk) FlushLocked();
+        if (ext_.len >= write_chunk) FlushLocked(latch);
         continue;
       }
     }
@@ -240,24 +329,20 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
                             pos % kAlign == 0 && (size - done) % kAlign == 0 &&
                             file.direct_fd() >= 0;
     if (ext_.kind != Kind::kNone && pos != ext_.start + ext_.len) {
-      FlushLocked();  // not contiguous
+      FlushLocked(latch);  // not contiguous
     } else if (ext_.kind == Kind::kPipe && !spliceable) {
-      FlushLocked();  // a pipe extent takes only more spliceable data
+      FlushLocked(latch);  // a pipe extent takes only more spliceable data
     } else if (ext_.kind == Kind::kAdopted &&
                (!adopt_ok || done != 0 || ext_.len + static_cast<int64_t>(size) > write_chunk)) {
-      FlushLocked();  // adopted extents take whole payloads, up to write_chunk
+      FlushLocked(latch);  // adopted extents take whole payloads, up to write_chunk
     }
     // A chunk being filled (contiguous, so not flushed above) is filled on; the next extent
     // adopts.
     const bool adoptable = adopt_ok && done == 0 && ext_.kind != Kind::kChunk;
     if (ext_.kind == Kind::kNone) {
-      if (pos % kAlign != 0) break;  // extents start aligned so flushes stay O_DIRECT
-      // A new extent that does not continue the last one may overlap a flush in flight; two
-      // overlapping O_DIRECT writes complete in any order, so let those land first.
-      if (inflight_ > 0 && pos != next_) {
-        cv_.wait(lock, [&] { return inflight_ == 0; });
-        continue;  // another writer may have started an extent meanwhile: look again
-      }
+      // Extents start aligned so flushes stay O_DIRECT, unless a chunk may hold the data at its
+      // place in the page.
+      if (pos % kAlign != 0 && !shared_->unaligned_extents) break;
       if (spliceable) {
         ext_.pipe = shared_->pipes->TryAcquire();
         if (ext_.pipe) ext_.kind = Kind::kPipe;
@@ -278,16 +363,17 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
       }
       ext_.start = pos;
       ext_.len = 0;
+      ext_.lead = ext_.kind == Kind::kChunk ? pos % kAlign : 0;
       ext_.file = file;
     }
     if (ext_.kind == Kind::kAdopted) {
-      RequestBuffer b = src.Adopt(size);
+      std::unique_ptr<AdoptedBuffer> b = src.Adopt(size);
       if (!b) {
         // Every spare request buffer holds data in flight. Ours come back as our flushes
         // complete: wait for one rather than copy (which would only move the backlog into
         // the chunks). With none of ours in flight, copy into a chunk instead.
         if (!ext_.bufs.empty()) {
-          FlushLocked();
+          FlushLocked(latch);
         } else {
           ext_ = Extent();  // an adopted extent with nothing in it yet
         }
@@ -303,10 +389,13 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
       done = size;
       end_ = std::max(end_, ext_.start + ext_.len);
       next_ = ext_.start + ext_.len;
-      if (ext_.len >= write_chunk) FlushLocked();
+      if (ext_.len >= write_chunk) FlushLocked(latch);
       break;
     }
-    const int64_t cap = ext_.kind == Kind::kPipe ? shared_->pipes->capacity() : write_chunk;
+    const int64_t cap =
+        ext_.kind == Kind::kPipe
+            ? shared_->pipes->capacity()
+            : std::min(write_chunk, static_cast<int64_t>(ext_.chunk->size()) - ext_.lead);
     const size_t want =
         static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(size - done), cap - ext_.len));
     size_t n = want;
@@ -321,7 +410,7 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
         splice_ok = false;
         continue;
       }
-    } else if (!src.CopyTo(ext_.chunk->data() + ext_.len, n)) {
+    } else if (!src.CopyTo(ext_.chunk->data() + ext_.lead + ext_.len, n)) {
       return Status::FromErrno(errno, "copying a write's payload");
     }
     ext_.len += static_cast<int64_t>(n);
@@ -329,16 +418,17 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
     end_ = std::max(end_, ext_.start + ext_.len);
     next_ = ext_.start + ext_.len;
     // Full (or a pipe that took less than it should hold): flush, go on in a new extent.
-    if (ext_.len == cap || n < want) FlushLocked();
+    if (ext_.len == cap || n < want) FlushLocked(latch);
   }
   return done;
 }
 
-Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, WriteSource& src,
+Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, ExtentSource& src,
                           size_t size, int64_t off, char* scratch, ErrorCursor* errors) {
-  MountCounters& counters = *shared_->counters;
+  Counters& counters = *shared_->counters;
   counters.write_ops.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lock(m_);
+  if (closed_) return Status::FromErrno(EBADF, "write after the file's write-behind closed");
   // An earlier flush failed: this writer hears of it now.
   if (Status err = ReportLocked(errors); !err.ok()) return err;
   size_t done = 0;
@@ -347,11 +437,26 @@ Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, WriteSour
   // 3.14 cannot ask for FOPEN_PARALLEL_DIRECT_WRITES), so replying only after the disk would run
   // them at queue depth one.
   if (shared_->chunks != nullptr) {
-    Result<size_t> gathered = GatherLocked(lock, file, page_cache_writes, src, size, off);
+    Latch latch;
+    if (shared_->ack == Ack::kSubmitted) latch = std::make_shared<SubmitLatch>();
+    Result<size_t> gathered = GatherLocked(lock, file, page_cache_writes, src, size, off, latch);
+    if (gathered.ok()) {
+      done = *gathered;
+      if (done > 0) clock_gettime(CLOCK_REALTIME, &mtime_);
+      counters.bytes_written_behind.fetch_add(done, std::memory_order_relaxed);
+    }
+    if (latch) {
+      // What was gathered goes to the kernel now, and the write returns once it is there.
+      FlushLocked(latch);
+      lock.unlock();
+      latch->Wait();
+      lock.lock();
+      // A flush of this write that failed at once is this write's error.
+      if (gathered.ok()) {
+        if (Status err = ReportLocked(errors); !err.ok()) return err;
+      }
+    }
     if (!gathered.ok()) return gathered.status();
-    done = *gathered;
-    if (done > 0) clock_gettime(CLOCK_REALTIME, &mtime_);
-    counters.bytes_written_behind.fetch_add(done, std::memory_order_relaxed);
     if (done == size) return Status::Ok();
   }
   // Synchronous path (small, unaligned, no free chunk): earlier data must land first.
@@ -377,4 +482,4 @@ Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, WriteSour
   return Status::Ok();
 }
 
-}  // namespace dnvme::fs
+}  // namespace dnvme::datapath

@@ -1,8 +1,42 @@
-#include "fs/data/read_ahead.h"
+#include "datapath/read_ahead.h"
 
 #include <algorithm>
+#include <cstring>
 
-namespace dnvme::fs {
+namespace dnvme::datapath {
+
+size_t ReadReply::CopyTo(char* dst) const {
+  size_t at = 0;
+  for (const struct iovec& v : iov) {
+    std::memcpy(dst + at, v.iov_base, v.iov_len);
+    at += v.iov_len;
+  }
+  return at;
+}
+
+int64_t ReadReply::bytes() const {
+  int64_t n = 0;
+  for (const struct iovec& v : iov) n += static_cast<int64_t>(v.iov_len);
+  return n;
+}
+
+Result<int64_t> ReadAhead::Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
+                                int64_t file_size, bool use_window, char* scratch,
+                                ReadReply* reply) {
+  const int64_t served = use_window ? Serve(file, off, n, file_size, reply) : 0;
+  if (served == n) return n;
+  Status st = engine.sync_pread(scratch + served, n - served, file, off + served);
+  if (!st.ok()) {
+    if (st.code() != Status::Code::kEndOfFile) {
+      shared_->counters->errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    return st;
+  }
+  shared_->counters->bytes_read_engine.fetch_add(static_cast<uint64_t>(n - served),
+                                                 std::memory_order_relaxed);
+  reply->iov.push_back({scratch + served, static_cast<size_t>(n - served)});
+  return n;
+}
 
 int ReadAhead::inflight() {
   std::lock_guard g(m_);
@@ -61,7 +95,12 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
                          ReadReply* reply) {
   if (shared_->chunks == nullptr) return 0;
   std::unique_lock lock(m_);
-  const bool sequential = off == next_;
+  if (shared_->max_read > 0 && n >= shared_->max_read) {
+    chunks_.clear();  // chunks in flight live on in their completions
+    next_ = -1;
+    return 0;
+  }
+  const bool sequential = next_ < 0 ? off == 0 : off >= next_ && off - next_ <= shared_->max_skip;
   next_ = off + n;
   // Drop chunks wholly behind the reader; they will not be asked for again.
   std::erase_if(chunks_, [&](const std::shared_ptr<RaChunk>& c) {
@@ -89,4 +128,4 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
   return copied;
 }
 
-}  // namespace dnvme::fs
+}  // namespace dnvme::datapath

@@ -1,4 +1,4 @@
-#include "fs/data/splice_io.h"
+#include "datapath/splice_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-namespace dnvme::fs {
+namespace dnvme::datapath {
 SpliceWriteResult SpliceToFile(Pipe& pipe, int fd, int64_t offset, int64_t len,
                                const SpliceFallback& fallback) {
   SpliceWriteResult res;
@@ -89,4 +89,4 @@ void SpliceWorkers::Run() {
   }
 }
 
-}  // namespace dnvme::fs
+}  // namespace dnvme::datapath

@@ -1,6 +1,7 @@
-// Pipes for the zero-copy write path: the receive pipe a session-loop thread splices each FUSE
-// request into, and the pool of pipes that hold a write-behind extent's pages until a splice
-// writer thread moves them to the backing file.
+// Pipes for the zero-copy write path: the pool of pipes that hold a write-behind extent's pages
+// until a splice writer thread moves them to the backing file (datapath/splice_io.h), and the
+// receive pipe a session-loop thread splices each FUSE request into (fs/transport/request_pipe.h
+// sizes those and sends replies through them).
 //
 // Why pipes: a FUSE WRITE of page-cache-backed data, spliced out of /dev/fuse, arrives as
 // references to the FUSE inode's page-cache pages, not as a copy. Moving those references from
@@ -24,7 +25,7 @@
 #include "dnvme/status.h"
 #include "engine/posix/file.h"
 
-namespace dnvme::fs {
+namespace dnvme::datapath {
 
 // Thread contract: one owner at a time (a session-loop thread, or the holder of a pool lease).
 class Pipe {
@@ -101,28 +102,4 @@ class PipePool {
   std::vector<Pipe*> free_;  // guarded by mu_
 };
 
-// Bytes a pipe must hold for one FUSE request of up to `max_request` bytes of data: with its
-// headers it can span max_request / 4 KiB + 2 pages, and a pipe has a power of two of slots
-// (1 MiB: 258 pages, so 512 slots, 2 MiB).
-constexpr int64_t RequestPipeBytes(int64_t max_request) {
-  int64_t pages = max_request / 4096 + 2;
-  int64_t slots = 1;
-  while (slots < pages) slots *= 2;
-  return slots * 4096;
-}
-// Sends one message (a FUSE reply: header, then data) to `fd` without copying its bytes in user
-// space: vmsplice(2) puts references to the caller's pages into `pipe` (empty), and one splice(2)
-// hands them to `fd`, which must take a message whole from one call, as /dev/fuse does. The
-// kernel copies the pages out before splice returns (no SPLICE_F_MOVE or GIFT), so the caller's
-// memory is free again on return. Result:
-//   - a value: the bytes sent (all of them);
-//   - nullopt: nothing was sent and the pipe is empty again, because the message spans more
-//     pages than the pipe has slots or vmsplice took only part of it: send it another way;
-//   - an error: splice to `fd` failed (its errno); the message was not delivered.
-Result<std::optional<size_t>> SpliceMessage(Pipe& pipe, int fd, const struct iovec* iov, int count);
-
-// For the default 1 MiB requests.
-inline constexpr int64_t kRequestPipeBytes = RequestPipeBytes(int64_t{1} << 20);
-static_assert(kRequestPipeBytes == int64_t{2} << 20);
-
-}  // namespace dnvme::fs
+}  // namespace dnvme::datapath

@@ -1,9 +1,9 @@
-// ReadAhead (fs/data/read_ahead.h) without a mount: a sequential reader is served from the
+// ReadAhead (datapath/read_ahead.h) without a mount: a sequential reader is served from the
 // window with no copy (the reply points into the chunks), random reads fetch nothing, a failed
 // fetch ends what the window serves (the caller's own read then reports it), a small pool gives
 // a partial window, Invalidate drops it, Quiesce waits for fetches, and concurrent readers of
 // one file and of several share the pool without losing or mixing data.
-#include "fs/data/read_ahead.h"
+#include "datapath/read_ahead.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "tests/fs/data_test_util.h"
+#include "tests/datapath/data_test_util.h"
 
-namespace dnvme::fs {
+namespace dnvme::datapath {
 namespace {
 
 using dnvme::test::PatternByte;
@@ -67,17 +67,15 @@ class ReadAheadTest : public test::DataPathTest {
 TEST_F(ReadAheadTest, SequentialReaderIsServedFromTheWindowWithoutCopies) {
   FileRef f = PatternFile("seq");
   ReadAhead ra(&shared_);
-  ReadReply first;
-  EXPECT_EQ(ra.Serve(f, 0, 512 * kKiB, kFile, &first), 0) << "one read is not yet a sequence";
   int64_t served = 0;
-  for (int64_t off = 512 * kKiB; off < 8 * kMiB; off += 512 * kKiB) {
+  for (int64_t off = 0; off < 8 * kMiB; off += 512 * kKiB) {
     ReadReply r;
     const int64_t n = ra.Serve(f, off, 512 * kKiB, kFile, &r);
     EXPECT_EQ(CheckReply(r, off), n);
     EXPECT_EQ(r.pins.size(), r.iov.size()) << "every piece keeps its chunk alive";
     served += n;
   }
-  EXPECT_EQ(served, 8 * kMiB - 512 * kKiB) << "every sequential read after the first hits";
+  EXPECT_EQ(served, 8 * kMiB) << "a read at offset 0 starts a sequence: every read hits";
   EXPECT_GT(counters_.read_ahead_fetches.load(), 0u);
   EXPECT_EQ(counters_.bytes_read_ahead_hit.load(), static_cast<uint64_t>(served));
   ra.Quiesce();
@@ -92,6 +90,51 @@ TEST_F(ReadAheadTest, RandomReadsFetchNothing) {
     EXPECT_EQ(ra.Serve(f, off, 64 * kKiB, kFile, &r), 0);
   }
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
+}
+
+TEST_F(ReadAheadTest, AFirstReadElsewhereIsNotYetASequence) {
+  FileRef f = PatternFile("later");
+  ReadAhead ra(&shared_);
+  ReadReply r0, r1;
+  EXPECT_EQ(ra.Serve(f, kMiB, 256 * kKiB, kFile, &r0), 0);
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
+  const int64_t n = ra.Serve(f, kMiB + 256 * kKiB, 256 * kKiB, kFile, &r1);
+  EXPECT_EQ(n, 256 * kKiB) << "the second read in order is";
+  EXPECT_EQ(CheckReply(r1, kMiB + 256 * kKiB), n);
+  ra.Quiesce();
+}
+
+TEST_F(ReadAheadTest, ASmallSkipContinuesTheSequenceALargerOneEndsIt) {
+  shared_.max_skip = 64 * kKiB;  // as `dnvme run` allows a zip reader's header skips
+  FileRef f = PatternFile("skip");
+  ReadAhead ra(&shared_);
+  ReadReply r0, r1, r2, r3;
+  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r0), 256 * kKiB);
+  // 30 bytes skipped (a zip local header read some other way): still in sequence.
+  const int64_t at = 256 * kKiB + 30;
+  EXPECT_EQ(ra.Serve(f, at, 100 * kKiB, kFile, &r1), 100 * kKiB);
+  EXPECT_EQ(CheckReply(r1, at), 100 * kKiB);
+  // A skip past max_skip is a seek: not served, the window is not extended.
+  const uint64_t fetched = counters_.read_ahead_fetches.load();
+  const int64_t far = at + 100 * kKiB + 64 * kKiB + 4096;
+  EXPECT_EQ(ra.Serve(f, far + 5 * kMiB, 4096, kFile, &r2), 0);
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), fetched);
+  // The next read continues from there: a sequence again.
+  EXPECT_GT(ra.Serve(f, far + 5 * kMiB + 4096, 4096, kFile, &r3), 0);
+  ra.Quiesce();
+}
+
+TEST_F(ReadAheadTest, ReadsOfMaxReadOrMoreAreNotReadAhead) {
+  shared_.max_read = 2 * kMiB;
+  FileRef f = PatternFile("big");
+  ReadAhead ra(&shared_);
+  ReadReply r0, r1, r2;
+  EXPECT_GT(ra.Serve(f, 0, kMiB, kFile, &r0), 0);
+  const uint64_t fetched = counters_.read_ahead_fetches.load();
+  EXPECT_EQ(ra.Serve(f, kMiB, 2 * kMiB, kFile, &r1), 0) << "one large read is its own request";
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), fetched);
+  EXPECT_EQ(ra.Serve(f, 3 * kMiB, kMiB, kFile, &r2), 0) << "and it ended the sequence";
+  ra.Quiesce();
 }
 
 TEST_F(ReadAheadTest, ReadsAtTheEndOfTheFileStopThere) {
@@ -130,7 +173,9 @@ TEST_F(ReadAheadTest, ASmallPoolGivesAPartialWindowAndInvalidateDropsIt) {
   const int64_t n = ra.Serve(f, 256 * kKiB, 4 * kMiB, kFile, &r1);
   EXPECT_EQ(n, 2 * kMiB - 256 * kKiB) << "the two chunks the pool had";
   EXPECT_EQ(CheckReply(r1, 256 * kKiB), n);
-  r1 = ReadReply();  // the reply was sent: its chunks go back once the window lets them go
+  // The replies were sent: their chunks go back once the window lets them go.
+  r0 = ReadReply();
+  r1 = ReadReply();
   ra.Invalidate();
   ReadReply r2;
   EXPECT_EQ(ra.Serve(f, 2 * kMiB, kMiB, kFile, &r2), 0) << "a dropped window is not a sequence";
@@ -175,4 +220,4 @@ TEST_F(ReadAheadTest, OffWithoutAPool) {
 }
 
 }  // namespace
-}  // namespace dnvme::fs
+}  // namespace dnvme::datapath

@@ -1,0 +1,31 @@
+// What the data path did, counted for stats: shared by every file's WriteBehind and ReadAhead of
+// one user of the library (the mount, or one `dnvme run` process). The mount adds its
+// transport's counters (fs/data/counters.h) and reports both in the control file's stats.
+//
+// Thread safety: relaxed atomics, updated from request threads and engine completion threads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace dnvme::datapath {
+
+struct Counters {
+  std::atomic<uint64_t> write_ops{0}, read_ops{0};
+  std::atomic<uint64_t> bytes_written_behind{0};  // gathered into pinned chunks, flushed async
+  std::atomic<uint64_t> bytes_written_sync{0};    // written through the engine before returning
+  std::atomic<uint64_t> bytes_read_ahead_hit{0};  // served from the read-ahead window
+  std::atomic<uint64_t> bytes_read_engine{0};     // read through the engine on demand
+  std::atomic<uint64_t> write_behind_flushes{0};
+  std::atomic<uint64_t> read_ahead_fetches{0};
+  std::atomic<uint64_t> errors{0};
+  // Spliced write-behind (datapath/splice_io.h): bytes that went to the disk from the kernel's
+  // pages, and spliced extents the kernel refused and the engine wrote instead.
+  std::atomic<uint64_t> bytes_written_spliced{0};
+  std::atomic<uint64_t> bytes_splice_fallback{0};
+  // Part of bytes_written_behind written by the engine straight from the buffer the source
+  // handed over (ExtentSource::Adopt), without a copy into a chunk.
+  std::atomic<uint64_t> bytes_written_adopted{0};
+};
+
+}  // namespace dnvme::datapath

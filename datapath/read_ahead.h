@@ -1,0 +1,112 @@
+// ReadAhead: one file's window of data fetched ahead of a sequential reader. One mechanism for both
+// users of the data path: the mount (a FUSE READ) and `dnvme run` (a program's read()).
+//
+// Why: O_DIRECT gets no read-ahead from the kernel, and FUSE asks for a cold file one request
+// (<= 1 MiB) at a time, each read(2) waiting for the answer: reading each request on demand runs
+// the disk at queue depth one. When reads arrive in sequence, the window (`window` bytes, in
+// chunks from a pinned pool shared by every reader) is fetched with the engine's parallel O_DIRECT
+// reads while the reader consumes the front of it. A reply points into the chunks (no copy) and
+// keeps them alive until sent; `dnvme run` copies out of them into the program's buffer. Anything
+// the window does not hold is left to the caller's on-demand read.
+//
+// The sequential-reader rule: a read at offset 0 starts a sequence (a program reading a file from
+// its start), and a read that starts where the last one ended, or at most `max_skip` bytes past it,
+// continues it (torch.load skips each zip record's small local header). Anything else drops the
+// window.
+//
+// Thread contract: every method may be called from any thread; the state is guarded by one
+// internal mutex, which fetch completions (engine worker threads) take too. The object must
+// outlive its fetches: Quiesce() (release) or the destructor waits for them.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "datapath/counters.h"
+#include "dnvme/handle.h"
+#include "dnvme/pinned.h"
+#include "dnvme/status.h"
+
+namespace dnvme::datapath {
+
+// What every file's ReadAhead shares. Owned by the user of the library (the mount, the preloaded
+// library), outlives every ReadAhead.
+struct ReadAheadShared {
+  PinnedPool* chunks = nullptr;  // chunk-sized pinned buffers; null: read-ahead off
+  int64_t window = 16 << 20;     // bytes fetched ahead of a sequential reader
+  int64_t max_skip = 0;          // bytes a read may skip and still continue the sequence
+  // Reads of this many bytes or more are not read ahead (0: no limit): one such call keeps the
+  // disk busy by itself, and copying it out of chunks costs more than it gains.
+  int64_t max_read = 0;
+  std::function<std::shared_ptr<AioHandle>()> engine;
+  Counters* counters = nullptr;
+};
+
+// One fetched (or fetching) piece of the window.
+struct RaChunk {
+  int64_t offset = 0;
+  int64_t length = 0;                      // bytes asked for (clamped to the file size)
+  std::shared_ptr<PinnedPool::Lease> buf;  // the completion callback holds it too
+  bool ready = false;                      // guarded by the owning ReadAhead's mutex
+  Status status;                           // guarded by the owning ReadAhead's mutex
+};
+
+// What a read answers with: pieces of read-ahead chunks (kept alive by `pins` until the reply is
+// sent) and/or of the caller's own buffer, in file order.
+struct ReadReply {
+  std::vector<struct iovec> iov;
+  std::vector<std::shared_ptr<RaChunk>> pins;
+  // Copies the pieces, in order, to `dst`; returns the bytes copied.
+  size_t CopyTo(char* dst) const;
+  // The bytes the pieces hold.
+  int64_t bytes() const;
+};
+
+class ReadAhead {
+ public:
+  explicit ReadAhead(const ReadAheadShared* shared) : shared_(shared) {}
+  ~ReadAhead() { Quiesce(); }
+  ReadAhead(const ReadAhead&) = delete;
+  ReadAhead& operator=(const ReadAhead&) = delete;
+
+  // A read of `n` bytes at `off` (already clamped to `file_size`) of `file`: when it continues a
+  // sequence (see the file comment), the window is extended; then as much of [off, off + n) as
+  // the window holds, from its start, is appended to `reply` (waiting for chunks still in
+  // flight). Returns the bytes appended; a failed chunk ends the served part (the caller's
+  // on-demand read then reports the error properly).
+  int64_t Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size, ReadReply* reply);
+  // A whole read of [off, off + n) of `file` (n already clamped to `file_size`): what the window
+  // holds (Serve; not when `use_window` is false: O_DIRECT readers, files others may change),
+  // the rest read now through `engine` into `scratch` at the same place (scratch + served).
+  // Appends the pieces to `reply`; returns n or the engine's error (kEndOfFile when the file
+  // shrank meanwhile: `reply` then holds the served part, and the caller reads the rest as it
+  // can).
+  Result<int64_t> Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
+                       int64_t file_size, bool use_window, char* scratch, ReadReply* reply);
+  // Drops the window (after writes, truncate, fallocate): chunks still in flight live on in
+  // their completion callbacks.
+  void Invalidate();
+  // Waits for every fetch in flight, then drops the window (release).
+  void Quiesce();
+  // For tests: fetches submitted and not completed.
+  int inflight();
+
+ private:
+  void StartLocked(const FileRef& file, int64_t from, int64_t file_size);
+
+  const ReadAheadShared* shared_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  // Guarded by m_:
+  int64_t next_ = -1;  // where the next sequential read is expected
+  std::vector<std::shared_ptr<RaChunk>> chunks_;
+  int inflight_ = 0;
+};
+
+}  // namespace dnvme::datapath

@@ -1,0 +1,261 @@
+// WriteBehind (datapath/write_behind.h) with plain memory (MemorySource), as `dnvme run` uses it:
+// no mount, no FUSE. Acknowledged-when-submitted writes (Ack::kSubmitted) survive the writer's
+// _exit right after they returned (and gathered ones, the control, do not); extents that start
+// anywhere in a page stay asynchronous and exact; overlapping rewrites land in order; the flush
+// hooks see every flush start and finish once; Close refuses later writes; errors injected through
+// the engine's backend seam (EIO, ENOSPC) reach the writer once; concurrent writers and drains lose
+// nothing. The mount's sources (adopted request buffers, spliced pipes) are tested with the
+// transport in tests/fs/write_behind_test.cc.
+#include "datapath/write_behind.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "datapath/extent_source.h"
+#include "tests/datapath/data_test_util.h"
+
+namespace dnvme::datapath {
+namespace {
+
+using dnvme::test::FillPattern;
+using dnvme::test::MatchesPattern;
+using dnvme::test::ReadWholeFile;
+using test::kKiB;
+using test::kMiB;
+
+constexpr int64_t kChunk = 2 * kMiB;
+
+class MemoryWriteBehindTest : public test::DataPathTest {
+ protected:
+  void SetUp() override {
+    DataPathTest::SetUp();
+    if (HasFatalFailure()) return;
+    // As `dnvme run` sizes them: one page more than an extent, for an unaligned start.
+    auto pool = PinnedPool::Create(kChunk + 4096, 4);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    chunks_ = std::move(pool).value();
+    shared_.chunks = chunks_.get();
+    shared_.write_chunk = kChunk;
+    shared_.ack = Ack::kSubmitted;
+    shared_.unaligned_extents = true;
+    shared_.engine = EngineSource();
+    shared_.counters = &counters_;
+  }
+
+  // Writes `n` pattern bytes (seeded) at `off` from plain memory.
+  Status Write(WriteBehind& wb, const FileRef& f, int64_t off, size_t n, uint64_t seed = 0,
+               ErrorCursor* errors = nullptr) {
+    std::vector<char> data(n);
+    FillPattern(data.data(), n, off, seed);
+    MemorySource src(data.data(), n);
+    return wb.Write(f, /*page_cache_writes=*/false, src, n, off, /*scratch=*/nullptr,
+                    errors != nullptr ? errors : &errors_);
+  }
+  // Checks [off, off + n) of the file against the pattern written with `seed`.
+  void ExpectPattern(const std::string& name, int64_t off, int64_t n, uint64_t seed = 0) {
+    std::vector<uint8_t> got = ReadWholeFile(Path(name));
+    ASSERT_GE(static_cast<int64_t>(got.size()), off + n) << name;
+    EXPECT_TRUE(MatchesPattern(got.data() + off, static_cast<size_t>(n), off, seed)) << name;
+  }
+
+  std::unique_ptr<PinnedPool> chunks_;
+  WriteBehindShared shared_;
+  ErrorCursor errors_;
+};
+
+// In a child process: a fresh engine and pool (the fixture's threads do not survive fork), a
+// WriteBehind acknowledging with `ack`, writes of `total` bytes in odd pieces, then _exit without
+// a drain -- the program that returns from write() and exits at once. Returns the child's status.
+int WriteAndExit(const std::string& path, Ack ack, int64_t total) {
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid > 0) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+      if (errno != EINTR) return -1;
+    }
+    return status;
+  }
+  HandleConfig c;
+  c.overlap_events = true;
+  auto engine = AioHandle::Create(c);
+  auto pool = PinnedPool::Create(kChunk + 4096, 4);
+  if (!engine.ok() || !pool.ok()) _exit(2);
+  std::shared_ptr<AioHandle> h(std::move(engine).value());
+  auto file = h->open_file(path, FileAccess::kReadWrite);
+  if (!file.ok()) _exit(3);
+  Counters counters;
+  WriteBehindShared shared;
+  shared.chunks = pool.value().get();
+  shared.write_chunk = kChunk;
+  shared.ack = ack;
+  shared.unaligned_extents = true;
+  shared.engine = [h] { return h; };
+  shared.counters = &counters;
+  auto* wb = new WriteBehind(&shared);  // never destroyed: the process ends under it
+  ErrorCursor errors;
+  std::vector<char> data(static_cast<size_t>(total));
+  FillPattern(data.data(), data.size(), 0);
+  for (int64_t off = 0; off < total;) {
+    const int64_t n = std::min<int64_t>(total - off, 700 * kKiB + 3);
+    MemorySource src(data.data() + off, static_cast<size_t>(n));
+    if (!wb->Write(file.value(), false, src, static_cast<size_t>(n), off, nullptr, &errors).ok()) {
+      _exit(4);
+    }
+    off += n;
+  }
+  _exit(0);
+}
+
+TEST_F(MemoryWriteBehindTest, ASubmittedWriteSurvivesTheWritersExit) {
+  // Writes that returned are in the kernel (the engine's Submitted notice): the kernel finishes
+  // them after the process is gone, as it does a write(2) that returned on ext4.
+  ASSERT_TRUE(Open("survives").valid());
+  const int64_t total = 5 * kMiB + 1234;
+  const int status = WriteAndExit(Path("survives"), Ack::kSubmitted, total);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ExpectPattern("survives", 0, total);
+}
+
+TEST_F(MemoryWriteBehindTest, AGatheredWriteDiesWithTheWriter) {
+  // The control for the test above: acknowledged when gathered (right for the daemon, which
+  // outlives its writers), the last extent is still in the dead process's memory.
+  ASSERT_TRUE(Open("lost").valid());
+  const int64_t total = 5 * kMiB + 1234;
+  const int status = WriteAndExit(Path("lost"), Ack::kGathered, total);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  std::vector<uint8_t> got = ReadWholeFile(Path("lost"));
+  const bool all_there =
+      static_cast<int64_t>(got.size()) == total && MatchesPattern(got.data(), got.size(), 0);
+  EXPECT_FALSE(all_there) << "the pending extent should have died with the process";
+}
+
+TEST_F(MemoryWriteBehindTest, UnalignedWritesGoBehindAndLandExactly) {
+  FileRef f = Open("unaligned");
+  WriteBehind wb(&shared_);
+  // A zip writer's pattern: small headers, then data, at offsets that are not page-aligned, and
+  // writes larger than an extent.
+  int64_t off = 0;
+  const size_t sizes[] = {30, 4096, 100, 3 * kMiB + 17, 1, 65536, 5000, 2 * kMiB};
+  for (size_t n : sizes) {
+    ASSERT_TRUE(Write(wb, f, off, n).ok()) << "at " << off;
+    off += static_cast<int64_t>(n);
+  }
+  ASSERT_TRUE(wb.Drain(&errors_).ok());
+  EXPECT_EQ(counters_.bytes_written_sync.load(), 0u) << "an unaligned start is not synchronous";
+  EXPECT_EQ(counters_.bytes_written_behind.load(), static_cast<uint64_t>(off));
+  ExpectPattern("unaligned", 0, off);
+}
+
+TEST_F(MemoryWriteBehindTest, AnOverlappingRewriteLandsAfterTheWriteItOverlaps) {
+  FileRef f = Open("overlap");
+  WriteBehind wb(&shared_);
+  // The first write's request reaches the kernel late; a rewrite of part of it (not continuing
+  // it) must not overtake it.
+  faults_.delay_offset = 64 * kKiB;
+  faults_.delay_ms = 200;
+  ASSERT_TRUE(Write(wb, f, 0, kMiB, /*seed=*/0).ok());
+  ASSERT_TRUE(Write(wb, f, 64 * kKiB + 10, 100 * kKiB, /*seed=*/7).ok());
+  ASSERT_TRUE(wb.Drain(&errors_).ok());
+  ExpectPattern("overlap", 0, 64 * kKiB + 10, 0);
+  ExpectPattern("overlap", 64 * kKiB + 10, 100 * kKiB, 7);
+  ExpectPattern("overlap", 164 * kKiB + 10, kMiB - 164 * kKiB - 10, 0);
+}
+
+TEST_F(MemoryWriteBehindTest, HooksSeeEveryFlushStartAndFinishOnce) {
+  FileRef f = Open("hooks");
+  std::atomic<int> started{0}, finished{0}, most{0};
+  FlushHooks hooks;
+  hooks.started = [&] {
+    const int now = started.fetch_add(1) + 1 - finished.load();
+    if (now > most.load()) most = now;
+  };
+  hooks.finished = [&] { finished.fetch_add(1); };
+  WriteBehind wb(&shared_, hooks);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Write(wb, f, i * 768 * kKiB, 768 * kKiB).ok());
+  ASSERT_TRUE(wb.Drain(&errors_).ok());
+  EXPECT_GE(started.load(), 8) << "each acknowledged write is flushed by itself";
+  EXPECT_EQ(started.load(), finished.load());
+  EXPECT_GE(most.load(), 1);
+  EXPECT_EQ(wb.inflight(), 0);
+}
+
+TEST_F(MemoryWriteBehindTest, CloseDrainsAndRefusesLaterWrites) {
+  FileRef f = Open("closed");
+  int finished = 0;
+  FlushHooks hooks;
+  hooks.finished = [&] { ++finished; };  // under the WriteBehind's mutex
+  WriteBehind wb(&shared_, hooks);
+  ASSERT_TRUE(Write(wb, f, 0, kMiB).ok());
+  wb.Close();
+  EXPECT_EQ(wb.inflight(), 0);
+  EXPECT_GE(finished, 1);
+  Status st = Write(wb, f, kMiB, 4096);
+  EXPECT_EQ(st.error_number(), EBADF) << st.ToString();
+  ExpectPattern("closed", 0, kMiB);
+}
+
+class MemoryWriteBehindErrorTest : public MemoryWriteBehindTest,
+                                   public ::testing::WithParamInterface<int> {};
+
+TEST_P(MemoryWriteBehindErrorTest, AFailedFlushReachesTheWriterOnce) {
+  FileRef f = Open("failing");
+  faults_.fail_errno = GetParam();
+  faults_.fail_offset = kMiB + 4096;
+  WriteBehind wb(&shared_);
+  ASSERT_TRUE(Write(wb, f, 0, kMiB).ok());
+  // The failing write may hear of its own error at once (a completion before the latch) or at
+  // the next call; either way exactly once.
+  int heard = 0;
+  for (Status st : {Write(wb, f, kMiB, kMiB), wb.Drain(&errors_), wb.Drain(&errors_)}) {
+    if (!st.ok()) {
+      EXPECT_EQ(st.error_number(), GetParam()) << st.ToString();
+      ++heard;
+    }
+  }
+  EXPECT_EQ(heard, 1);
+  // Another description opened before the failure hears of it too, once.
+  EXPECT_GT(faults_.injected.load(), 0u);
+  EXPECT_GE(counters_.errors.load(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Errnos, MemoryWriteBehindErrorTest, ::testing::Values(EIO, ENOSPC),
+                         [](const auto& info) { return info.param == EIO ? "EIO" : "ENOSPC"; });
+
+TEST_F(MemoryWriteBehindTest, ConcurrentWritersAndDrainsLoseNothing) {
+  FileRef f = Open("concurrent");
+  WriteBehind wb(&shared_);
+  constexpr int kThreads = 4;
+  constexpr int64_t kEach = 6 * kMiB;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ErrorCursor mine;
+      // Each thread its own region, in odd-sized pieces starting off the page.
+      int64_t off = t * kEach + 123;
+      const int64_t end = (t + 1) * kEach;
+      while (off < end) {
+        const auto n = static_cast<size_t>(std::min<int64_t>(end - off, 300 * kKiB + 7));
+        if (!Write(wb, f, off, n, 0, &mine).ok()) failures.fetch_add(1);
+        off += static_cast<int64_t>(n);
+        if (off % 3 == 0 && !wb.Drain(&mine).ok()) failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(wb.Drain(&errors_).ok());
+  EXPECT_EQ(failures.load(), 0);
+  for (int t = 0; t < kThreads; ++t) ExpectPattern("concurrent", t * kEach + 123, kEach - 123);
+}
+
+}  // namespace
+}  // namespace dnvme::datapath
