@@ -109,7 +109,7 @@ int WaitAndRaise(Handle& h) {
       msg += " (" + std::to_string(failed) + " of " + std::to_string(n) +
              " operations failed; this is the first)";
     }
-    throw IoFailure{first->status.error_number(), msg, first->path,
+    throw IoFailure{first->status.ErrnoOr(), msg, first->path,
                     first->error_offset >= 0 ? first->error_offset : first->file_offset};
   }
   return n;
@@ -126,7 +126,7 @@ py::list WaitResults(Handle& h) {
   }
   py::list out;
   for (const dnvme::OpResult& r : h.completed()) {
-    out.append(py::make_tuple(r.status.ok(), r.status.error_number(), r.status.message(), r.path,
+    out.append(py::make_tuple(r.status.ok(), r.status.ErrnoOr(), r.status.message(), r.path,
                               r.error_offset >= 0 ? r.error_offset : r.file_offset));
   }
   return out;

@@ -66,7 +66,7 @@ py::dict OutcomeDict(const CtlOpOutcome& o) {
   d["bytes"] = o.bytes;
   d["ok"] = o.status.ok();
   if (!o.status.ok()) {
-    const int err = o.status.error_number();
+    const int err = o.status.ErrnoOr();
     const char* name = strerrorname_np(err);
     py::dict e;
     e["code"] = name != nullptr ? std::string(name) : "E" + std::to_string(err);

@@ -22,7 +22,7 @@ struct IoFailure {
 };
 
 [[noreturn]] inline void ThrowStatus(const Status& st, const std::string& path, int64_t offset) {
-  throw IoFailure{st.error_number(), st.message(), path, offset};
+  throw IoFailure{st.ErrnoOr(), st.message(), path, offset};
 }
 
 // deepnvme._C.CtlClient (ctl_client.cc).

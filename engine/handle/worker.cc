@@ -429,7 +429,7 @@ bool Worker::SubmitBatch() {
     if (Status st = same.any ? Status::Ok() : SwitchThreadFsIdentity(same.who); !st.ok()) {
       for (size_t i = done; i < done + same.count; ++i) {
         Request& r = *static_cast<Request*>(batch_[i]->data);
-        r.run->SubmitFailed(r, st.error_number() != 0 ? st.error_number() : EPERM);
+        r.run->SubmitFailed(r, st.ErrnoOr(EPERM));
       }
       done += same.count;
       continue;

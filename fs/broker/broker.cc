@@ -101,7 +101,7 @@ void DiscardPending(int sock) {
 
 broker::Reply ErrorReply(const Status& st) {
   broker::Reply r;
-  r.error = st.error_number() != 0 ? st.error_number() : EIO;
+  r.error = st.ErrnoOr();
   std::snprintf(r.message, sizeof(r.message), "%s", st.message().c_str());
   return r;
 }

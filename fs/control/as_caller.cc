@@ -19,7 +19,7 @@ Result<std::unique_ptr<AsCaller>> AsCaller::Enter(const Caller& c) {
   auto scope = ScopedFsIdentity::Enter(IdentityOf(c));
   if (!scope.ok()) {
     const Status& st = scope.status();
-    return CtlError(st.error_number() != 0 ? st.error_number() : EPERM, st.message());
+    return CtlError(st.ErrnoOr(EPERM), st.message());
   }
   return std::unique_ptr<AsCaller>(new AsCaller(std::move(scope).value()));
 }

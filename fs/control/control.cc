@@ -121,7 +121,7 @@ json RecordJson(const CtlOpRecord& r) {
             {"length", r.length}, {"bytes", r.bytes_done},
             {"ok", r.status.ok()}};
   if (!r.status.ok()) {
-    const int err = r.status.error_number() ? r.status.error_number() : EIO;
+    const int err = r.status.ErrnoOr();
     j["error"] = {{"code", ErrnoName(err)}, {"errno", err}, {"message", r.status.message()}};
   }
   return j;

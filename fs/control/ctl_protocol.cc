@@ -359,7 +359,7 @@ std::string CtlOkResponse(const std::string& id_json, const std::string& body_js
 }
 
 std::string CtlErrorResponse(const std::string& id_json, const Status& error) {
-  const int err = error.error_number() != 0 ? error.error_number() : EIO;
+  const int err = error.ErrnoOr();
   json answer = {{"ok", false},
                  {"error",
                   {{"code", ErrnoName(err)},

@@ -21,7 +21,6 @@
 #include "fs/caps.h"
 #include "fs/control/virtual.h"
 #include "fs/fs.h"
-#include "fs/fuse/fuse_status.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 #include "fs/fuse/passthrough.h"
@@ -64,7 +63,7 @@ Caller CallerOf(fuse_req_t req) {
   return c;
 }
 
-void ReplyStatus(fuse_req_t req, const Status& st) { fuse_reply_err(req, ErrnoOf(st)); }
+void ReplyStatus(fuse_req_t req, const Status& st) { fuse_reply_err(req, st.ErrnoOr()); }
 
 void ReplyEntry(fuse_req_t req, const Result<fuse_entry_param>& e) {
   if (!e.ok()) return ReplyStatus(req, e.status());
@@ -116,7 +115,7 @@ ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
   auto id = ScopedFsIdentity::Enter(FsIdentity{c.uid, c.gid, c.groups});
   if (!id.ok()) {
     Logger().error("acting as uid {}: {}", c.uid, id.status().ToString());
-    err_ = id.status().error_number() != 0 ? id.status().error_number() : EPERM;
+    err_ = id.status().ErrnoOr(EPERM);
     return;
   }
   id_.emplace(std::move(id).value());
@@ -131,7 +130,7 @@ int ChargeOpen(fuse_req_t req, UidCharge* out) {
   if (!charge.ok()) {
     Logger().info("open by pid {} uid {} refused: {}", fuse_req_ctx(req)->pid, uid,
                   charge.status().ToString());
-    return ErrnoOf(charge.status());
+    return charge.status().ErrnoOr();
   }
   *out = std::move(charge).value();
   return 0;
@@ -191,7 +190,7 @@ int KillPrivs(fuse_req_t req, Inode& in, bool* killed) {
   if ((st.st_mode & (S_ISUID | S_ISGID)) == 0) return 0;
   const Caller c = CallerOf(req);
   auto dropped = DropSetIdForWriter(in.fd, c.gid, c.groups);
-  if (!dropped.ok()) return ErrnoOf(dropped.status());
+  if (!dropped.ok()) return dropped.status().ErrnoOr();
   if (killed != nullptr) *killed = dropped.value();
   return 0;
 }

@@ -1,8 +1,8 @@
 // What the FUSE op files (fs/fuse/ops_*.cc) share: the request's Fs, FileHandle and Caller, the
-// replies made from a Status or a Result (with ErrnoOf, the one place an error becomes an errno),
-// the control directory's refusals, the caller's umask for creates, handing a new object to its
-// caller, the set-user-ID rules of writes and truncates, and each loop thread's pinned scratch
-// buffer.
+// replies made from a Status or a Result (with Status::ErrnoOr, the one place an error becomes an
+// errno), the control directory's refusals, the caller's umask for creates, handing a new object
+// to its caller, the set-user-ID rules of writes and truncates, and each loop thread's pinned
+// scratch buffer.
 //
 // Thread contract: called on FUSE loop threads, inside a request's handler.
 #pragma once
@@ -40,7 +40,7 @@ inline FileHandle& Fh(fuse_file_info* fi) { return *reinterpret_cast<FileHandle*
 // from /proc/PID/task/TID/status -- a file read, so only for requests that need them (ctl).
 Caller CallerOf(fuse_req_t req);
 
-// Replies made from a Status or a Result: an error is answered with ErrnoOf(status) (EIO when it
+// Replies made from a Status or a Result: an error is answered with status.ErrnoOr() (EIO when it
 // carries no errno), a value with the matching fuse_reply_*.
 void ReplyStatus(fuse_req_t req, const Status& st);
 void ReplyEntry(fuse_req_t req, const Result<fuse_entry_param>& e);

@@ -22,7 +22,6 @@
 #include "fs/caps.h"
 #include "fs/control/virtual.h"
 #include "fs/fs.h"
-#include "fs/fuse/fuse_status.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 

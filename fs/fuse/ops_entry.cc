@@ -23,7 +23,6 @@
 #include "fs/caps.h"
 #include "fs/control/virtual.h"
 #include "fs/fs.h"
-#include "fs/fuse/fuse_status.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 
@@ -106,7 +105,7 @@ void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fu
     // Pending write-behind data -- the mount's, and a `dnvme run` client's -- must not land
     // after (and undo) the truncation.
     WaitForLeaseWrites(in, "the truncate", /*share_if_busy=*/true);
-    if (!err) err = ErrnoOf(in.wb.Drain(nullptr));
+    if (!err) err = in.wb.Drain(nullptr).ErrnoOr();
     in.ra.Invalidate();
     if (!err) {
       int rc =
@@ -133,7 +132,7 @@ void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fu
     // Write-behind flushes would move mtime after we set it: land them first.
     if (S_ISREG(in.type)) {
       WaitForLeaseWrites(in, "setting the times", /*share_if_busy=*/true);
-      err = ErrnoOf(in.wb.Drain(nullptr));
+      err = in.wb.Drain(nullptr).ErrnoOr();
     }
     if (!err) {
       int rc = fi ? futimens(Fh(fi).fd.get(), tv) : utimensat(AT_FDCWD, proc.c_str(), tv, 0);

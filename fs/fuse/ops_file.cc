@@ -1,6 +1,6 @@
 // FUSE ops on open files: open/create (the backing file registered with the engine once), read
 // and write through the data path (fs/data/data_path.cc), flush/release/fsync (which drain the
-// inode's write-behind), fallocate and lseek. Errors leave as errno only here (ErrnoOf).
+// inode's write-behind), fallocate and lseek. Errors leave as errno only here (Status::ErrnoOr).
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -24,7 +24,6 @@
 #include "fs/caps.h"
 #include "fs/control/virtual.h"
 #include "fs/fs.h"
-#include "fs/fuse/fuse_status.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 #include "fs/fuse/passthrough.h"
@@ -59,7 +58,7 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
         fs.Engine()->adopt_fd(fd.get(), access, access == FileAccess::kRead ? nullptr : write_as);
     if (!ref.ok()) {
       Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
-      return ref.status().error_number() ? ref.status().error_number() : EIO;
+      return ref.status().ErrnoOr();
     }
     fh->file = std::move(ref).value();
     fh->wb_errors = in.wb.Sample();
@@ -254,7 +253,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
         if (got.ok()) {
           fuse_reply_buf(req, got.value().data(), got.value().size());
         } else {
-          fuse_reply_err(req, ErrnoOf(got.status()));
+          fuse_reply_err(req, got.status().ErrnoOr());
         }
       })) {
     return;
@@ -267,7 +266,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   datapath::ReadReply reply;
   Result<int64_t> n = fs.Read(fh, scratch, size, off, &reply);
   if (!n.ok()) {
-    fuse_reply_err(req, ErrnoOf(n.status()));
+    fuse_reply_err(req, n.status().ErrnoOr());
   } else {
     fuse_reply_iov(req, reply.iov.data(), static_cast<int>(reply.iov.size()));
   }
@@ -308,8 +307,9 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
   // The payload as the transport received it: the pool its memory may be adopted from, if any.
   WriteSource src(bufv, transport ? transport->payload_pool() : nullptr);
   fh.inode->ra.Invalidate();
-  int err = ErrnoOf(
-      fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch, &fh.wb_errors));
+  int err =
+      fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch, &fh.wb_errors)
+          .ErrnoOr();
   if (!err) fh.wrote = true;
   // Bytes now in write-behind that a `dnvme run` client's direct transfer must not pass: it
   // drains before its next one (fs/broker/leases.h).
@@ -329,7 +329,7 @@ void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // nothing.
   FileHandle& fh = Fh(fi);
   int err =
-      S_ISREG(fh.inode->type) && fh.wrote ? ErrnoOf(fh.inode->wb.DrainAndPeek(fh.wb_errors)) : 0;
+      S_ISREG(fh.inode->type) && fh.wrote ? fh.inode->wb.DrainAndPeek(fh.wb_errors).ErrnoOr() : 0;
   fuse_reply_err(req, err);
 }
 
@@ -354,7 +354,7 @@ void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
   FileHandle& fh = Fh(fi);
   // Every description opened before a write-behind error hears of it at its fsync, once (as
   // Linux's errseq): a reader's too.
-  int err = S_ISREG(fh.inode->type) ? ErrnoOf(fh.inode->wb.Drain(&fh.wb_errors)) : 0;
+  int err = S_ISREG(fh.inode->type) ? fh.inode->wb.Drain(&fh.wb_errors).ErrnoOr() : 0;
   if (!err) {
     int rc = datasync ? fdatasync(fh.fd.get()) : fsync(fh.fd.get());
     if (rc != 0) err = errno;
@@ -367,7 +367,7 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
   if (RefuseVirtual(req, ino, EOPNOTSUPP)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.GetInode(ino);
-  int err = ErrnoOf(in.wb.Drain(nullptr));
+  int err = in.wb.Drain(nullptr).ErrnoOr();
   in.ra.Invalidate();
   if (!err) {
     // It allocates: as the caller, so a user stops at the space users may take (docs/security.md).
@@ -381,7 +381,7 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
 void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
   if (RefuseVirtual(req, ino, EINVAL)) return;
   Fs& fs = FsOf(req);
-  int err = ErrnoOf(fs.GetInode(ino).wb.Drain(nullptr));
+  int err = fs.GetInode(ino).wb.Drain(nullptr).ErrnoOr();
   if (err) {
     fuse_reply_err(req, err);
     return;

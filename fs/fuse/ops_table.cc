@@ -22,7 +22,6 @@
 #include "fs/caps.h"
 #include "fs/control/virtual.h"
 #include "fs/fs.h"
-#include "fs/fuse/fuse_status.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 
@@ -145,7 +144,7 @@ std::optional<ssize_t> SpliceReply(Fs& fs, int fd, const iovec* iov, int count) 
   Result<std::optional<size_t>> sent = std::optional<size_t>();  // no pipe free: written
   if (pipe) sent = SpliceMessage(*pipe, fd, iov, count);
   if (!sent.ok()) {  // the device refused the reply (ENOENT: the request was interrupted)
-    errno = ErrnoOf(sent.status());
+    errno = sent.status().ErrnoOr();
     return -1;
   }
   if (!sent.value()) {

@@ -133,8 +133,7 @@ void SessionLoop::Worker(size_t index) {
     Result<Received> got = Receive(index, r, &buf);
     if (!got.ok()) {
       Logger().error("{}", got.status().ToString());
-      const int err = got.status().error_number();
-      error_.store(err != 0 ? -err : -EIO);
+      error_.store(-got.status().ErrnoOr());
       fuse_session_exit(se_);
       break;
     }

@@ -72,6 +72,15 @@ class [[nodiscard]] Status {
   // The errno behind the failure; 0 for OK. Never 0 for an error (a non-syscall error carries the
   // closest errno, e.g. EINVAL for kInvalidArgument) so the FUSE edge can always answer with it.
   int error_number() const { return errno_; }
+  // The errno to hand out where dnvme meets errno (a FUSE reply, a control-file answer, the
+  // broker's wire, -errno from the C API): 0 for OK, else error_number(), or `fallback` when the
+  // error carries none (a Status built by hand with errno 0). EIO by default because a failure
+  // must never read as success (0) and EIO is what the kernel itself answers for an I/O it could
+  // not do for a reason it cannot name; callers refusing on a permission check pass EPERM.
+  int ErrnoOr(int fallback = EIO) const {
+    if (ok()) return 0;
+    return errno_ != 0 ? errno_ : fallback;
+  }
   const std::string& message() const { return message_; }
 
   // "OK" or "<CodeName>: <message>".

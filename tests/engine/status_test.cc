@@ -124,6 +124,30 @@ TEST(StatusTest, WithContextOnOkStaysOk) {
   EXPECT_EQ(st.error_number(), 0);
 }
 
+// ErrnoOr is what every edge (FUSE reply, control file, broker, Python) answers with.
+TEST(StatusTest, ErrnoOrIsZeroForOk) {
+  EXPECT_EQ(Status::Ok().ErrnoOr(), 0);
+  EXPECT_EQ(Status::Ok().ErrnoOr(EPERM), 0);  // a fallback never turns success into an error
+}
+
+TEST(StatusTest, ErrnoOrKeepsTheErrorsOwnErrno) {
+  EXPECT_EQ(Status::FromErrno(ENOSPC, "w").ErrnoOr(), ENOSPC);
+  EXPECT_EQ(Status::IoError(EACCES, "x").ErrnoOr(EPERM), EACCES);
+  EXPECT_EQ(Status::NotFound("x").ErrnoOr(), ENOENT);
+  EXPECT_EQ(Status::InvalidArgument("x").WithContext("ctx").ErrnoOr(), EINVAL);
+}
+
+TEST(StatusTest, ErrnoOrFallsBackWhenTheErrorCarriesNone) {
+  // A hand-built error without an errno must still read as a failure at the edge: EIO by
+  // default, the caller's fallback otherwise.
+  const Status none = Status::IoError(0, "no errno");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error_number(), 0);
+  EXPECT_EQ(none.ErrnoOr(), EIO);
+  EXPECT_EQ(none.ErrnoOr(EPERM), EPERM);
+  EXPECT_EQ(Status::ResourceExhausted(0, "pool").ErrnoOr(), EIO);
+}
+
 TEST(ResultTest, HoldsValue) {
   Result<int> r = 42;
   ASSERT_TRUE(r.ok());
