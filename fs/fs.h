@@ -1,13 +1,30 @@
 // The dnvmefs filesystem state: inodes, open files, the write-behind and read-ahead state, the
 // engine handle and the per-mount counters.
 //
-// Lock order (acquire in this order, never the reverse):
-//   1. Fs::inodes_mu_  (the inode table: lookup counts, the (dev, ino) map)
-//   2. an inode's WriteBehind or ReadAhead mutex (fs/data/; never both at once)
-//   3. PinnedPool's internal mutex (taken briefly by Acquire/TryAcquire/Return)
-// Engine completion callbacks run on engine worker threads and take only a level-2 mutex; the
-// FUSE threads never hold one while waiting for the engine except through a condition variable
-// wait (which releases it), so a callback can always make progress.
+// Lock order: the one list for the daemon (docs/architecture.md points here). Acquire outer to
+// inner, never the reverse; locks on one line are never held together.
+//   1. Fs::handles_mu_: held with another lock only by ~Fs, which deletes the handles the kernel
+//      never released (a ctl session's teardown then takes 2 and below); otherwise a leaf.
+//   2. CtlSession::mu_ (fs/control/control.h; held for a whole request, which reaches the core
+//      through ControlCore: 3-5) | VirtualFile::m (a stats/config snapshot: Fs::StatsJson and
+//      Fs::EngineConfig, 3 and 5) | an inode's OpenModes::mu (fs/fuse/passthrough.cc BeginOpen:
+//      the first passthrough open drains write-behind and drops read-ahead under it, 4).
+//   3. CtlSession::queue_mu_ (CtlSession::Run hands its answer over under mu_; Enqueue's starter
+//      takes UidLanes::mu_ under it) | Fs::reconfig_mu_ (SetEngineConfig and StatsJson read or
+//      swap the engine under it, and destroying a retired engine waits for callbacks that take 4).
+//   4. an inode's WriteBehind::m_ | ReadAhead::m_ (fs/data/; never both: OpWriteBuf drops the
+//      window before it writes, Fs::Read drains before it reads). A flush or fetch takes 5
+//      under it: the engine pointer (Fs::Engine, engine_mu_), pinned and pipe pool leases, the
+//      splice workers' queue and the engine's worker queue (submit).
+//   5. leaves, nothing taken under them: Fs::engine_mu_, Fs::inodes_mu_ (an Inode is destroyed
+//      after it is released, fs/fuse/inode_table.cc Forget), Fs::ctl_engines_mu_, CtlHandle::m,
+//      UidLimits/UidLanes, PreloadLeases and Broker mutexes, the Pinned/Pipe/RequestBuffer pools,
+//      SessionLoop::mu_.
+// Engine and splice-writer completion callbacks take only a level-4 mutex (or CtlHandle::m);
+// nothing holds one while waiting for the engine except through a condition variable wait
+// (which releases it), so a callback can always make progress. The exception is a submit that
+// finds an engine worker's slice queue full (Worker::kQueueCapacity): it waits for that worker
+// under 4, so the slices in flight must stay below it (pools far smaller at sane sizes).
 //
 // Inode lifetime follows the kernel's lookup count (like libfuse's passthrough_hp): an inode is
 // created on the first lookup of a (dev, ino) pair, each reply that hands the kernel an entry

@@ -24,7 +24,8 @@
 // Thread contract: a session runs its requests one at a time, in the order they were queued (mu_);
 // different sessions run in parallel. Enqueue, Read and RunQueued take only queue_mu_, never for
 // long, so a FUSE thread serving a write or a read never waits for a request that is running.
-// Lock order: mu_, then queue_mu_, then the lanes' own (Enqueue's `start` runs under queue_mu_).
+// Lock order (fs/fs.h): mu_, then queue_mu_, then the lanes' own (Enqueue's `start` runs under
+// queue_mu_).
 // Completion callbacks of a session's asynchronous transfers run on engine workers and only touch
 // the per-handle record list under its own mutex. Coherence work (draining the mount's
 // write-behind, invalidating read-ahead and the kernel's page cache) runs on the thread serving the

@@ -31,7 +31,7 @@
 // (fs/caps.h); the backing file is then opened by the kernel with the daemon's credentials.
 //
 // Thread contract: BeginOpen/EndOpen from any FUSE handler; an inode's counts are guarded by its
-// OpenModes::mu (lock order: after Fs::inodes_mu_, before the inode's WriteBehind/ReadAhead).
+// OpenModes::mu (lock order, fs/fs.h: level 2, before the inode's WriteBehind/ReadAhead).
 #pragma once
 
 #include <fuse_lowlevel.h>
