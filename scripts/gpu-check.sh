@@ -24,7 +24,7 @@
 # repository root. Every log goes under $OUT (default /tmp/gpu-check-out), seven files at most:
 #   summary.txt  every step with PASS/FAIL/SKIP/TIMEOUT, its time and the headline lines
 #   env.log      nvidia-smi, the driver, kernel, disk, FUSE, nvidia-fs, cuFile, Python, ldd
-#   gtest.log    gpu_tests (tests/gpu: the fake-cuFile cases and the real-device cases)
+#   gtest.log    gpu_tests (tests/engine/gpu: the fake-cuFile cases and the real-device cases)
 #                and `dnvme report`
 #   pyext.log    the build of deepnvme._C for this machine's python3
 #   pytest.log   tests/python/test_gpu.py (python3 with CUDA torch)

@@ -1,5 +1,5 @@
 // Shared by the data path's unit tests (WriteBehind, ReadAhead; tests/datapath/, and
-// tests/fs/write_behind_test.cc with the FUSE transport's sources): an engine whose libaio backend
+// tests/fs/transport/write_source_test.cc with the FUSE transport's sources): an engine whose libaio backend
 // can fail completions on demand (the engine's backend seam, engine/aio/backend.h), scratch
 // files, and counters. No mount, no FUSE session.
 //

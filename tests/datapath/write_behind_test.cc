@@ -5,7 +5,7 @@
 // hooks see every flush start and finish once; Close refuses later writes; errors injected through
 // the engine's backend seam (EIO, ENOSPC) reach the writer once; concurrent writers and drains lose
 // nothing. The mount's sources (adopted request buffers, spliced pipes) are tested with the
-// transport in tests/fs/write_behind_test.cc.
+// transport in tests/fs/transport/write_source_test.cc.
 #include "datapath/write_behind.h"
 
 #include <gtest/gtest.h>

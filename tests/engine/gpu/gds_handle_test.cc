@@ -1,7 +1,8 @@
 // GdsHandle without a GPU: the host copy engine stands in for device memory (every byte still
 // goes through the handle's chunking, staging slots and libaio on real files) and a fake
-// libcufile (tests/gpu/fake_cufile.cc), loaded with dlopen like the real library, stands in for
-// GPUDirect Storage. tests/gpu/cuda_test.cc covers the real CUDA device where there is one.
+// libcufile (tests/engine/gpu/fake_cufile.cc), loaded with dlopen like the real library, stands in
+// for GPUDirect Storage. tests/engine/gpu/cuda_test.cc covers the real CUDA device where there is
+// one.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 

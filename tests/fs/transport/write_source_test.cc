@@ -1,4 +1,4 @@
-// WriteBehind (datapath/write_behind.h) without a mount: extents of each kind (pinned chunk,
+// WriteBehind (datapath/write_behind.h) with the FUSE transport's sources (WriteSource), without a mount: extents of each kind (pinned chunk,
 // spliced pipe, adopted request buffer) land exactly; ordering (a synchronous write waits for
 // earlier data, an overlapping extent for the flight before it); short completions are
 // continued; EIO and ENOSPC injected through the engine's backend seam become the sticky error,
