@@ -1,11 +1,16 @@
-// The mount's options (fs/options.h): the per-uid limits' defaults, which scale with the machine,
-// their parsing, their range checks and their usage lines.
+// The mount's options (fs/options.h): the command line's flags and arguments, every -o option's
+// parsing, default, range check and error message, the size suffixes, -o lists (several -o, escaped
+// commas, config= under explicit keys), what goes to libfuse, and the per-uid limits' defaults,
+// which scale with the machine.
 #include "fs/options.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +18,13 @@
 
 namespace dnvme::fs {
 namespace {
+
+Result<MountOptions> ParseArgs(std::vector<std::string> args) {
+  args.insert(args.begin(), "dnvmefs");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return ParseMountOptions(static_cast<int>(argv.size()), argv.data());
+}
 
 Result<MountOptions> Parse(const std::string& opts) {
   std::vector<std::string> args = {"dnvmefs", "/backing", "/mnt"};
@@ -88,6 +100,287 @@ TEST(MountOptionsLimits, UsageNamesEveryLimit) {
                           "max_files_per_uid=", "broker_max_conns_per_uid="}) {
     EXPECT_NE(usage.find(key), std::string::npos) << key;
   }
+}
+
+// The error of `opts`, which must be refused; its message must name `want`.
+void ExpectRefused(const std::string& opts, const std::string& want) {
+  auto o = Parse(opts);
+  ASSERT_FALSE(o.ok()) << opts << " was accepted";
+  EXPECT_EQ(o.status().code(), Status::Code::kInvalidArgument) << opts;
+  EXPECT_NE(o.status().message().find(want), std::string::npos)
+      << opts << ": " << o.status().message() << " (expected it to name '" << want << "')";
+}
+
+TEST(MountOptionsDefaults, DataPathAndTransport) {
+  auto o = Parse("");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->backing, "/backing");
+  EXPECT_EQ(o->mountpoint, "/mnt");
+  EXPECT_FALSE(o->foreground || o->debug || o->single_thread || o->nonempty);
+  EXPECT_FALSE(o->show_help || o->show_version);
+  EXPECT_EQ(o->write_behind, 64 << 20);
+  EXPECT_EQ(o->write_chunk, 8 << 20);
+  EXPECT_EQ(o->read_ahead, 16 << 20);
+  EXPECT_EQ(o->direct_io, DirectIo::kWritable);
+  EXPECT_FALSE(o->splice_read.has_value());
+  EXPECT_FALSE(o->SpliceRequests()) << "direct_io=writable turns request splicing off";
+  EXPECT_TRUE(o->preload);
+  EXPECT_FALSE(o->splice_reply);
+  EXPECT_FALSE(o->async_reply);
+  EXPECT_FALSE(o->clone_fd);
+  EXPECT_FALSE(o->io_uring);
+  EXPECT_EQ(o->loop_threads, 32);
+  EXPECT_EQ(o->uring_threads, 4);
+  EXPECT_EQ(o->max_request, kMaxFuseRequestBytes);
+  EXPECT_EQ(o->max_read, o->max_request) << "max_read follows max_request when not given";
+  EXPECT_EQ(o->passthrough, Passthrough::kRead);
+  EXPECT_EQ(o->log_level, "info");
+  EXPECT_TRUE(o->log_file.empty());
+  EXPECT_TRUE(o->fuse_opts.empty());
+  EXPECT_EQ(o->engine, HandleConfig());
+}
+
+TEST(MountOptionsFlags, ForegroundDebugSingleThread) {
+  auto o = ParseArgs({"-f", "-s", "/b", "/m"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o->foreground);
+  EXPECT_TRUE(o->single_thread);
+  EXPECT_FALSE(o->debug);
+  auto d = ParseArgs({"/b", "-d", "/m", "-o", "log_level=error"});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->debug);
+  EXPECT_TRUE(d->foreground) << "-d implies the foreground";
+  EXPECT_EQ(d->log_level, "debug") << "-d wins over log_level=";
+  auto dd = ParseArgs({"--debug", "/b", "/m"});
+  ASSERT_TRUE(dd.ok());
+  EXPECT_TRUE(dd->debug);
+}
+
+TEST(MountOptionsFlags, HelpAndVersionNeedNoDirectories) {
+  for (const char* f : {"-h", "--help"}) {
+    auto o = ParseArgs({f});
+    ASSERT_TRUE(o.ok()) << f << ": " << o.status().ToString();
+    EXPECT_TRUE(o->show_help);
+  }
+  for (const char* f : {"-V", "--version"}) {
+    auto o = ParseArgs({f, "only-one"});
+    ASSERT_TRUE(o.ok()) << f << ": " << o.status().ToString();
+    EXPECT_TRUE(o->show_version);
+  }
+}
+
+TEST(MountOptionsFlags, BadCommandLines) {
+  auto unknown = ParseArgs({"-x", "/b", "/m"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown flag '-x'"), std::string::npos)
+      << unknown.status().message();
+  auto no_arg = ParseArgs({"/b", "/m", "-o"});
+  ASSERT_FALSE(no_arg.ok());
+  EXPECT_NE(no_arg.status().message().find("-o needs an argument"), std::string::npos);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{}, {"/b"}, {"/b", "/m", "/extra"}}) {
+    auto o = ParseArgs(args);
+    ASSERT_FALSE(o.ok()) << args.size() << " arguments accepted";
+    EXPECT_NE(o.status().message().find("got " + std::to_string(args.size()) + " argument"),
+              std::string::npos)
+        << o.status().message();
+  }
+}
+
+TEST(MountOptionsFlags, RelativeDirectoriesBecomeAbsolute) {
+  char cwd[PATH_MAX];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  auto o = ParseArgs({".", "no-such-dir-here"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->backing, std::string(cwd));
+  // A name realpath cannot resolve is kept as given, for CheckDirectories to report.
+  EXPECT_EQ(o->mountpoint, "no-such-dir-here");
+}
+
+TEST(MountOptionsSizes, SuffixesArePowersOf1024) {
+  auto o = Parse("write_behind=1G,write_chunk=64k,read_ahead=2M,max_request=512K,max_read=8192");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->write_behind, int64_t{1} << 30);
+  EXPECT_EQ(o->write_chunk, 64 << 10);
+  EXPECT_EQ(o->read_ahead, 2 << 20);
+  EXPECT_EQ(o->max_request, 512 << 10);
+  EXPECT_EQ(o->max_read, 8192);
+  auto mib = Parse("ctl_max_bytes=3MiB,ctl_max_pinned=1g");
+  ASSERT_TRUE(mib.ok()) << mib.status().ToString();
+  EXPECT_EQ(mib->ctl_max_bytes, 3 << 20);
+  EXPECT_EQ(mib->ctl_max_pinned, int64_t{1} << 30);
+}
+
+TEST(MountOptionsSizes, BadSizesNameTheOption) {
+  ExpectRefused("write_behind=12Q", "option 'write_behind'");
+  ExpectRefused("write_behind=-1", "negative");
+  ExpectRefused("read_ahead=", "option 'read_ahead' needs a value");
+  ExpectRefused("write_chunk", "option 'write_chunk' needs a value");
+  ExpectRefused("ctl_max_bytes=lots", "not a number");
+  ExpectRefused("write_behind=99999999999999999999", "too large");
+}
+
+TEST(MountOptionsRanges, EachBoundIsCheckedWithItsMessage) {
+  ExpectRefused("loop_threads=0", "option 'loop_threads' must be 1..64");
+  ExpectRefused("loop_threads=65", "option 'loop_threads' must be 1..64");
+  ExpectRefused("loop_threads=x", "option 'loop_threads': 'x' is not an integer");
+  ExpectRefused("uring_threads=0", "option 'uring_threads' must be 1..64");
+  ExpectRefused("uring_threads=65", "option 'uring_threads' must be 1..64");
+  ExpectRefused("max_request=2K", "option 'max_request' must be whole 4 KiB pages");
+  ExpectRefused("max_request=17M", "option 'max_request' must be whole 4 KiB pages");
+  ExpectRefused("max_request=5000", "option 'max_request' must be whole 4 KiB pages");
+  ExpectRefused("max_read=2K", "option 'max_read' must be from 4K to 4G-1");
+  ExpectRefused("max_read=4G", "option 'max_read' must be from 4K to 4G-1");
+  ExpectRefused("read_ahead=5000", "option 'read_ahead' must be a multiple of 4096");
+  ExpectRefused("ctl_max_handles=-1", "option 'ctl_max_handles' must be 0..4096");
+  ExpectRefused("max_files_per_uid=1073741825", "option 'max_files_per_uid' must be 1..");
+  // The bounds themselves are accepted.
+  auto o = Parse(
+      "loop_threads=1,uring_threads=64,max_request=16M,max_read=4K,read_ahead=0,"
+      "ctl_max_handles=4096,max_files_per_uid=1");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->loop_threads, 1);
+  EXPECT_EQ(o->uring_threads, 64);
+  EXPECT_EQ(o->max_request, kMaxRequestLimit);
+  EXPECT_EQ(o->max_read, 4096);
+  EXPECT_EQ(o->read_ahead, 0);
+  auto top = Parse("loop_threads=64");
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(top->loop_threads, kMaxFuseThreads);
+}
+
+TEST(MountOptionsBooleans, EveryFormAndTheBareOption) {
+  auto o = Parse("preload=0,splice_reply=yes,async_reply=true,clone_fd=1,splice_read=no");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_FALSE(o->preload);
+  EXPECT_TRUE(o->splice_reply);
+  EXPECT_TRUE(o->async_reply);
+  EXPECT_TRUE(o->clone_fd);
+  ASSERT_TRUE(o->splice_read.has_value());
+  EXPECT_FALSE(*o->splice_read);
+  EXPECT_FALSE(o->SpliceRequests());
+  auto bare = Parse("io_uring,splice_read");
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_TRUE(bare->io_uring) << "a bare boolean option means true";
+  EXPECT_TRUE(bare->SpliceRequests());
+  ExpectRefused("preload=maybe", "option 'preload': 'maybe' is not a boolean");
+  ExpectRefused("io_uring=2", "option 'io_uring'");
+}
+
+TEST(MountOptionsNames, DirectIoAndPassthrough) {
+  const std::pair<const char*, DirectIo> direct[] = {
+      {"off", DirectIo::kOff}, {"wronly", DirectIo::kWriteOnly}, {"writable", DirectIo::kWritable}};
+  for (const auto& [name, want] : direct) {
+    auto o = Parse(std::string("direct_io=") + name);
+    ASSERT_TRUE(o.ok()) << name << ": " << o.status().ToString();
+    EXPECT_EQ(o->direct_io, want) << name;
+    EXPECT_STREQ(DirectIoName(want), name);
+  }
+  // Without direct_io=writable, requests are spliced by default.
+  auto off = Parse("direct_io=off");
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(off->SpliceRequests());
+  ExpectRefused("direct_io=on", "option 'direct_io': 'on' is not one of off, wronly, writable");
+  ExpectRefused("direct_io", "is not one of");
+
+  const std::pair<const char*, Passthrough> pass[] = {{"off", Passthrough::kOff},
+                                                      {"direct", Passthrough::kDirect},
+                                                      {"read", Passthrough::kRead},
+                                                      {"all", Passthrough::kAll}};
+  for (const auto& [name, want] : pass) {
+    auto o = Parse(std::string("passthrough=") + name);
+    ASSERT_TRUE(o.ok()) << name << ": " << o.status().ToString();
+    EXPECT_EQ(o->passthrough, want) << name;
+    EXPECT_STREQ(PassthroughName(want), name);
+  }
+  auto zero = Parse("passthrough=0");
+  ASSERT_TRUE(zero.ok());
+  EXPECT_EQ(zero->passthrough, Passthrough::kOff) << "passthrough=0 is off";
+  ExpectRefused("passthrough=1", "option 'passthrough': '1' is not one of off, direct, read, all");
+}
+
+TEST(MountOptionsLogging, LevelFileAndNonempty) {
+  for (const char* level : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    auto o = Parse(std::string("log_level=") + level);
+    ASSERT_TRUE(o.ok()) << level;
+    EXPECT_EQ(o->log_level, level);
+  }
+  ExpectRefused("log_level=loud", "option 'log_level': 'loud' is not one of trace");
+  ExpectRefused("log_level", "option 'log_level'");
+  ExpectRefused("log_file=", "option 'log_file' needs a path");
+  auto o = Parse("log_file=/tmp/x.log,nonempty");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->log_file, "/tmp/x.log");
+  EXPECT_TRUE(o->nonempty);
+  EXPECT_TRUE(o->fuse_opts.empty()) << "nonempty is ours, not libfuse's";
+}
+
+TEST(MountOptionsLists, UnknownOptionsGoToFuseInOrder) {
+  auto o = Parse("allow_other,fsname=dn,write_behind=0,max_background=64,ro");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->fuse_opts,
+            (std::vector<std::string>{"allow_other", "fsname=dn", "max_background=64", "ro"}));
+  EXPECT_EQ(o->write_behind, 0);
+}
+
+TEST(MountOptionsLists, SeveralDashOAttachedFormsEscapesAndEmptyItems) {
+  auto o = ParseArgs({"/b", "/m", "-o", "loop_threads=2,,", "-oread_ahead=4K", "-o",
+                      "fsname=a\\,b,loop_threads=3"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->loop_threads, 3) << "the last one given wins";
+  EXPECT_EQ(o->read_ahead, 4096) << "-oKEY=VALUE, attached";
+  EXPECT_EQ(o->fuse_opts, std::vector<std::string>{"fsname=a,b"}) << "a backslash escapes a comma";
+}
+
+TEST(MountOptionsWriteBehind, ChunkFollowsASmallPoolAndTheirRules) {
+  auto small = Parse("write_behind=4M");
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  EXPECT_EQ(small->write_chunk, 2 << 20) << "two chunks of half the pool";
+  auto odd = Parse("write_behind=12K");  // half of it rounded down to whole pages
+  ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+  EXPECT_EQ(odd->write_chunk, 4096);
+  ExpectRefused("write_behind=4M,write_chunk=3M", "must hold at least two write_chunk buffers");
+  ExpectRefused("write_chunk=5000", "option 'write_chunk' must be a positive multiple of 4096");
+  ExpectRefused("write_behind=4K", "option 'write_chunk' must be a positive multiple of 4096");
+  auto off = Parse("write_behind=0,write_chunk=5000");
+  ASSERT_TRUE(off.ok()) << "write_behind=0 disables the chunk checks: " << off.status().ToString();
+}
+
+TEST(MountOptionsConflicts, TransportsThatDoNotMix) {
+  ExpectRefused("clone_fd=1,max_request=2M", "option 'max_request' above 1M needs");
+  ExpectRefused("io_uring=1,clone_fd=1", "options 'io_uring' and 'clone_fd'");
+  ExpectRefused("io_uring=1,async_reply=1", "option 'async_reply' needs /dev/fuse");
+  EXPECT_TRUE(Parse("clone_fd=1,max_request=1M").ok());
+  EXPECT_TRUE(Parse("io_uring=1,max_request=2M").ok());
+}
+
+TEST(MountOptionsEngine, KeysAndConfigFileWithExplicitKeysWinning) {
+  auto o = Parse("block_size=64K,queue_depth=16,single_submit");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->engine.block_size, 64 << 10);
+  EXPECT_EQ(o->engine.queue_depth, 16);
+  EXPECT_TRUE(o->engine.single_submit);
+  EXPECT_TRUE(o->fuse_opts.empty()) << "engine keys leaked to libfuse";
+  ExpectRefused("queue_depth=0", "engine options");
+  ExpectRefused("queue_depth=many", "option 'queue_depth'");
+
+  char path[] = "/tmp/dnvme-options-test-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  {
+    std::ofstream f(path);
+    f << R"({"block_size": "256K", "queue_depth": 8})";
+  }
+  // config= is read first wherever it appears: the explicit key after it and before it win.
+  auto c = Parse(std::string("queue_depth=32,config=") + path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->engine.block_size, 256 << 10);
+  EXPECT_EQ(c->engine.queue_depth, 32);
+  unlink(path);
+  ExpectRefused("config=", "option 'config' needs a file name");
+  auto missing = Parse("config=/nonexistent/dnvme.json");
+  EXPECT_FALSE(missing.ok());
 }
 
 }  // namespace
