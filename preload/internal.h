@@ -1,4 +1,6 @@
-// What the stdio interposers (stdio.cc) use of libdnvme_preload.so's core (preload.cc).
+// What the stdio interposers (stdio.cc) use of libdnvme_preload.so's core; interposers.cc uses
+// them too. Defined in settings.cc (IsLarge), transfer.cc (DirectAtOffset) and
+// descriptor_table.cc (the rest).
 //
 // Thread contract: every function is thread-safe, as the interposed functions are.
 #ifndef DNVME_PRELOAD_INTERNAL_H_

@@ -1,0 +1,32 @@
+// What this process did (counters.h).
+#include "preload/counters.h"
+
+namespace dnvme::preload {
+namespace {
+
+// A namespace-scope object (constant-initialised atomics): counted from the first interposed
+// call on, whatever the order of static initialisation.
+Counters g_counters;
+
+}  // namespace
+
+Counters& ProcessCounters() { return g_counters; }
+
+void Counters::Reset() {
+  for (auto* c : {&adopted, &refused, &reads, &writes, &bytes_read, &bytes_written, &drains,
+                  &invalidations, &errors, &stale, &ahead_bytes}) {
+    c->store(0);
+  }
+}
+
+std::string Counters::JsonLine(pid_t pid) const {
+  auto v = [](const std::atomic<uint64_t>& a) { return std::to_string(a.load()); };
+  return "{\"pid\": " + std::to_string(pid) + ", \"adopted\": " + v(adopted) +
+         ", \"refused\": " + v(refused) + ", \"reads\": " + v(reads) +
+         ", \"writes\": " + v(writes) + ", \"bytes_read\": " + v(bytes_read) +
+         ", \"bytes_written\": " + v(bytes_written) + ", \"drains\": " + v(drains) +
+         ", \"invalidations\": " + v(invalidations) + ", \"errors\": " + v(errors) +
+         ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(ahead_bytes) + "}\n";
+}
+
+}  // namespace dnvme::preload

@@ -1,0 +1,32 @@
+// What this process did, for the stats line DNVME_PRELOAD_STATS asks for (docs/preload.md).
+//
+// Thread contract: the counters are relaxed atomics, bumped from any thread without a lock;
+// Reset() is for a forked child (one thread) only.
+#ifndef DNVME_PRELOAD_COUNTERS_H_
+#define DNVME_PRELOAD_COUNTERS_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace dnvme::preload {
+
+struct Counters {
+  std::atomic<uint64_t> adopted{0}, refused{0}, reads{0}, writes{0};
+  std::atomic<uint64_t> bytes_read{0}, bytes_written{0}, drains{0}, invalidations{0};
+  std::atomic<uint64_t> errors{0}, stale{0}, ahead_bytes{0};
+
+  // Zeroes every counter: a forked child's stats line says what the child did.
+  void Reset();
+  // The stats line of process `pid`: one JSON object and a newline.
+  std::string JsonLine(pid_t pid) const;
+};
+
+// This process's counters.
+Counters& ProcessCounters();
+
+}  // namespace dnvme::preload
+
+#endif  // DNVME_PRELOAD_COUNTERS_H_

@@ -1,0 +1,54 @@
+// The library's settings (settings.h).
+#include "preload/settings.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "dnvme/log.h"
+#include "preload/internal.h"
+
+namespace dnvme::preload {
+
+const Settings& PreloadSettings() {
+  static Settings s = [] {
+    Settings v;
+    if (const char* e = getenv("DNVME_PRELOAD_DISABLE"); e && *e && std::strcmp(e, "0") != 0) {
+      v.enabled = false;
+    }
+    if (const char* e = getenv("DNVME_PRELOAD_MIN_BYTES"); e && *e) {
+      char* end = nullptr;
+      long long n = std::strtoll(e, &end, 10);
+      if (end && *end == '\0' && n > 0) v.min_bytes = n;
+    }
+    if (const char* e = getenv("DNVME_PRELOAD_MOUNTS"); e && *e) {
+      std::string all(e);
+      size_t start = 0;
+      while (start <= all.size()) {
+        size_t colon = all.find(':', start);
+        if (colon == std::string::npos) colon = all.size();
+        std::string m = all.substr(start, colon - start);
+        while (m.size() > 1 && m.back() == '/') m.pop_back();
+        if (!m.empty()) v.mounts.push_back(m);
+        start = colon + 1;
+      }
+    }
+    if (const char* e = getenv("DNVME_PRELOAD_READAHEAD"); e && *e) {
+      char* end = nullptr;
+      long long n = std::strtoll(e, &end, 10);
+      if (end && *end == '\0' && n >= 0) v.readahead = n;
+    }
+    if (const char* e = getenv("DNVME_PRELOAD_STATS"); e && *e) v.stats_file = e;
+    if (const char* e = getenv("DNVME_PRELOAD_CONFIG"); e && *e) v.config_file = e;
+    if (const char* e = getenv("DNVME_PRELOAD_LOG"); e && *e) {
+      (void)dnvme::SetLogLevel(e);
+    } else {
+      (void)dnvme::SetLogLevel("warn");
+    }
+    return v;
+  }();
+  return s;
+}
+
+bool IsLarge(size_t n) { return static_cast<int64_t>(n) >= PreloadSettings().min_bytes; }
+
+}  // namespace dnvme::preload

@@ -1,0 +1,29 @@
+// The library's settings: the DNVME_PRELOAD_* environment `dnvme run` sets (docs/preload.md).
+//
+// Thread contract: PreloadSettings() is thread-safe; the environment is read once (at load, by
+// the constructor in interposers.cc, or at the first call) and the settings never change after.
+#ifndef DNVME_PRELOAD_SETTINGS_H_
+#define DNVME_PRELOAD_SETTINGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dnvme::preload {
+
+struct Settings {
+  bool enabled = true;              // DNVME_PRELOAD_DISABLE=1 turns everything off
+  int64_t min_bytes = 128 << 10;    // DNVME_PRELOAD_MIN_BYTES: smaller transfers stay libc's
+  std::vector<std::string> mounts;  // DNVME_PRELOAD_MOUNTS (':'-separated); empty: every mount
+  std::string stats_file;           // DNVME_PRELOAD_STATS: a JSON line per process at exit
+  std::string config_file;          // DNVME_PRELOAD_CONFIG: the engine's HandleConfig
+  int64_t readahead = 32 << 20;     // DNVME_PRELOAD_READAHEAD: bytes of read-ahead buffers; 0 off
+};
+
+// The settings, read from the environment at the first call (which also sets the log level,
+// DNVME_PRELOAD_LOG, default warn).
+const Settings& PreloadSettings();
+
+}  // namespace dnvme::preload
+
+#endif  // DNVME_PRELOAD_SETTINGS_H_
