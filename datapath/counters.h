@@ -26,6 +26,16 @@ struct Counters {
   // Part of bytes_written_behind written by the engine straight from the buffer the source
   // handed over (ExtentSource::Adopt), without a copy into a chunk.
   std::atomic<uint64_t> bytes_written_adopted{0};
+
+  // Zeroes every counter (a forked `dnvme run` child counts what it does itself).
+  void Reset() {
+    for (auto* c :
+         {&write_ops, &read_ops, &bytes_written_behind, &bytes_written_sync, &bytes_read_ahead_hit,
+          &bytes_read_engine, &write_behind_flushes, &read_ahead_fetches, &errors,
+          &bytes_written_spliced, &bytes_splice_fallback, &bytes_written_adopted}) {
+      c->store(0, std::memory_order_relaxed);
+    }
+  }
 };
 
 }  // namespace dnvme::datapath

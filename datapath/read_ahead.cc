@@ -8,7 +8,8 @@ namespace dnvme::datapath {
 size_t ReadReply::CopyTo(char* dst) const {
   size_t at = 0;
   for (const struct iovec& v : iov) {
-    std::memcpy(dst + at, v.iov_base, v.iov_len);
+    // A piece Read put in the caller's buffer is already in place.
+    if (v.iov_base != dst + at) std::memcpy(dst + at, v.iov_base, v.iov_len);
     at += v.iov_len;
   }
   return at;
@@ -74,12 +75,12 @@ void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size
     shared_->counters->read_ahead_fetches.fetch_add(1, std::memory_order_relaxed);
     Status st = engine->submit_pread(chunk->buf->data(), chunk->length, file, chunk->offset,
                                      [this, chunk](const OpResult& r) {
-                                       {
-                                         std::lock_guard g(m_);
-                                         chunk->status = r.status;
-                                         chunk->ready = true;
-                                         --inflight_;
-                                       }
+                                       // Notified under the mutex: Quiesce may return once
+                                       // inflight_ is 0, and the object go with it.
+                                       std::lock_guard g(m_);
+                                       chunk->status = r.status;
+                                       chunk->ready = true;
+                                       --inflight_;
                                        cv_.notify_all();
                                      });
     if (!st.ok()) {

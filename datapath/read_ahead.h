@@ -62,7 +62,8 @@ struct RaChunk {
 struct ReadReply {
   std::vector<struct iovec> iov;
   std::vector<std::shared_ptr<RaChunk>> pins;
-  // Copies the pieces, in order, to `dst`; returns the bytes copied.
+  // Copies the pieces, in order, to `dst` (a piece already at its place there stays); returns
+  // the bytes the pieces hold.
   size_t CopyTo(char* dst) const;
   // The bytes the pieces hold.
   int64_t bytes() const;

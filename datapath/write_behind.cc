@@ -99,10 +99,10 @@ void WriteBehind::FinishFlushLocked(const Status& st, bool adopted) {
 }
 
 void WriteBehind::FinishFlush(const Status& st, bool adopted) {
-  {
-    std::lock_guard g(m_);
-    FinishFlushLocked(st, adopted);
-  }
+  std::lock_guard g(m_);
+  FinishFlushLocked(st, adopted);
+  // Notified under the mutex: a drain that sees the last flush done may return and its caller
+  // destroy this object at once, so nothing of it may be touched after the unlock.
   cv_.notify_all();
 }
 
@@ -264,6 +264,11 @@ Status WriteBehind::DrainLocked(std::unique_lock<std::mutex>& lock, ErrorCursor*
 Status WriteBehind::Drain(ErrorCursor* errors) {
   std::unique_lock lock(m_);
   return DrainLocked(lock, errors);
+}
+
+Status WriteBehind::Report(ErrorCursor* errors) {
+  std::lock_guard lock(m_);
+  return ReportLocked(errors);
 }
 
 void WriteBehind::Close() {
@@ -473,7 +478,17 @@ Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, ExtentSou
     }
     data = scratch;
   }
+  // The hooks hear of it as of a flush: `dnvme run`'s lease word must count every write in
+  // flight, this one too.
+  if (hooks_.started) {
+    std::lock_guard g(m_);
+    hooks_.started();
+  }
   Status st = shared_->engine()->sync_pwrite(data, rest, file, off + static_cast<int64_t>(done));
+  if (hooks_.finished) {
+    std::lock_guard g(m_);
+    hooks_.finished();
+  }
   if (!st.ok()) {
     counters.errors.fetch_add(1, std::memory_order_relaxed);
     return st;

@@ -121,6 +121,9 @@ class WriteBehind {
   // its copy too -- so a close shows the description's unheard error without taking it from the
   // description's own fsync, which still reports it once.
   Status DrainAndPeek(const ErrorCursor& errors);
+  // A flush error `errors` has not heard of (then it has), without waiting for the flushes in
+  // flight: what a write checks before it changes anything.
+  Status Report(ErrorCursor* errors);
   // Drains, then refuses every later Write (EBADF): `dnvme run` ends a file's lease this way, after
   // which no flush may start (the FlushHooks' lease word may belong to another file).
   void Close();

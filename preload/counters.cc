@@ -14,9 +14,10 @@ Counters& ProcessCounters() { return g_counters; }
 
 void Counters::Reset() {
   for (auto* c : {&adopted, &refused, &reads, &writes, &bytes_read, &bytes_written, &drains,
-                  &invalidations, &errors, &stale, &ahead_bytes}) {
+                  &invalidations, &errors, &stale}) {
     c->store(0);
   }
+  data.Reset();
 }
 
 std::string Counters::JsonLine(pid_t pid) const {
@@ -25,8 +26,10 @@ std::string Counters::JsonLine(pid_t pid) const {
          ", \"refused\": " + v(refused) + ", \"reads\": " + v(reads) +
          ", \"writes\": " + v(writes) + ", \"bytes_read\": " + v(bytes_read) +
          ", \"bytes_written\": " + v(bytes_written) + ", \"drains\": " + v(drains) +
-         ", \"invalidations\": " + v(invalidations) + ", \"errors\": " + v(errors) +
-         ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(ahead_bytes) + "}\n";
+         ", \"invalidations\": " + v(invalidations) +
+         ", \"errors\": " + std::to_string(errors.load() + data.errors.load()) +
+         ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(data.bytes_read_ahead_hit) +
+         "}\n";
 }
 
 }  // namespace dnvme::preload

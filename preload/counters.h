@@ -11,12 +11,17 @@
 #include <cstdint>
 #include <string>
 
+#include "datapath/counters.h"
+
 namespace dnvme::preload {
 
 struct Counters {
   std::atomic<uint64_t> adopted{0}, refused{0}, reads{0}, writes{0};
   std::atomic<uint64_t> bytes_read{0}, bytes_written{0}, drains{0}, invalidations{0};
-  std::atomic<uint64_t> errors{0}, stale{0}, ahead_bytes{0};
+  std::atomic<uint64_t> errors{0}, stale{0};
+  // The write-behind's and read-ahead's (datapath/): its errors and read-ahead hits are in the
+  // stats line.
+  datapath::Counters data;
 
   // Zeroes every counter: a forked child's stats line says what the child did.
   void Reset();

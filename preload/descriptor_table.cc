@@ -98,14 +98,15 @@ int DropDescriptor(int fd) {
     SetState(fd, kUnknown);
   }
   if (!f) return 0;
-  int err = WaitWrites(*f);
   // The last descriptor of the file: the lease ends (announcing what was written).
   if (last) {
+    const int err = WaitWrites(*f);
     ForgetReadAhead(*f);
     EndLease(*f);
     return err;
   }
-  if (err != 0) SetFirstError(*f, err);  // not the last: the next fsync or close reports it
+  // Not the last: an error stays for the file's next write, fsync or close.
+  DrainWrites(*f);
   return 0;
 }
 

@@ -8,7 +8,8 @@
 // mmap, fork and exec.
 //
 // Thread contract: every function is thread-safe (lock order: adopted_file.h). Broker errors
-// come back as a Status carrying the broker's errno (errors.h turns it into the call's errno).
+// come back as a Status carrying the broker's errno (Status::ErrnoOr turns it into the call's
+// errno).
 #ifndef DNVME_PRELOAD_LEASE_H_
 #define DNVME_PRELOAD_LEASE_H_
 

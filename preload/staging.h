@@ -1,14 +1,12 @@
 // Write-behind and read-ahead of adopted files, through pinned staging buffers, on this
 // process's engine (an AioHandle: parallel O_DIRECT libaio).
 //
-// Everything here works on an AdoptedFile's write-behind fields (wm, wcv, inflight, first_err,
-// ended, wb_lo/wb_hi) and read-ahead fields (rm, ahead, next_read, am, acv), its `file` and its
-// lease word's `writes_inflight` and `shared`; nothing else of the library but the settings
-// and counters. The engine and both pools are made at their first use and owned by this file.
+// The write-behind and the read-ahead are the data path's (datapath/write_behind.h,
+// datapath/read_ahead.h: the mount uses the same); this file configures them for `dnvme run` and
+// keeps what is this library's: the engine and the pools (made at their first use, owned here),
+// the lease word's count of writes in flight, and an error kept for the next call.
 //
-// Thread contract: every function is thread-safe; the Locked ones need the lock they name held.
-// Lock order: adopted_file.h. Engine completions run on the engine's threads and take only wm
-// (a write piece) or am (a read-ahead piece).
+// Thread contract: every function is thread-safe. Lock order: adopted_file.h.
 #ifndef DNVME_PRELOAD_STAGING_H_
 #define DNVME_PRELOAD_STAGING_H_
 
@@ -17,6 +15,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "datapath/read_ahead.h"
+#include "datapath/write_behind.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
@@ -47,55 +47,53 @@ void LockEngineForFork();
 void UnlockEngineAfterFork();
 void ForgetEngineInChild();
 
+// ---- the data path (datapath/: the same write-behind and read-ahead as the mount's) ----
+
+// What every adopted file's WriteBehind and ReadAhead share: this process's engine and pools,
+// acknowledged when submitted (a write that returned survives the program's exit), extents that
+// start anywhere, read-ahead that tolerates a zip reader's small skips.
+const datapath::WriteBehindShared* WriteBehindConfig();
+const datapath::ReadAheadShared* ReadAheadConfig();
+// Hooks that count `f`'s writes in flight in its lease word (include/dnvme/broker.h).
+datapath::FlushHooks LeaseWordHooks(AdoptedFile* f);
+
 // ---- write-behind ----
 
-// Waits for the file's write-behind; returns (and clears) its first error, 0 if none.
+// Waits for the file's write-behind; returns (and takes) the first error this open file has not
+// heard of (a kept one first), 0 if none: what fsync and the last close report.
 int WaitWrites(AdoptedFile& f);
-// The same without taking the error (it stays for fsync or close).
+// Waits for the write-behind without looking at errors (they stay for fsync or close).
 void DrainWrites(AdoptedFile& f);
 // Waits for the write-behind and refuses every later write (EBADF): the lease is ending.
 void EndWrites(AdoptedFile& f);
-// Keeps `err` as the file's first write-behind error unless it has one already: a call that
-// returns the bytes written before a failure leaves the failure to the next write, fsync or close.
+// Keeps `err` for the next write, fsync or close unless one is kept already: a call that returns
+// the bytes written before a failure leaves the failure to the next call.
 void KeepFirstError(AdoptedFile& f, int err);
-// Replaces the file's first write-behind error by `err` (a descriptor's close passing it on to
-// the file's next fsync or close).
-void SetFirstError(AdoptedFile& f, int err);
-// Returns (and clears) the first write-behind error without waiting, 0 if none.
+// Takes the kept error (0 if none).
+int TakeKeptError(AdoptedFile& f);
+// Takes the kept error, else a write-behind error this open file has not heard of, without
+// waiting: what a write checks before it reserves space; 0 if none.
 int TakeFirstError(AdoptedFile& f);
 
-// Copies [buf, buf + n) into staging buffers and submits it at `off` (WritePool() must be
-// non-null); returns 0 or an errno once every piece is in the kernel: its O_DIRECT requests
-// accepted by io_submit and its unaligned edges in the page cache. The kernel finishes submitted
-// requests even if this process exits or is killed (exit_aio waits for them), so a write that
-// returned survives the process as on ext4 (a piece merely queued to an engine thread would die
-// with it); the completions still come later, overlapping the program's next steps.
-int SubmitWrite(const std::shared_ptr<AdoptedFile>& f, const char* buf, size_t n, off_t off);
+// Writes [buf, buf + n) at `off` through the file's write-behind (WritePool() must have been
+// asked for first: without staging buffers the write is synchronous); returns 0 or an errno
+// once every byte of it is in the kernel: its O_DIRECT requests accepted by io_submit and its
+// unaligned edges in the page cache. The kernel finishes those even if this process exits or is
+// killed, so a write that returned survives the process as on ext4; the completions still come
+// later, overlapping the program's next steps.
+int SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off);
 
 // ---- read-ahead ----
 
-// A piece of read-ahead: [off, off + len) of the file, read into `buf` at off's offset in the
-// page (so the engine's requests go O_DIRECT).
-struct ReadAheadPiece {
-  PinnedPool::Lease buf;
-  int64_t off = 0;
-  int64_t len = 0;
-  bool done = false;  // guarded by the file's `am`
-  bool ok = false;    // guarded by the file's `am`
-  const char* data() const { return buf.data() + off % 4096; }
-};
-
-// Drops the file's read-ahead once its requests are done. Caller holds f.rm.
-void ForgetReadAheadLocked(AdoptedFile& f);
-// The same, taking f.rm: before a write, a truncate or the end of the lease, what was read
+// Drops the file's read-ahead: before a write, a truncate or the end of the lease, what was read
 // ahead may be stale.
 void ForgetReadAhead(AdoptedFile& f);
 
-// Reads [off, off + n) of a file of `size` bytes (n > 0, off + n <= size): from the read-ahead
-// as far as it holds it, the rest directly into `buf`; then, for a sequential reader, queues the
-// next bytes. Engine() must have been made.
-Status ReadThrough(const std::shared_ptr<AdoptedFile>& f, char* buf, int64_t n, int64_t off,
-                   int64_t size);
+// Reads [off, off + n) of a file of `size` bytes (n > 0, off + n <= size) into `buf`: from the
+// read-ahead as far as it holds it, the rest directly; a sequential reader's window moves on.
+// Not read ahead: a file someone else has open (it may change under the window). Engine() must
+// have been made.
+Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t size);
 
 }  // namespace dnvme::preload
 

@@ -10,7 +10,6 @@
 #include "engine/common/log.h"
 #include "preload/adoption.h"
 #include "preload/counters.h"
-#include "preload/errors.h"
 #include "preload/internal.h"
 #include "preload/lease.h"
 #include "preload/libc.h"
@@ -63,7 +62,7 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
   if (mount_dirty) {
     ProcessCounters().drains.fetch_add(1, std::memory_order_relaxed);
     if (Status st = LeaseCall(f, broker::Op::kDrain, 0, 0); !st.ok()) {
-      errno = ErrnoOf(st);
+      errno = st.ErrnoOr();
       return -1;
     }
   }
@@ -80,7 +79,7 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
       return -1;
     }
     if (WritePool() != nullptr) {
-      if (int err = SubmitWrite(fp, static_cast<const char*>(buf), n, off); err != 0) {
+      if (int err = SubmitWrite(f, static_cast<const char*>(buf), n, off); err != 0) {
         // Pieces submitted before the failure may still land: announce the range all the same.
         NoteWritten(f, off, static_cast<int64_t>(n));
         errno = err;
@@ -99,7 +98,7 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
     if (fstat(f.file.buffered_fd(), &sb) != 0) return -1;
     if (off >= sb.st_size) return 0;
     n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), sb.st_size - off));
-    st = ReadThrough(fp, static_cast<char*>(buf), static_cast<int64_t>(n), off, sb.st_size);
+    st = ReadThrough(f, static_cast<char*>(buf), static_cast<int64_t>(n), off, sb.st_size);
     if (st.code() == Status::Code::kEndOfFile) {
       // Truncated meanwhile: let the mount answer with what is there.
       return Libc().pread(f.witness, buf, n, off);
@@ -108,7 +107,7 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
   if (!st.ok()) {
     ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
     dnvme::Logger().debug("dnvme run: {}", st.ToString());
-    errno = ErrnoOf(st);
+    errno = st.ErrnoOr();
     return -1;
   }
   Counters& counters = ProcessCounters();
@@ -118,7 +117,7 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
     NoteWritten(f, off, static_cast<int64_t>(n));
     if (IsMapped(f) || f.word->shared.load(std::memory_order_seq_cst) != 0) {
       if (Status a = Announce(f); !a.ok()) {
-        errno = ErrnoOf(a);
+        errno = a.ErrnoOr();
         return -1;
       }
     }
@@ -178,7 +177,7 @@ int FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off,
   DrainWrites(*f);
   ForgetReadAhead(*f);
   if (Status st = DrainMountIfDirty(*f); !st.ok()) {
-    errno = ErrnoOf(st);
+    errno = st.ErrnoOr();
     return -1;
   }
   if (int err = FallocateBacking(*f, mode, off, len); err != 0) {
@@ -187,7 +186,7 @@ int FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off,
   }
   NoteWritten(*f, off, len);
   if (Status st = Announce(*f); !st.ok()) {
-    errno = ErrnoOf(st);
+    errno = st.ErrnoOr();
     return -1;
   }
   return 0;
