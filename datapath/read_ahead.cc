@@ -22,9 +22,9 @@ int64_t ReadReply::bytes() const {
 }
 
 Result<int64_t> ReadAhead::Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
-                                int64_t file_size, bool use_window, char* scratch,
-                                ReadReply* reply) {
-  const int64_t served = use_window ? Serve(file, off, n, file_size, reply) : 0;
+                                int64_t file_size, bool use_window, char* scratch, ReadReply* reply,
+                                uint64_t generation) {
+  const int64_t served = use_window ? Serve(file, off, n, file_size, reply, generation) : 0;
   if (served == n) return n;
   Status st = engine.sync_pread(scratch + served, n - served, file, off + served);
   if (!st.ok()) {
@@ -44,10 +44,16 @@ int ReadAhead::inflight() {
   return inflight_;
 }
 
+uint64_t ReadAhead::Generation() {
+  std::lock_guard lock(m_);
+  return generation_;
+}
+
 void ReadAhead::Invalidate() {
   std::lock_guard lock(m_);
   chunks_.clear();
   next_ = -1;
+  ++generation_;
 }
 
 void ReadAhead::Quiesce() {
@@ -93,9 +99,11 @@ void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size
 }
 
 int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size,
-                         ReadReply* reply) {
+                         ReadReply* reply, uint64_t generation) {
   if (shared_->chunks == nullptr) return 0;
   std::unique_lock lock(m_);
+  // The file changed after this reader drained: what it would fetch may predate the change.
+  if (generation != generation_) return 0;
   if (shared_->max_read > 0 && n >= shared_->max_read) {
     chunks_.clear();  // chunks in flight live on in their completions
     next_ = -1;

@@ -81,7 +81,10 @@ class ReadAhead {
   // the window holds, from its start, is appended to `reply` (waiting for chunks still in
   // flight). Returns the bytes appended; a failed chunk ends the served part (the caller's
   // on-demand read then reports the error properly).
-  int64_t Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size, ReadReply* reply);
+  // `generation`: Generation() as the caller saw it before it drained the file's write-behind;
+  // when the window was invalidated since, nothing is served or fetched (see Generation).
+  int64_t Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size, ReadReply* reply,
+                uint64_t generation);
   // A whole read of [off, off + n) of `file` (n already clamped to `file_size`): what the window
   // holds (Serve; not when `use_window` is false: O_DIRECT readers, files others may change),
   // the rest read now through `engine` into `scratch` at the same place (scratch + served).
@@ -89,9 +92,16 @@ class ReadAhead {
   // shrank meanwhile: `reply` then holds the served part, and the caller reads the rest as it
   // can).
   Result<int64_t> Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
-                       int64_t file_size, bool use_window, char* scratch, ReadReply* reply);
-  // Drops the window (after writes, truncate, fallocate): chunks still in flight live on in
-  // their completion callbacks.
+                       int64_t file_size, bool use_window, char* scratch, ReadReply* reply,
+                       uint64_t generation);
+  // How many times the window was invalidated. A reader samples it before it drains the file's
+  // write-behind and hands it to Serve: a fetch started between that drain and a change to the
+  // file (a write gathered after the drain, a truncate, a fallocate) reads the old bytes, so
+  // every change invalidates the window after it is made (the write accepted, the truncate
+  // done), and a reader whose sample predates that serves and fetches nothing.
+  uint64_t Generation();
+  // Drops the window (after writes, truncate, fallocate: once the change is made, see
+  // Generation): chunks still in flight live on in their completion callbacks.
   void Invalidate();
   // Waits for every fetch in flight, then drops the window (release).
   void Quiesce();
@@ -105,7 +115,8 @@ class ReadAhead {
   std::mutex m_;
   std::condition_variable cv_;
   // Guarded by m_:
-  int64_t next_ = -1;  // where the next sequential read is expected
+  int64_t next_ = -1;        // where the next sequential read is expected
+  uint64_t generation_ = 0;  // Invalidate() calls so far
   std::vector<std::shared_ptr<RaChunk>> chunks_;
   int inflight_ = 0;
 };

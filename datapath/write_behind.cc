@@ -348,6 +348,9 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
       // Extents start aligned so flushes stay O_DIRECT, unless a chunk may hold the data at its
       // place in the page.
       if (pos % kAlign != 0 && !shared_->unaligned_extents) break;
+      // Again here: the extent just flushed above (not contiguous with this write) may share
+      // these pages, and it is in flight only now.
+      if (WaitForOverlapLocked(lock, pos, end)) continue;
       if (spliceable) {
         ext_.pipe = shared_->pipes->TryAcquire();
         if (ext_.pipe) ext_.kind = Kind::kPipe;

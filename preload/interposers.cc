@@ -57,6 +57,7 @@
 #include "preload/lifetime.h"
 #include "preload/reserve.h"
 #include "preload/settings.h"
+#include "preload/staging.h"
 #include "preload/transfer.h"
 
 namespace {
@@ -317,7 +318,11 @@ int ftruncate(int fd, off_t len) {
   std::shared_ptr<pl::AdoptedFile> r =
       pl::StateOf(fd) == pl::kOurs ? pl::LookupAdopted(fd) : nullptr;
   if (!r) return pl::Libc().ftruncate(fd, len);
-  return pl::TruncateAdopted(*r, fd, len);
+  const int rc = pl::TruncateAdopted(*r, fd, len);
+  // Again once it is done: a reader that drained before it may have fetched the old bytes
+  // (datapath/read_ahead.h, Generation).
+  pl::ForgetReadAhead(*r);
+  return rc;
 }
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
 

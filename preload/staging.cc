@@ -212,12 +212,14 @@ int SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off) {
 
 void ForgetReadAhead(AdoptedFile& f) { f.ra.Invalidate(); }
 
-Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t size) {
+Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t size,
+                   uint64_t generation) {
   // A file someone else has open may change under read-ahead: read only what is asked, now.
   const bool use_window = f.word->shared.load(std::memory_order_seq_cst) == 0 && ReadPool();
   if (!use_window) f.ra.Invalidate();
   datapath::ReadReply reply;
-  Result<int64_t> got = f.ra.Read(*g_engine.engine, f.file, off, n, size, use_window, buf, &reply);
+  Result<int64_t> got =
+      f.ra.Read(*g_engine.engine, f.file, off, n, size, use_window, buf, &reply, generation);
   if (!got.ok()) {
     f.ra.Invalidate();
     return got.status();

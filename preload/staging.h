@@ -91,9 +91,11 @@ void ForgetReadAhead(AdoptedFile& f);
 
 // Reads [off, off + n) of a file of `size` bytes (n > 0, off + n <= size) into `buf`: from the
 // read-ahead as far as it holds it, the rest directly; a sequential reader's window moves on.
-// Not read ahead: a file someone else has open (it may change under the window). Engine() must
-// have been made.
-Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t size);
+// Not read ahead: a file someone else has open (it may change under the window). `generation`:
+// f.ra.Generation() taken before the caller drained the write-behind. Engine() must have been
+// made.
+Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t size,
+                   uint64_t generation);
 
 }  // namespace dnvme::preload
 

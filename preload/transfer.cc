@@ -47,8 +47,10 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
     errno = EBADF;
     return -1;
   }
-  // Reads see this process's writes: let its write-behind land first. An earlier write's error
-  // is reported now, by the next write.
+  // Reads see this process's writes: let its write-behind land first (the read-ahead's
+  // generation is taken before: a change after the drain makes the window suspect,
+  // datapath/read_ahead.h). An earlier write's error is reported now, by the next write.
+  const uint64_t generation = write ? 0 : f.ra.Generation();
   if (!write) {
     DrainWrites(f);
   } else if (int err = TakeFirstError(f); err != 0) {
@@ -79,7 +81,11 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
       return -1;
     }
     if (WritePool() != nullptr) {
-      if (int err = SubmitWrite(f, static_cast<const char*>(buf), n, off); err != 0) {
+      const int err = SubmitWrite(f, static_cast<const char*>(buf), n, off);
+      // Again now that the write is in: a reader that drained before it may have fetched the old
+      // bytes meanwhile.
+      ForgetReadAhead(f);
+      if (err != 0) {
         // Pieces submitted before the failure may still land: announce the range all the same.
         NoteWritten(f, off, static_cast<int64_t>(n));
         errno = err;
@@ -87,6 +93,7 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
       }
     } else {
       st = engine->sync_pwrite(buf, static_cast<int64_t>(n), f.file, off);
+      ForgetReadAhead(f);
     }
   } else {
     if (IsMapped(f)) {
@@ -98,7 +105,8 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
     if (fstat(f.file.buffered_fd(), &sb) != 0) return -1;
     if (off >= sb.st_size) return 0;
     n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), sb.st_size - off));
-    st = ReadThrough(f, static_cast<char*>(buf), static_cast<int64_t>(n), off, sb.st_size);
+    st = ReadThrough(f, static_cast<char*>(buf), static_cast<int64_t>(n), off, sb.st_size,
+                     generation);
     if (st.code() == Status::Code::kEndOfFile) {
       // Truncated meanwhile: let the mount answer with what is there.
       return Libc().pread(f.witness, buf, n, off);
@@ -180,7 +188,9 @@ int FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off,
     errno = st.ErrnoOr();
     return -1;
   }
-  if (int err = FallocateBacking(*f, mode, off, len); err != 0) {
+  const int err = FallocateBacking(*f, mode, off, len);
+  ForgetReadAhead(*f);  // again, after the change
+  if (err != 0) {
     errno = err;
     return -1;
   }

@@ -87,14 +87,16 @@ bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
 Result<int64_t> Fs::Read(FileHandle& fh, char* out, size_t size, off_t off,
                          datapath::ReadReply* reply) {
   counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
+  // Before the drain: a change after it makes what the window would fetch suspect.
+  const uint64_t generation = fh.inode->ra.Generation();
   int64_t file_size = 0;
   Result<int64_t> readable = ReadableBytes(fh, size, off, &file_size);
   if (!readable.ok() || *readable == 0) return readable;
   const int64_t n = *readable;
   // O_DIRECT clients asked for no caching: they read on demand. The window's counters and the
   // rest read into the caller's (pinned, aligned) scratch buffer are the data path's.
-  Result<int64_t> got =
-      fh.inode->ra.Read(*Engine(), fh.file, off, n, file_size, !fh.client_direct, out, reply);
+  Result<int64_t> got = fh.inode->ra.Read(*Engine(), fh.file, off, n, file_size, !fh.client_direct,
+                                          out, reply, generation);
   if (got.ok() || got.status().code() != Status::Code::kEndOfFile) return got;
   const int64_t served = reply->bytes();
   Result<int64_t> rest = ReadShrunk(fh.fd.get(), out + served, n - served, off + served);

@@ -112,6 +112,7 @@ void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fu
           fi ? ftruncate(Fh(fi).fd.get(), attr->st_size) : truncate(proc.c_str(), attr->st_size);
       if (rc != 0) err = errno;
     }
+    in.ra.Invalidate();  // after the change too (datapath/read_ahead.h, Generation)
   }
   if (!err && (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
     struct timespec tv[2];

@@ -311,6 +311,9 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
       fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch, &fh.wb_errors)
           .ErrnoOr();
   if (!err) fh.wrote = true;
+  // Again now that the bytes are accepted: a reader that drained before them may have fetched
+  // the old bytes meanwhile (datapath/read_ahead.h, Generation).
+  fh.inode->ra.Invalidate();
   // Bytes now in write-behind that a `dnvme run` client's direct transfer must not pass: it
   // drains before its next one (fs/broker/leases.h).
   if (!err && fh.inode->leases.count() > 0) fh.inode->leases.MarkMountDirty();
@@ -375,6 +378,7 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
     err = as.error();
     if (!err && fallocate(Fh(fi).fd.get(), mode, offset, length) != 0) err = errno;
   }
+  in.ra.Invalidate();  // after the change too (datapath/read_ahead.h, Generation)
   fuse_reply_err(req, err);
 }
 

@@ -70,7 +70,7 @@ TEST_F(ReadAheadTest, SequentialReaderIsServedFromTheWindowWithoutCopies) {
   int64_t served = 0;
   for (int64_t off = 0; off < 8 * kMiB; off += 512 * kKiB) {
     ReadReply r;
-    const int64_t n = ra.Serve(f, off, 512 * kKiB, kFile, &r);
+    const int64_t n = ra.Serve(f, off, 512 * kKiB, kFile, &r, ra.Generation());
     EXPECT_EQ(CheckReply(r, off), n);
     EXPECT_EQ(r.pins.size(), r.iov.size()) << "every piece keeps its chunk alive";
     served += n;
@@ -87,7 +87,7 @@ TEST_F(ReadAheadTest, RandomReadsFetchNothing) {
   ReadAhead ra(&shared_);
   for (int64_t off : {5 * kMiB, kMiB, 9 * kMiB + 4096, 3 * kMiB}) {
     ReadReply r;
-    EXPECT_EQ(ra.Serve(f, off, 64 * kKiB, kFile, &r), 0);
+    EXPECT_EQ(ra.Serve(f, off, 64 * kKiB, kFile, &r, ra.Generation()), 0);
   }
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
 }
@@ -96,9 +96,9 @@ TEST_F(ReadAheadTest, AFirstReadElsewhereIsNotYetASequence) {
   FileRef f = PatternFile("later");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  EXPECT_EQ(ra.Serve(f, kMiB, 256 * kKiB, kFile, &r0), 0);
+  EXPECT_EQ(ra.Serve(f, kMiB, 256 * kKiB, kFile, &r0, ra.Generation()), 0);
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
-  const int64_t n = ra.Serve(f, kMiB + 256 * kKiB, 256 * kKiB, kFile, &r1);
+  const int64_t n = ra.Serve(f, kMiB + 256 * kKiB, 256 * kKiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(n, 256 * kKiB) << "the second read in order is";
   EXPECT_EQ(CheckReply(r1, kMiB + 256 * kKiB), n);
   ra.Quiesce();
@@ -109,18 +109,18 @@ TEST_F(ReadAheadTest, ASmallSkipContinuesTheSequenceALargerOneEndsIt) {
   FileRef f = PatternFile("skip");
   ReadAhead ra(&shared_);
   ReadReply r0, r1, r2, r3;
-  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r0), 256 * kKiB);
+  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r0, ra.Generation()), 256 * kKiB);
   // 30 bytes skipped (a zip local header read some other way): still in sequence.
   const int64_t at = 256 * kKiB + 30;
-  EXPECT_EQ(ra.Serve(f, at, 100 * kKiB, kFile, &r1), 100 * kKiB);
+  EXPECT_EQ(ra.Serve(f, at, 100 * kKiB, kFile, &r1, ra.Generation()), 100 * kKiB);
   EXPECT_EQ(CheckReply(r1, at), 100 * kKiB);
   // A skip past max_skip is a seek: not served, the window is not extended.
   const uint64_t fetched = counters_.read_ahead_fetches.load();
   const int64_t far = at + 100 * kKiB + 64 * kKiB + 4096;
-  EXPECT_EQ(ra.Serve(f, far + 5 * kMiB, 4096, kFile, &r2), 0);
+  EXPECT_EQ(ra.Serve(f, far + 5 * kMiB, 4096, kFile, &r2, ra.Generation()), 0);
   EXPECT_EQ(counters_.read_ahead_fetches.load(), fetched);
   // The next read continues from there: a sequence again.
-  EXPECT_GT(ra.Serve(f, far + 5 * kMiB + 4096, 4096, kFile, &r3), 0);
+  EXPECT_GT(ra.Serve(f, far + 5 * kMiB + 4096, 4096, kFile, &r3, ra.Generation()), 0);
   ra.Quiesce();
 }
 
@@ -129,11 +129,31 @@ TEST_F(ReadAheadTest, ReadsOfMaxReadOrMoreAreNotReadAhead) {
   FileRef f = PatternFile("big");
   ReadAhead ra(&shared_);
   ReadReply r0, r1, r2;
-  EXPECT_GT(ra.Serve(f, 0, kMiB, kFile, &r0), 0);
+  EXPECT_GT(ra.Serve(f, 0, kMiB, kFile, &r0, ra.Generation()), 0);
   const uint64_t fetched = counters_.read_ahead_fetches.load();
-  EXPECT_EQ(ra.Serve(f, kMiB, 2 * kMiB, kFile, &r1), 0) << "one large read is its own request";
+  EXPECT_EQ(ra.Serve(f, kMiB, 2 * kMiB, kFile, &r1, ra.Generation()), 0)
+      << "one large read is its own request";
   EXPECT_EQ(counters_.read_ahead_fetches.load(), fetched);
-  EXPECT_EQ(ra.Serve(f, 3 * kMiB, kMiB, kFile, &r2), 0) << "and it ended the sequence";
+  EXPECT_EQ(ra.Serve(f, 3 * kMiB, kMiB, kFile, &r2, ra.Generation()), 0)
+      << "and it ended the sequence";
+  ra.Quiesce();
+}
+
+TEST_F(ReadAheadTest, AReaderThatDrainedBeforeAChangeFetchesNothing) {
+  // A reader samples the generation, drains the write-behind; then a write is gathered (or a
+  // truncate, a fallocate made) and the window invalidated after it. What the reader would fetch
+  // now could predate the change, and a later reader would be served it from the window.
+  FileRef f = PatternFile("gen");
+  ReadAhead ra(&shared_);
+  const uint64_t before = ra.Generation();
+  ra.Invalidate();  // the change, made after the reader drained
+  ReadReply r0;
+  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r0, before), 0);
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u) << "nothing fetched for a stale reader";
+  // A reader that sampled after the change reads ahead as usual.
+  ReadReply r1;
+  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r1, ra.Generation()), 256 * kKiB);
+  EXPECT_EQ(CheckReply(r1, 0), 256 * kKiB);
   ra.Quiesce();
 }
 
@@ -141,8 +161,8 @@ TEST_F(ReadAheadTest, ReadsAtTheEndOfTheFileStopThere) {
   FileRef f = PatternFile("end");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  ra.Serve(f, kFile - 3 * kMiB, kMiB, kFile, &r0);
-  const int64_t n = ra.Serve(f, kFile - 2 * kMiB, 2 * kMiB, kFile, &r1);
+  ra.Serve(f, kFile - 3 * kMiB, kMiB, kFile, &r0, ra.Generation());
+  const int64_t n = ra.Serve(f, kFile - 2 * kMiB, 2 * kMiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(CheckReply(r1, kFile - 2 * kMiB), n);
   EXPECT_EQ(n, 2 * kMiB);
   ra.Quiesce();
@@ -155,9 +175,9 @@ TEST_F(ReadAheadTest, FailedFetchEndsWhatTheWindowServes) {
   faults_.fail_offset = 2 * kMiB + 100;  // the window's chunk [2M, 3M) fails
   ReadAhead ra(&shared_);
   ReadReply r0;
-  ra.Serve(f, kMiB, 512 * kKiB, kFile, &r0);
+  ra.Serve(f, kMiB, 512 * kKiB, kFile, &r0, ra.Generation());
   ReadReply r1;
-  const int64_t n = ra.Serve(f, kMiB + 512 * kKiB, 2 * kMiB, kFile, &r1);
+  const int64_t n = ra.Serve(f, kMiB + 512 * kKiB, 2 * kMiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(n, 512 * kKiB) << "served up to the failed chunk, not past it";
   EXPECT_EQ(CheckReply(r1, kMiB + 512 * kKiB), n);
   EXPECT_GT(faults_.injected.load(), 0u);
@@ -169,8 +189,8 @@ TEST_F(ReadAheadTest, ASmallPoolGivesAPartialWindowAndInvalidateDropsIt) {
   FileRef f = PatternFile("small");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  ra.Serve(f, 0, 256 * kKiB, kFile, &r0);
-  const int64_t n = ra.Serve(f, 256 * kKiB, 4 * kMiB, kFile, &r1);
+  ra.Serve(f, 0, 256 * kKiB, kFile, &r0, ra.Generation());
+  const int64_t n = ra.Serve(f, 256 * kKiB, 4 * kMiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(n, 2 * kMiB - 256 * kKiB) << "the two chunks the pool had";
   EXPECT_EQ(CheckReply(r1, 256 * kKiB), n);
   // The replies were sent: their chunks go back once the window lets them go.
@@ -178,7 +198,8 @@ TEST_F(ReadAheadTest, ASmallPoolGivesAPartialWindowAndInvalidateDropsIt) {
   r1 = ReadReply();
   ra.Invalidate();
   ReadReply r2;
-  EXPECT_EQ(ra.Serve(f, 2 * kMiB, kMiB, kFile, &r2), 0) << "a dropped window is not a sequence";
+  EXPECT_EQ(ra.Serve(f, 2 * kMiB, kMiB, kFile, &r2, ra.Generation()), 0)
+      << "a dropped window is not a sequence";
   ra.Quiesce();
   // A fetch's callback returns its chunk as it finishes, on the engine's thread: wait (bounded).
   for (int i = 0; i < 500 && chunks_->available() != 2; ++i) usleep(10000);
@@ -197,7 +218,8 @@ TEST_F(ReadAheadTest, ConcurrentReadersShareThePool) {
     readers.emplace_back([&, i] {
       for (int64_t off = 0; off < kFile; off += 256 * kKiB) {
         ReadReply r;
-        const int64_t n = windows[i]->Serve(files[i], off, 256 * kKiB, kFile, &r);
+        const int64_t n =
+            windows[i]->Serve(files[i], off, 256 * kKiB, kFile, &r, windows[i]->Generation());
         if (CheckReply(r, off, i) != n) ++bad;
         if (off % (4 * kMiB) == 0) windows[i]->Invalidate();  // a write came by
       }
@@ -215,8 +237,8 @@ TEST_F(ReadAheadTest, OffWithoutAPool) {
   FileRef f = PatternFile("off");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  ra.Serve(f, 0, kMiB, kFile, &r0);
-  EXPECT_EQ(ra.Serve(f, kMiB, kMiB, kFile, &r1), 0);
+  ra.Serve(f, 0, kMiB, kFile, &r0, ra.Generation());
+  EXPECT_EQ(ra.Serve(f, kMiB, kMiB, kFile, &r1, ra.Generation()), 0);
 }
 
 }  // namespace

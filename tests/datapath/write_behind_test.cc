@@ -170,6 +170,26 @@ TEST_F(MemoryWriteBehindTest, AnOverlappingRewriteLandsAfterTheWriteItOverlaps) 
   ExpectPattern("overlap", 164 * kKiB + 10, kMiB - 164 * kKiB - 10, 0);
 }
 
+TEST_F(MemoryWriteBehindTest, ARewriteOfAPendingExtentWaitsForItsFlush) {
+  // The mount's acknowledgement: the first write stays pending in its extent; the rewrite does
+  // not continue it, so it flushes that extent -- which is in flight only from then on -- and
+  // must wait for it before its own bytes may fly (found by the randomized model test).
+  shared_.ack = Ack::kGathered;
+  shared_.unaligned_extents = false;
+  FileRef f = Open("pending");
+  WriteBehind wb(&shared_);
+  faults_.delay_offset = 512 * kKiB;
+  faults_.delay_ms = 200;
+  ASSERT_TRUE(Write(wb, f, 0, kMiB, /*seed=*/0).ok());
+  EXPECT_EQ(wb.inflight(), 0) << "a part-filled extent waits for more";
+  ASSERT_TRUE(Write(wb, f, 512 * kKiB, 64 * kKiB, /*seed=*/7).ok());
+  ASSERT_TRUE(wb.Drain(&errors_).ok());
+  EXPECT_EQ(faults_.delayed.load(), 1u);
+  ExpectPattern("pending", 0, 512 * kKiB, 0);
+  ExpectPattern("pending", 512 * kKiB, 64 * kKiB, 7);
+  ExpectPattern("pending", 576 * kKiB, kMiB - 576 * kKiB, 0);
+}
+
 TEST_F(MemoryWriteBehindTest, HooksSeeEveryFlushStartAndFinishOnce) {
   FileRef f = Open("hooks");
   std::atomic<int> started{0}, finished{0}, most{0};
