@@ -23,7 +23,8 @@
 #include "engine/common/log.h"
 #include "fs/backing_access.h"
 #include "fs/caps.h"
-#include "fs/fs.h"
+#include "fs/core/fs.h"
+#include "fs/fuse/ops.h"
 #include "fs/options.h"
 #include "fs/transport/transport.h"
 
@@ -169,7 +170,7 @@ dnvme::Status DropCaps(bool passthrough) {
 // why not otherwise; mmap of direct_io opens when O_RDWR opens are to get direct_io; one spare page
 // per request always.
 void ChooseExtensions(dnvme::fs::Fs& fs) {
-  const dnvme::fs::Passthrough p = fs.opts().passthrough;
+  const dnvme::fs::Passthrough p = fs.mount().opts().passthrough;
   bool want = p != dnvme::fs::Passthrough::kOff;
   if (want) {
     auto cap = dnvme::fs::ScopedCapability::Raise(CAP_SYS_ADMIN);
@@ -181,11 +182,12 @@ void ChooseExtensions(dnvme::fs::Fs& fs) {
       want = false;
     }
   }
-  const dnvme::fs::Transport* t = fs.transport();
-  fs.protocol().Want({.passthrough = want,
-                      .io_uring = t != nullptr && t->kind() == dnvme::fs::Transport::Kind::kUring,
-                      .direct_io_mmap = fs.opts().direct_io == dnvme::fs::DirectIo::kWritable,
-                      .spare_page = true});
+  const dnvme::fs::Transport* t = fs.mount().transport();
+  fs.mount().protocol().Want(
+      {.passthrough = want,
+       .io_uring = t != nullptr && t->kind() == dnvme::fs::Transport::Kind::kUring,
+       .direct_io_mmap = fs.mount().opts().direct_io == dnvme::fs::DirectIo::kWritable,
+       .spare_page = true});
 }
 
 }  // namespace
@@ -236,7 +238,7 @@ int main(int argc, char** argv) {
   fuse_session* se = nullptr;
   {
     StderrCapture capture;
-    fs->set_conn_opts(fuse_parse_conn_info_opts(args.get()));
+    fs->mount().set_conn_opts(fuse_parse_conn_info_opts(args.get()));
     se =
         fuse_session_new(args.get(), &dnvme::fs::Operations(), sizeof(fuse_lowlevel_ops), fs.get());
     fuse_complaint = capture.Finish();
@@ -253,7 +255,7 @@ int main(int argc, char** argv) {
     Logger().warn("{}", why);
   }
   RaiseFileLimit();
-  fs->set_session(se);  // for the control file's cache invalidations
+  fs->mount().set_session(se);  // for the control file's cache invalidations
   int rc = kExitFailure;
   if (fuse_set_signal_handlers(se) != 0) {
     std::fprintf(stderr, "dnvmefs: error: cannot install signal handlers\n");
@@ -266,7 +268,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dnvmefs: error: fuse_session_custom_io: %s\n", std::strerror(-io_rc));
     fuse_session_unmount(se);
   } else {
-    fs->protocol().set_device_fd(fuse_session_fd(se));
+    fs->mount().protocol().set_device_fd(fuse_session_fd(se));
     // The parent of fuse_daemonize exits once the child is set up; the mount is live already.
     const bool daemonized = fuse_daemonize(opts.foreground ? 1 : 0) == 0;
     // Forked for good: CUDA (and cuFile) may start from now on, on the first GPU registration
@@ -285,15 +287,15 @@ int main(int argc, char** argv) {
       t.adoptable = opts.AdoptableRequestBuffers();
       t.max_request = opts.max_request;
       t.libfuse_max_threads = dnvme::fs::kMaxFuseThreads;
-      t.protocol = &fs->protocol();
+      t.protocol = &fs->mount().protocol();
       t.io_uring = opts.io_uring;
       t.uring_threads = opts.uring_threads;
       auto created = dnvme::fs::CreateTransport(se, t);
       if (created.ok()) {
         transport = std::move(created).value();
         using Kind = dnvme::fs::Transport::Kind;
-        loop_st = fs->ReservePrivileged(transport->kind() == Kind::kSplice,
-                                        transport->kind() != Kind::kUring);
+        loop_st = fs->mount().ReservePrivileged(transport->kind() == Kind::kSplice,
+                                                transport->kind() != Kind::kUring);
       } else {
         loop_st = created.status();
       }
@@ -301,7 +303,7 @@ int main(int argc, char** argv) {
       // those pipes (write_behind=0, or none could be made) they would be copied out of the
       // request pipe, which costs more than reading them.
       if (loop_st.ok() && transport->kind() == dnvme::fs::Transport::Kind::kSplice &&
-          !fs->SplicesWrites()) {
+          !fs->mount().SplicesWrites()) {
         Logger().info("requests read(2), not spliced: write-behind has no pipes to keep them");
         transport.reset();
         t.splice = false;
@@ -312,7 +314,7 @@ int main(int argc, char** argv) {
           loop_st = created.status();
         }
       }
-      if (loop_st.ok()) fs->set_transport(transport.get());
+      if (loop_st.ok()) fs->mount().set_transport(transport.get());
     }
     if (!daemonized) {
       Logger().error("daemonize failed");
@@ -340,7 +342,7 @@ int main(int argc, char** argv) {
       const bool unmounted = loop_rc == -ENODEV || loop_rc == -ECONNABORTED;
       rc = (loop_rc == 0 || by_signal || unmounted) ? 0 : kExitFailure;
       fs->Stop();  // no engine callback may reply into a destroyed session
-      fs->set_transport(nullptr);
+      fs->mount().set_transport(nullptr);
     }
     fuse_session_unmount(se);
   }

@@ -6,7 +6,8 @@
 // else (shared) or a WRITE whose data sits in write-behind (mount_dirty).
 //
 // Thread contract: every method is thread-safe; `mu` is a leaf lock (taken after everything in
-// Fs's lock order, nothing taken under it, never held while WaitForWrites sleeps).
+// the daemon's lock order (fs/core/fs.h), nothing taken under it, never held while WaitForWrites
+// sleeps).
 #pragma once
 
 #include <sys/types.h>

@@ -3,14 +3,14 @@
 //
 // A CtlSession belongs to one open of `ctl`. Each write() is one request: it joins the session's
 // queue and the write is answered at once; one job on a thread of the writer's uid's lane
-// (fs/limits/uid_lanes.h; virtual.cc hands it over) runs the queue in order, so one user's long
-// `wait` occupies only that user's threads, never a FUSE loop thread, and no write waits for a
-// request to run (the kernel may hold the ctl inode's lock for the write: docs/security.md). The
-// answer of the last request waits in the session for the next read(), and that read waits (is
-// parked, answered by the job when the queue is empty; no thread blocks) while requests are queued
-// or running. Handles (engine instances with their own parameters) and registered client buffers
-// belong to the session and go away with it (release waits for its queued requests and in-flight
-// operations first, on a lane).
+// (fs/limits/uid_lanes.h; fs/fuse/control_dir.cc hands it over) runs the queue in order, so one
+// user's long `wait` occupies only that user's threads, never a FUSE loop thread, and no write
+// waits for a request to run (the kernel may hold the ctl inode's lock for the write:
+// docs/security.md). The answer of the last request waits in the session for the next read(), and
+// that read waits (is parked, answered by the job when the queue is empty; no thread blocks) while
+// requests are queued or running. Handles (engine instances with their own parameters) and
+// registered client buffers belong to the session and go away with it (release waits for its queued
+// requests and in-flight operations first, on a lane).
 //
 // Identity: every request acts as the process that sent it (the FUSE request's uid, gid and
 // supplementary groups): paths are opened inside BACKING_DIR with openat2(RESOLVE_BENEATH) under
@@ -24,7 +24,7 @@
 // Thread contract: a session runs its requests one at a time, in the order they were queued (mu_);
 // different sessions run in parallel. Enqueue, Read and RunQueued take only queue_mu_, never for
 // long, so a FUSE thread serving a write or a read never waits for a request that is running.
-// Lock order (fs/fs.h): mu_, then queue_mu_, then the lanes' own (Enqueue's `start` runs under
+// Lock order (fs/core/fs.h): mu_, then queue_mu_, then the lanes' own (Enqueue's `start` runs under
 // queue_mu_).
 // Completion callbacks of a session's asynchronous transfers run on engine workers and only touch
 // the per-handle record list under its own mutex. Coherence work (draining the mount's
@@ -134,7 +134,7 @@ struct CtlHandle {
 // What the control plane needs from the filesystem core, and nothing more: pinning an inode the
 // kernel knows, coherence with the mount's data path (drain write-behind before a transfer,
 // drop read-ahead and the kernel's cache after one), the per-uid limits, and the live engine
-// configuration and stats. Fs implements it (fs/fs.h); sessions see only this.
+// configuration and stats. Fs implements it (fs/core/control_core.cc); sessions see only this.
 //
 // Thread contract: every method is thread-safe (called from the lane threads serving ctl requests).
 class ControlCore {

@@ -1,10 +1,10 @@
 // The FUSE low-level operations of dnvmefs, one function per op, in the files of fs/fuse/
-// (ops_table.cc puts them into the table libfuse calls; Operations() in fs/fs.h hands it out).
-// A passthrough of BACKING_DIR in which file data goes through the engine (fs/data/). Every
+// (ops_table.cc puts them into the table libfuse calls; Operations() below hands it out).
+// A passthrough of BACKING_DIR in which file data goes through the engine (datapath/). Every
 // request gets exactly one reply, and errors become errno only in these functions.
 //
 // Thread contract: called by the loop threads, any number at once; each op's state lives in the
-// inode (fs/fs.h) and its locks.
+// inode (fs/core/inode.h) and its locks.
 #pragma once
 
 #include <fuse_lowlevel.h>
@@ -59,3 +59,15 @@ void OpFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi
 fuse_lowlevel_ops MakeOps();
 
 }  // namespace dnvme::fs::ops
+
+namespace dnvme::fs {
+
+// The FUSE low-level operations table (fs/fuse/ops_table.cc; the ops in fs/fuse/ops_*.cc). The
+// session's userdata is the Fs (fs/core/fs.h).
+const fuse_lowlevel_ops& Operations();
+// The session's /dev/fuse I/O (fuse_session_custom_io, userdata the Fs): plain read, writev and
+// splice, with the mount's ProtocolExtensions shown each request libfuse reads itself and given
+// each reply to extend (fs/transport/protocol_ext.h).
+const fuse_custom_io& SessionIo();
+
+}  // namespace dnvme::fs

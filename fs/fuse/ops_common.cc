@@ -19,8 +19,8 @@
 
 #include "engine/common/log.h"
 #include "fs/caps.h"
-#include "fs/control/virtual.h"
-#include "fs/fs.h"
+#include "fs/core/fs.h"
+#include "fs/fuse/control_dir.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 #include "fs/fuse/passthrough.h"
@@ -38,7 +38,7 @@ void WaitForLeaseWrites(Inode& in, const char* before, bool share_if_busy) {
 
 void RunAfterLeaseWrites(Fs& fs, Inode& in, std::function<void()> op) {
   const std::optional<uid_t> holder = in.leases.count() > 0 ? in.leases.BusyHolder() : std::nullopt;
-  if (!holder || !fs.RepliesMayBeDeferred()) return op();
+  if (!holder || !fs.mount().RepliesMayBeDeferred()) return op();
   auto job = std::make_shared<std::function<void()>>(std::move(op));
   Status st = fs.ctl_lanes().Submit(
       *holder, [job] { (*job)(); }, UidLanes::IfFull::kQueue);
@@ -144,7 +144,7 @@ std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req) {
 
 void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
   fuse_entry_param e{};
-  int err = FsOf(req).DoLookup(parent, name, &e);
+  int err = FsOf(req).inodes().Lookup(parent, name, &e);
   if (err) {
     fuse_reply_err(req, err);
   } else {

@@ -23,12 +23,12 @@
 #include "dnvme/status.h"
 #include "engine/posix/identity.h"
 #include "fs/control/control.h"
-#include "fs/fs.h"
+#include "fs/core/fs.h"
 
 namespace dnvme::fs::ops {
 
-inline constexpr double kTimeout =
-    1.0;  // attr/entry cache: the backing dir changes only through us
+// attr/entry cache: the backing dir changes only through us (the InodeTable's lookups use it too).
+inline constexpr double kTimeout = kEntryTimeout;
 
 inline Fs& FsOf(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req)); }
 
@@ -52,7 +52,7 @@ void ReplyWritten(fuse_req_t req, const Result<size_t>& written);
 // releases the handle, so it is released here.
 void ReplyVirtualOpen(fuse_req_t req, fuse_ino_t ino, const Status& st, fuse_file_info* fi);
 
-// Answers `err` when `ino` is a control node (fs/control/virtual.h); false otherwise.
+// Answers `err` when `ino` is a control node (fs/fuse/control_dir.h); false otherwise.
 bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err);
 // Answers `err` when (parent, name) names the control dir or an entry inside it.
 bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err);
@@ -148,7 +148,7 @@ bool CallerInGroup(fuse_req_t req, gid_t gid);
 // as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
 // leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
 // `killed` (optional) says whether the mode changed: the kernel's cached mode is then stale (a
-// direct write updates none of its own), and a WRITE drops it (Fs::ForgetCachedAttributes).
+// direct write updates none of its own), and a WRITE drops it (Mount::ForgetCachedAttributes).
 int KillPrivs(fuse_req_t req, Inode& in, bool* killed = nullptr);
 
 // Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a

@@ -20,8 +20,8 @@
 
 #include "engine/common/log.h"
 #include "fs/caps.h"
-#include "fs/control/virtual.h"
-#include "fs/fs.h"
+#include "fs/core/fs.h"
+#include "fs/fuse/control_dir.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 
@@ -37,7 +37,7 @@ struct DirHandle : OpenHandle {
 
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualOpendir(ino, fi)) return ReplyVirtualOpen(req, ino, *v, fi);
-  Inode& in = FsOf(req).GetInode(ino);
+  Inode& in = FsOf(req).inodes().Get(ino);
   UidCharge files;
   if (int err = ChargeOpen(req, &files); err != 0) return (void)fuse_reply_err(req, err);
   int fd = openat(in.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -58,8 +58,8 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->cache_readdir = 0;
   Fs& fs = FsOf(req);
   DirHandle* raw = dh.release();
-  fs.Track(raw);
-  if (fuse_reply_open(req, fi) == -ENOENT) fs.Dispose(raw);
+  fs.handles().Track(raw);
+  if (fuse_reply_open(req, fi) == -ENOENT) fs.handles().Dispose(raw);
 }
 
 // Packs the control dir's entries into one reply of at most `size` bytes, as many as fit.
@@ -109,7 +109,7 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
         e.attr.st_ino = d->d_ino;
         e.attr.st_mode = static_cast<mode_t>(d->d_type) << 12;
       } else {
-        int lerr = fs.DoLookup(ino, d->d_name, &e);
+        int lerr = fs.inodes().Lookup(ino, d->d_name, &e);
         if (lerr) {
           if (lerr == ENOENT) continue;  // removed while listing
           err = lerr;
@@ -118,7 +118,7 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
       }
       need = fuse_add_direntry_plus(req, &buf[used], size - used, d->d_name, &e, d->d_off);
       if (need > size - used) {
-        if (!dots) fs.Forget(e.ino, 1);  // not handed to the kernel after all
+        if (!dots) fs.inodes().Forget(e.ino, 1);  // not handed to the kernel after all
         dh->offset = -1;  // the stream is past this entry: seek back on the next call
         break;
       }
@@ -152,7 +152,7 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_
 
 void OpReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualReleasedir(ino)) return ReplyStatus(req, *v);
-  FsOf(req).Dispose(reinterpret_cast<DirHandle*>(fi->fh));
+  FsOf(req).handles().Dispose(reinterpret_cast<DirHandle*>(fi->fh));
   fuse_reply_err(req, 0);
 }
 

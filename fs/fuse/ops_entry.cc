@@ -21,8 +21,8 @@
 
 #include "engine/common/log.h"
 #include "fs/caps.h"
-#include "fs/control/virtual.h"
-#include "fs/fs.h"
+#include "fs/core/fs.h"
+#include "fs/fuse/control_dir.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 
@@ -34,12 +34,12 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 }
 
 void OpForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
-  FsOf(req).Forget(ino, nlookup);
+  FsOf(req).inodes().Forget(ino, nlookup);
   fuse_reply_none(req);
 }
 
 void OpForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
-  for (size_t i = 0; i < count; ++i) FsOf(req).Forget(forgets[i].ino, forgets[i].nlookup);
+  for (size_t i = 0; i < count; ++i) FsOf(req).inodes().Forget(forgets[i].ino, forgets[i].nlookup);
   fuse_reply_none(req);
 }
 
@@ -48,12 +48,12 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualGetattr(ino)) return ReplyAttr(req, *v, kVirtualTimeout);
   Fs& fs = FsOf(req);
   struct stat st {};
-  int err = StatInode(fs.GetInode(ino), &st);
+  int err = StatInode(fs.inodes().Get(ino), &st);
   if (err) {
     fuse_reply_err(req, err);
   } else {
     // Uncached while a `dnvme run` client may change the size around the mount.
-    fuse_reply_attr(req, &st, fs.GetInode(ino).leases.count() > 0 ? 0.0 : kTimeout);
+    fuse_reply_attr(req, &st, fs.inodes().Get(ino).leases.count() > 0 ? 0.0 : kTimeout);
   }
 }
 
@@ -66,7 +66,7 @@ void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fu
 void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
   if (auto v = VirtualSetattr(ino, valid)) return ReplyAttr(req, *v, kVirtualTimeout);
   Fs& fs = FsOf(req);
-  Inode& in = fs.GetInode(ino);
+  Inode& in = fs.inodes().Get(ino);
   const int waits = FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |
                     FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW;
   if (!(valid & waits) || in.leases.count() == 0) return SetattrNow(req, ino, attr, valid, fi);
@@ -86,7 +86,7 @@ namespace {
 
 void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
   Fs& fs = FsOf(req);
-  Inode& in = fs.GetInode(ino);
+  Inode& in = fs.inodes().Get(ino);
   const std::string proc = ProcPath(in.fd);
   int err = 0;
   if (valid & FUSE_SET_ATTR_MODE) {
@@ -151,7 +151,7 @@ void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fu
 
 void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
   if (RefuseVirtual(req, ino, EINVAL)) return;
-  Inode& in = FsOf(req).GetInode(ino);
+  Inode& in = FsOf(req).inodes().Get(ino);
   char buf[PATH_MAX + 1];
   ssize_t n = readlinkat(in.fd, "", buf, sizeof(buf));
   if (n < 0) {
@@ -166,7 +166,7 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
 
 void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
-  Inode& dir = FsOf(req).GetInode(parent);
+  Inode& dir = FsOf(req).inodes().Get(parent);
   ActAsCaller as(req);
   if (as.error()) return (void)fuse_reply_err(req, as.error());
   // A device node reaches us only from a caller that holds CAP_MKNOD (the kernel checks it in
@@ -188,7 +188,7 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, d
 
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
-  Inode& dir = FsOf(req).GetInode(parent);
+  Inode& dir = FsOf(req).inodes().Get(parent);
   ActAsCaller as(req);
   if (as.error()) return (void)fuse_reply_err(req, as.error());
   if (mkdirat(dir.fd, name, mode) != 0) return (void)fuse_reply_err(req, errno);
@@ -197,7 +197,7 @@ void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
 
 void OpSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
-  Inode& dir = FsOf(req).GetInode(parent);
+  Inode& dir = FsOf(req).inodes().Get(parent);
   ActAsCaller as(req);
   if (as.error()) return (void)fuse_reply_err(req, as.error());
   if (symlinkat(link, dir.fd, name) != 0) return (void)fuse_reply_err(req, errno);
@@ -211,8 +211,8 @@ void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* ne
     return;
   }
   Fs& fs = FsOf(req);
-  Inode& in = fs.GetInode(ino);
-  Inode& dir = fs.GetInode(newparent);
+  Inode& in = fs.inodes().Get(ino);
+  Inode& dir = fs.inodes().Get(newparent);
   int rc;
   {
     // As the caller: the kernel's protected_hardlinks rule and the directory's permissions are
@@ -232,7 +232,7 @@ void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* ne
 
 void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (RefuseVirtualName(req, parent, name, EPERM)) return;
-  Inode& dir = FsOf(req).GetInode(parent);
+  Inode& dir = FsOf(req).inodes().Get(parent);
   ActAsCaller as(req);
   if (as.error()) return (void)fuse_reply_err(req, as.error());
   fuse_reply_err(req, unlinkat(dir.fd, name, 0) == 0 ? 0 : errno);
@@ -240,7 +240,7 @@ void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
 
 void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (RefuseVirtualName(req, parent, name, EPERM)) return;
-  Inode& dir = FsOf(req).GetInode(parent);
+  Inode& dir = FsOf(req).inodes().Get(parent);
   ActAsCaller as(req);
   if (as.error()) return (void)fuse_reply_err(req, as.error());
   fuse_reply_err(req, unlinkat(dir.fd, name, AT_REMOVEDIR) == 0 ? 0 : errno);
@@ -253,8 +253,8 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
     return;
   }
   Fs& fs = FsOf(req);
-  Inode& a = fs.GetInode(parent);
-  Inode& b = fs.GetInode(newparent);
+  Inode& a = fs.inodes().Get(parent);
+  Inode& b = fs.inodes().Get(newparent);
   ActAsCaller as(req);
   if (as.error()) return (void)fuse_reply_err(req, as.error());
   // RENAME_WHITEOUT makes a whiteout device node: the kernel let it through only for a caller
@@ -271,7 +271,7 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
 void OpStatfs(fuse_req_t req, fuse_ino_t ino) {
   struct statvfs sv {};
   if (IsVirtual(ino)) ino = FUSE_ROOT_ID;
-  if (fstatvfs(FsOf(req).GetInode(ino).fd, &sv) != 0) {
+  if (fstatvfs(FsOf(req).inodes().Get(ino).fd, &sv) != 0) {
     fuse_reply_err(req, errno);
   } else {
     fuse_reply_statfs(req, &sv);
@@ -285,7 +285,7 @@ bool XattrCapable(Inode& in) { return !S_ISLNK(in.type); }
 void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
                 int flags) {
   if (RefuseVirtual(req, ino, ENOTSUP)) return;
-  Inode& in = FsOf(req).GetInode(ino);
+  Inode& in = FsOf(req).inodes().Get(ino);
   if (!XattrCapable(in)) {
     fuse_reply_err(req, ENOTSUP);
     return;
@@ -311,7 +311,7 @@ void ReplyXattr(fuse_req_t req, size_t size, Call call) {
 
 void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   if (RefuseVirtual(req, ino, ENODATA)) return;
-  Inode& in = FsOf(req).GetInode(ino);
+  Inode& in = FsOf(req).inodes().Get(ino);
   if (!XattrCapable(in)) {
     fuse_reply_err(req, ENODATA);
     return;
@@ -321,7 +321,7 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 }
 
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
-  Inode& in = FsOf(req).GetInode(ino);
+  Inode& in = FsOf(req).inodes().Get(ino);
   if (!XattrCapable(in) || IsVirtual(ino)) {  // no names; answered the same way
     ReplyXattr(req, size, [](char*, size_t) { return ssize_t{0}; });
     return;
@@ -332,7 +332,7 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   if (RefuseVirtual(req, ino, ENOTSUP)) return;
-  Inode& in = FsOf(req).GetInode(ino);
+  Inode& in = FsOf(req).inodes().Get(ino);
   if (!XattrCapable(in)) {
     fuse_reply_err(req, ENOTSUP);
     return;

@@ -1,5 +1,5 @@
 // FUSE ops on open files: open/create (the backing file registered with the engine once), read
-// and write through the data path (fs/data/data_path.cc), flush/release/fsync (which drain the
+// and write through the data path (fs/core/read_path.cc), flush/release/fsync (which drain the
 // inode's write-behind), fallocate and lseek. Errors leave as errno only here (Status::ErrnoOr).
 #include <dirent.h>
 #include <fcntl.h>
@@ -22,11 +22,13 @@
 
 #include "engine/common/log.h"
 #include "fs/caps.h"
-#include "fs/control/virtual.h"
-#include "fs/fs.h"
+#include "fs/core/fs.h"
+#include "fs/core/read_path.h"
+#include "fs/fuse/control_dir.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 #include "fs/fuse/passthrough.h"
+#include "fs/transport/write_source.h"
 
 namespace dnvme::fs::ops {
 
@@ -54,8 +56,8 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
     FileAccess access = acc == O_RDONLY   ? FileAccess::kRead
                         : acc == O_WRONLY ? FileAccess::kWrite
                                           : FileAccess::kReadWrite;
-    auto ref =
-        fs.Engine()->adopt_fd(fd.get(), access, access == FileAccess::kRead ? nullptr : write_as);
+    auto ref = fs.mount().engine()->adopt_fd(fd.get(), access,
+                                             access == FileAccess::kRead ? nullptr : write_as);
     if (!ref.ok()) {
       Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
       return ref.status().ErrnoOr();
@@ -65,7 +67,7 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
   }
   fh->fd = std::move(fd);
   *out = fh.release();
-  fs.Track(*out);
+  fs.handles().Track(*out);
   return 0;
 }
 
@@ -77,8 +79,8 @@ void FillOpenFlags(Fs& fs, fuse_file_info* fi, FileHandle* fh) {
   // copy into fresh page-cache pages, and the pages then stay cached (options.h, DirectIo; measured
   // in docs/performance.md). An O_RDWR open gets it only where the kernel can still mmap it
   // (FUSE_DIRECT_IO_ALLOW_MMAP); its reads then go uncached through the daemon's read-ahead.
-  const bool direct =
-      OpenGetsDirectIo(fs.opts().direct_io, fi->flags, fs.protocol().direct_io_mmap());
+  const bool direct = OpenGetsDirectIo(fs.mount().opts().direct_io, fi->flags,
+                                       fs.mount().protocol().direct_io_mmap());
   fi->direct_io = direct ? 1 : 0;
   fi->noflush = 0;
   // Otherwise the kernel copies a write's data into its page cache first and, when the session
@@ -91,7 +93,7 @@ void FillOpenFlags(Fs& fs, fuse_file_info* fi, FileHandle* fh) {
 // or the open did.
 void AbandonOpen(Fs& fs, FileHandle* fh) {
   if (S_ISREG(fh->inode->type)) EndOpen(fs, *fh->inode, fh->passthrough);
-  fs.Dispose(fh);
+  fs.handles().Dispose(fh);
 }
 
 // A `dnvme run` client writes this file around the mount (fs/broker/): a new opener must see its
@@ -136,7 +138,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualOpen(FsOf(req), ino, fuse_req_ctx(req)->uid, fi))
     return ReplyVirtualOpen(req, ino, *v, fi);
   Fs& fs = FsOf(req);
-  Inode& in = fs.GetInode(ino);
+  Inode& in = fs.inodes().Get(ino);
   // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
   UidCharge files;
   UniqueFd fd;
@@ -174,7 +176,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
               fuse_file_info* fi) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
   Fs& fs = FsOf(req);
-  Inode& dir = fs.GetInode(parent);
+  Inode& dir = fs.inodes().Get(parent);
   const int flags = (fi->flags & ~(O_DIRECT | O_APPEND | O_NOCTTY | O_CREAT | O_EXCL)) | O_CLOEXEC;
   // O_EXCL always, so that we know whether this request made the file (and removes it again if
   // the reply fails). As the caller: the file is the caller's from its first moment, made with
@@ -208,7 +210,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
       return (void)fuse_reply_err(req, errno);
   }
   fuse_entry_param e{};
-  int err = fs.DoLookup(parent, name, &e);
+  int err = fs.inodes().Lookup(parent, name, &e);
   FileHandle* fh = nullptr;
   if (!err) {
     // The name may mean another object by now: the handle is of the file we opened, and the
@@ -216,10 +218,10 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     if (mine.st_ino != e.attr.st_ino || mine.st_dev != e.attr.st_dev) err = ESTALE;
     const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
     if (!err) {
-      err = MakeHandle(fs, fs.GetInode(e.ino), fi->flags, std::move(owned),
+      err = MakeHandle(fs, fs.inodes().Get(e.ino), fi->flags, std::move(owned),
                        writes ? WriterIdentity(req) : nullptr, std::move(files), &fh);
     }
-    if (err) fs.Forget(e.ino, 1);
+    if (err) fs.inodes().Forget(e.ino, 1);
   }
   if (err) {
     if (created) RemoveIfStill(dir, name, mine);
@@ -244,12 +246,12 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   }
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
-  MountCounters::NoteMax(fs.counters().largest_read, size);
+  MountCounters::NoteMax(fs.mount().counters().largest_read, size);
   // An O_DIRECT client (libaio at queue depth N) sends N reads at once: with async_reply they are
   // answered from the engine's completion, freeing this thread for the next one (measured slower
   // on 2 cores, see options.h, hence off by default).
-  if (fh.client_direct && fs.opts().async_reply &&
-      fs.ReadAsync(fh, size, off, [req](Result<std::span<const char>> got) {
+  if (fh.client_direct && fs.mount().opts().async_reply &&
+      ReadAsync(fs.mount(), fh, size, off, [req](Result<std::span<const char>> got) {
         if (got.ok()) {
           fuse_reply_buf(req, got.value().data(), got.value().size());
         } else {
@@ -264,7 +266,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     return;
   }
   datapath::ReadReply reply;
-  Result<int64_t> n = fs.Read(fh, scratch, size, off, &reply);
+  Result<int64_t> n = Read(fs.mount(), fh, scratch, size, off, &reply);
   if (!n.ok()) {
     fuse_reply_err(req, n.status().ErrnoOr());
   } else {
@@ -281,7 +283,7 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
   }
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
-  Transport* const transport = fs.transport();
+  Transport* const transport = fs.mount().transport();
   // Only a direct write's flags say who wrote (WriterUnprivileged): a page-cache write's are not
   // looked up.
   const std::optional<uint32_t> flags =
@@ -295,10 +297,10 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
     // The kernel keeps its cached mode through a direct write (and through the set-group-ID case
     // it leaves to us after a page-cache one): without this an exec or a permission check could
     // still see the cleared bit until the attributes time out.
-    if (killed) fs.ForgetCachedAttributes(ino);
+    if (killed) fs.mount().ForgetCachedAttributes(ino);
   }
   const size_t size = fuse_buf_size(bufv);
-  MountCounters::NoteMax(fs.counters().largest_write, size);
+  MountCounters::NoteMax(fs.mount().counters().largest_write, size);
   char* scratch = ThreadScratch(size);
   if (scratch == nullptr) {
     fuse_reply_err(req, ENOMEM);
@@ -348,7 +350,7 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fh->inode->ra.Quiesce();
     EndOpen(FsOf(req), *fh->inode, fh->passthrough);
   }
-  FsOf(req).Dispose(fh);
+  FsOf(req).handles().Dispose(fh);
   fuse_reply_err(req, 0);
 }
 
@@ -369,7 +371,7 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
                  fuse_file_info* fi) {
   if (RefuseVirtual(req, ino, EOPNOTSUPP)) return;
   Fs& fs = FsOf(req);
-  Inode& in = fs.GetInode(ino);
+  Inode& in = fs.inodes().Get(ino);
   int err = in.wb.Drain(nullptr).ErrnoOr();
   in.ra.Invalidate();
   if (!err) {
@@ -385,7 +387,7 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
 void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
   if (RefuseVirtual(req, ino, EINVAL)) return;
   Fs& fs = FsOf(req);
-  int err = fs.GetInode(ino).wb.Drain(nullptr).ErrnoOr();
+  int err = fs.inodes().Get(ino).wb.Drain(nullptr).ErrnoOr();
   if (err) {
     fuse_reply_err(req, err);
     return;

@@ -20,8 +20,8 @@
 
 #include "engine/common/log.h"
 #include "fs/caps.h"
-#include "fs/control/virtual.h"
-#include "fs/fs.h"
+#include "fs/core/fs.h"
+#include "fs/fuse/control_dir.h"
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 
@@ -32,16 +32,17 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   // Measured on the reference VM (docs/performance-journal.md): 512 KiB-1 MiB is best, 4 MiB and
   // more lose to the daemon's own read-ahead (the kernel then floods us with parallel requests).
   // With larger requests the kernel's read-ahead must be as large, or reads stay at its size.
-  const int64_t request = fs.opts().max_request;
+  const int64_t request = fs.mount().opts().max_request;
   const unsigned readahead = static_cast<unsigned>(std::max<int64_t>(request, 1 << 20));
-  if (fs.opts().read_ahead > 0) RaiseKernelReadAhead(fs.opts().mountpoint, readahead);
+  if (fs.mount().opts().read_ahead > 0)
+    RaiseKernelReadAhead(fs.mount().opts().mountpoint, readahead);
   // max_request-sized requests (1 MiB by default), parallel reads, async direct I/O so a libaio
   // client's requests reach us concurrently, splice where the kernel offers it. libfuse 3.14
   // clamps max_write to its buffer before calling us, not after, and derives max_pages from what
   // we set here; our transport sizes its own buffers (fs/transport/transport.h).
   conn->max_write = static_cast<unsigned>(request);
   // The max_read mount option (fs/main.cc): libfuse refuses an INIT whose value differs.
-  conn->max_read = static_cast<unsigned>(fs.opts().max_read);
+  conn->max_read = static_cast<unsigned>(fs.mount().opts().max_read);
   conn->max_readahead = readahead;
   WarnIfKernelClampsRequests(request);
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
@@ -72,7 +73,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (conn->max_background < 64) conn->max_background = 64;
   if (conn->congestion_threshold < 48) conn->congestion_threshold = 48;
   // Connection options given with -o (max_background=, max_read=, ...) win over our defaults.
-  if (fs.conn_opts() != nullptr) fuse_apply_conn_info_opts(fs.conn_opts(), conn);
+  if (fs.mount().conn_opts() != nullptr) fuse_apply_conn_info_opts(fs.mount().conn_opts(), conn);
 }
 
 void OpDestroy(void* userdata) { static_cast<Fs*>(userdata)->DrainAll(); }
@@ -129,7 +130,8 @@ namespace {
 
 ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
   ssize_t n = read(fd, buf, len);
-  if (n > 0) static_cast<Fs*>(userdata)->protocol().ObserveRequest(buf, static_cast<size_t>(n));
+  if (n > 0)
+    static_cast<Fs*>(userdata)->mount().protocol().ObserveRequest(buf, static_cast<size_t>(n));
   return n;
 }
 
@@ -139,8 +141,8 @@ std::optional<ssize_t> SpliceReply(Fs& fs, int fd, const iovec* iov, int count) 
   size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   if (total < kMinSplicedReply) return std::nullopt;
-  MountCounters& c = fs.counters();
-  datapath::PipePool::Lease pipe = fs.reply_pipes()->TryAcquire();
+  MountCounters& c = fs.mount().counters();
+  datapath::PipePool::Lease pipe = fs.mount().reply_pipes()->TryAcquire();
   Result<std::optional<size_t>> sent = std::optional<size_t>();  // no pipe free: written
   if (pipe) sent = SpliceMessage(*pipe, fd, iov, count);
   if (!sent.ok()) {  // the device refused the reply (ENOENT: the request was interrupted)
@@ -159,14 +161,14 @@ std::optional<ssize_t> SpliceReply(Fs& fs, int fd, const iovec* iov, int count) 
 ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
   Fs& fs = *static_cast<Fs*>(userdata);
   ssize_t written;
-  if (Transport* t = fs.transport(); t != nullptr && t->TakeReply(iov, count, &written)) {
+  if (Transport* t = fs.mount().transport(); t != nullptr && t->TakeReply(iov, count, &written)) {
     return written;
   }
   // INIT's reply goes through WriteReply, which amends it; replies after it may be spliced.
-  if (fs.reply_pipes() != nullptr && fs.protocol().init_replied()) {
+  if (fs.mount().reply_pipes() != nullptr && fs.mount().protocol().init_replied()) {
     if (std::optional<ssize_t> n = SpliceReply(fs, fd, iov, count)) return *n;
   }
-  return fs.protocol().WriteReply(fd, iov, count);
+  return fs.mount().protocol().WriteReply(fd, iov, count);
 }
 
 ssize_t IoSpliceSend(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,

@@ -38,7 +38,7 @@ std::optional<int32_t> OpenBacking(Fs& fs, Inode& in) {
     Logger().warn("passthrough open of inode {}: {}", in.ino, cap.status().ToString());
     return std::nullopt;
   }
-  auto id = fs.protocol().OpenBacking(in.fd);
+  auto id = fs.mount().protocol().OpenBacking(in.fd);
   if (!id.ok()) {
     Logger().debug("passthrough open of inode {}: {}", in.ino, id.status().ToString());
     return std::nullopt;
@@ -48,7 +48,7 @@ std::optional<int32_t> OpenBacking(Fs& fs, Inode& in) {
 
 void CloseBacking(Fs& fs, Inode& in, int32_t id) {
   auto cap = ScopedCapability::Raise(CAP_SYS_ADMIN);
-  Status st = cap.ok() ? fs.protocol().CloseBacking(id) : cap.status();
+  Status st = cap.ok() ? fs.mount().protocol().CloseBacking(id) : cap.status();
   // The kernel keeps the backing file while an inode uses it; a leaked id only holds one file
   // open until the session ends.
   if (!st.ok()) Logger().warn("closing backing id {} of inode {}: {}", id, in.ino, st.ToString());
@@ -105,10 +105,10 @@ OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
   if (m.passthrough > 0) {
     // The kernel requires every open of a passthrough inode to be passthrough (EIO otherwise).
     ++m.passthrough;
-    fs.counters().passthrough_opens.fetch_add(1, std::memory_order_relaxed);
+    fs.mount().counters().passthrough_opens.fetch_add(1, std::memory_order_relaxed);
     return {true, m.backing_id};
   }
-  if (m.other > 0 || !Wants(fs.opts(), flags) || !fs.protocol().passthrough()) {
+  if (m.other > 0 || !Wants(fs.mount().opts(), flags) || !fs.mount().protocol().passthrough()) {
     ++m.other;
     return {};
   }
@@ -122,14 +122,14 @@ OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
   in.ra.Invalidate();
   std::optional<int32_t> id = OpenBacking(fs, in);
   if (!id) {
-    fs.counters().passthrough_refused.fetch_add(1, std::memory_order_relaxed);
+    fs.mount().counters().passthrough_refused.fetch_add(1, std::memory_order_relaxed);
     ++m.other;
     return {};
   }
   m.backing_id = *id;
   m.passthrough = 1;
-  fs.counters().passthrough_opens.fetch_add(1, std::memory_order_relaxed);
-  fs.counters().backing_files.fetch_add(1, std::memory_order_relaxed);
+  fs.mount().counters().passthrough_opens.fetch_add(1, std::memory_order_relaxed);
+  fs.mount().counters().backing_files.fetch_add(1, std::memory_order_relaxed);
   return {true, *id};
 }
 
@@ -143,7 +143,7 @@ void EndOpen(Fs& fs, Inode& in, bool passthrough) {
   if (--m.passthrough > 0) return;
   CloseBacking(fs, in, m.backing_id);
   m.backing_id = -1;
-  fs.counters().backing_files.fetch_sub(1, std::memory_order_relaxed);
+  fs.mount().counters().backing_files.fetch_sub(1, std::memory_order_relaxed);
 }
 
 int ReplyOpenPassthrough(fuse_req_t req, const fuse_file_info& fi, int32_t backing_id) {

@@ -31,14 +31,14 @@
 // (fs/caps.h); the backing file is then opened by the kernel with the daemon's credentials.
 //
 // Thread contract: BeginOpen/EndOpen from any FUSE handler; an inode's counts are guarded by its
-// OpenModes::mu (lock order, fs/fs.h: level 2, before the inode's WriteBehind/ReadAhead).
+// OpenModes::mu (lock order, fs/core/fs.h: level 2, before the inode's WriteBehind/ReadAhead).
 #pragma once
 
 #include <fuse_lowlevel.h>
 
 #include <cstdint>
 
-#include "fs/fs.h"
+#include "fs/core/fs.h"
 
 namespace dnvme::fs::ops {
 

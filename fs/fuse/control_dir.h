@@ -2,7 +2,7 @@
 // fs/fuse/ops_*.cc see it: each Virtual* function is asked first and says what happened as a
 // value -- std::nullopt when the request does not concern a control node (the op goes on as
 // usual), otherwise the outcome (a Status or a Result). Nothing here replies: the op answers,
-// and a Status becomes an errno only there (ErrnoOf, fs/fuse/fuse_status.h). The refusals keep
+// and a Status becomes an errno only there (Status::ErrnoOr). The refusals keep
 // the errno they always had (EPERM, EACCES, EISDIR, ENOTDIR, EBADF, ENOENT, EINVAL).
 //
 // The directory is never stored in BACKING_DIR and does not appear in the root's listing (so
@@ -10,6 +10,8 @@
 // entry of the same name is hidden by it.
 //
 // Thread safety: as the FUSE operations; the per-open state is a VirtualFile (its own mutex).
+// The directory's inodes are the InodeTable's (fs/core/inode_table.h); its files' contents come
+// from the core (Fs: stats, config, the broker's name) and the control plane (fs/control/).
 #pragma once
 
 #include <fuse_lowlevel.h>

@@ -1,7 +1,7 @@
-// The mount's READ path: a read reaches the engine through the inode's WriteBehind (drained
-// first) and ReadAhead (datapath/, shared with `dnvme run`); O_DIRECT clients' reads may be
-// answered asynchronously (ReadAsync). A WRITE goes from the op (fs/fuse/ops_file.cc) straight to
-// the inode's WriteBehind. Errors leave as Status; the FUSE ops turn them into errno replies.
+// The mount's READ path (declared in read_path.h): a read reaches the engine through the
+// inode's WriteBehind (drained first) and ReadAhead (datapath/, shared with `dnvme run`).
+#include "fs/core/read_path.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "engine/common/log.h"
-#include "fs/fs.h"
 
 namespace dnvme::fs {
 namespace {
@@ -39,11 +38,13 @@ Result<int64_t> ReadShrunk(int fd, char* buf, int64_t n, int64_t off) {
 
 }  // namespace
 
-bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
-  if (!reply_pool_ || size > reply_pool_->buffer_size()) return false;
-  PinnedPool::Lease lease = reply_pool_->TryAcquire();
+bool ReadAsync(Mount& mount, FileHandle& fh, size_t size, off_t off, ReadDone done) {
+  PinnedPool* const pool = mount.reply_pool();
+  if (pool == nullptr || size > pool->buffer_size()) return false;
+  PinnedPool::Lease lease = pool->TryAcquire();
+  MountCounters& counters = mount.counters();
   if (!lease) return false;
-  counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
+  counters.read_ops.fetch_add(1, std::memory_order_relaxed);
   int64_t file_size = 0;
   Result<int64_t> readable = ReadableBytes(fh, size, off, &file_size);
   if (!readable.ok() || *readable == 0) {
@@ -59,11 +60,10 @@ bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
   const int fd = fh.fd.get();  // valid until release, which cannot come while a read is pending
   // Shared by the callback and the submit-failure path below: exactly one of them runs it.
   auto finish = std::make_shared<ReadDone>(std::move(done));
-  Status s = Engine()->submit_pread(
-      buf->data(), n, fh.file, off, [this, finish, buf, n, fd, off](const OpResult& r) {
+  Status s = mount.engine()->submit_pread(
+      buf->data(), n, fh.file, off, [&counters, finish, buf, n, fd, off](const OpResult& r) {
         if (r.status.ok()) {
-          counters_.bytes_read_engine.fetch_add(static_cast<uint64_t>(n),
-                                                std::memory_order_relaxed);
+          counters.bytes_read_engine.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
           (*finish)(std::span<const char>(buf->data(), static_cast<size_t>(n)));
         } else if (r.status.code() == Status::Code::kEndOfFile) {
           Result<int64_t> got = ReadShrunk(fd, buf->data(), n, off);
@@ -73,20 +73,20 @@ bool Fs::ReadAsync(FileHandle& fh, size_t size, off_t off, ReadDone done) {
             (*finish)(got.status());
           }
         } else {
-          counters_.errors.fetch_add(1, std::memory_order_relaxed);
+          counters.errors.fetch_add(1, std::memory_order_relaxed);
           (*finish)(r.status);
         }
       });
   if (!s.ok()) {
-    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+    counters.errors.fetch_add(1, std::memory_order_relaxed);
     (*finish)(s);
   }
   return true;
 }
 
-Result<int64_t> Fs::Read(FileHandle& fh, char* out, size_t size, off_t off,
-                         datapath::ReadReply* reply) {
-  counters_.read_ops.fetch_add(1, std::memory_order_relaxed);
+Result<int64_t> Read(Mount& mount, FileHandle& fh, char* out, size_t size, off_t off,
+                     datapath::ReadReply* reply) {
+  mount.counters().read_ops.fetch_add(1, std::memory_order_relaxed);
   // Before the drain: a change after it makes what the window would fetch suspect.
   const uint64_t generation = fh.inode->ra.Generation();
   int64_t file_size = 0;
@@ -95,8 +95,8 @@ Result<int64_t> Fs::Read(FileHandle& fh, char* out, size_t size, off_t off,
   const int64_t n = *readable;
   // O_DIRECT clients asked for no caching: they read on demand. The window's counters and the
   // rest read into the caller's (pinned, aligned) scratch buffer are the data path's.
-  Result<int64_t> got = fh.inode->ra.Read(*Engine(), fh.file, off, n, file_size, !fh.client_direct,
-                                          out, reply, generation);
+  Result<int64_t> got = fh.inode->ra.Read(*mount.engine(), fh.file, off, n, file_size,
+                                          !fh.client_direct, out, reply, generation);
   if (got.ok() || got.status().code() != Status::Code::kEndOfFile) return got;
   const int64_t served = reply->bytes();
   Result<int64_t> rest = ReadShrunk(fh.fd.get(), out + served, n - served, off + served);

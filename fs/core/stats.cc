@@ -1,56 +1,46 @@
 // Fs::StatsJson: the mount's counters as one JSON document -- what `.dnvme/stats` shows, what a
 // ctl `stats` request answers and what the daemon logs when it unmounts
-// (docs/control-protocol.md, "stats"). Every room of fs/ contributes its part.
+// (docs/control-protocol.md, "stats"). Every piece of the core contributes its part.
 #include <time.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "fs/fs.h"
+#include "fs/core/fs.h"
 
 namespace dnvme::fs {
 
 using nlohmann::json;
 
 std::string Fs::StatsJson() {
-  HandleStats engine_total;
-  {
-    std::lock_guard rl(reconfig_mu_);
-    ReapRetiredLocked();
-    engine_total = retired_stats_;
-    for (auto& r : retired_) engine_total += r->stats();
-  }
-  if (auto e = Engine()) engine_total += e->stats();
-  HandleStats ctl_total;
-  {
-    std::lock_guard lock(ctl_engines_mu_);
-    ctl_total = ctl_closed_stats_;
-    for (AioHandle* h : ctl_engines_) ctl_total += h->stats();
-  }
+  Engines& engines = mount_.engines();
+  const HandleStats engine_total = engines.MountStats();
+  const HandleStats ctl_total = engines.SessionStats();
+  const MountOptions& opts = mount_.opts();
   auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   const CtlCounters& c = ctl_counters_;
   struct timespec now {};
   clock_gettime(CLOCK_REALTIME, &now);
   json j = {
       {"mount",
-       {{"backing", opts_.backing},
-        {"mountpoint", opts_.mountpoint},
-        {"uptime_s", static_cast<double>(now.tv_sec - started_.tv_sec) +
-                         (now.tv_nsec - started_.tv_nsec) / 1e9},
-        {"write_behind", opts_.write_behind},
-        {"write_chunk", opts_.write_chunk},
-        {"read_ahead", opts_.read_ahead},
-        {"async_reply", opts_.async_reply},
-        {"splice_read", opts_.SpliceRequests()},
-        {"direct_io", DirectIoName(opts_.direct_io)},
-        {"splice_reply", opts_.splice_reply},
-        {"clone_fd", opts_.clone_fd},
-        {"io_uring", opts_.io_uring},
-        {"max_request", opts_.max_request},
-        {"passthrough", PassthroughName(opts_.passthrough)},
-        {"preload", opts_.preload}}},
-      {"config", json::parse(EngineConfig().ToJson())},
-      {"fuse", json::parse(counters_.ToJson())},
+       {{"backing", opts.backing},
+        {"mountpoint", opts.mountpoint},
+        {"uptime_s", static_cast<double>(now.tv_sec - mount_.started().tv_sec) +
+                         (now.tv_nsec - mount_.started().tv_nsec) / 1e9},
+        {"write_behind", opts.write_behind},
+        {"write_chunk", opts.write_chunk},
+        {"read_ahead", opts.read_ahead},
+        {"async_reply", opts.async_reply},
+        {"splice_read", opts.SpliceRequests()},
+        {"direct_io", DirectIoName(opts.direct_io)},
+        {"splice_reply", opts.splice_reply},
+        {"clone_fd", opts.clone_fd},
+        {"io_uring", opts.io_uring},
+        {"max_request", opts.max_request},
+        {"passthrough", PassthroughName(opts.passthrough)},
+        {"preload", opts.preload}}},
+      {"config", json::parse(engines.config().ToJson())},
+      {"fuse", json::parse(mount_.counters().ToJson())},
       {"engine", json::parse(engine_total.ToJson())},
       {"ctl",
        {{"requests", r(c.requests)},
@@ -68,13 +58,15 @@ std::string Fs::StatsJson() {
         {"engine", json::parse(ctl_total.ToJson())}}},
   };
   // Pipes for spliced write-behind (datapath/splice_io.h); 0 when requests are read, not spliced.
-  j["mount"]["splice_pipes"] = wb_pipes_ ? wb_pipes_->count() : 0;
+  j["mount"]["splice_pipes"] =
+      mount_.write_behind_pipes() ? mount_.write_behind_pipes()->count() : 0;
   // Pipes for spliced replies (-o splice_reply); 0 when replies are written.
-  j["mount"]["reply_pipes"] = reply_pipes_ ? reply_pipes_->count() : 0;
+  j["mount"]["reply_pipes"] = mount_.reply_pipes() ? mount_.reply_pipes()->count() : 0;
   // How requests arrive (fs/transport/transport.h); null before the session runs.
-  j["transport"] = transport_ ? json::parse(transport_->StatsJson()) : json(nullptr);
+  j["transport"] =
+      mount_.transport() ? json::parse(mount_.transport()->StatsJson()) : json(nullptr);
   // What was negotiated with the kernel beyond libfuse's 7.38 (fs/transport/protocol_ext.h).
-  j["kernel"] = json::parse(protocol_.StatsJson());
+  j["kernel"] = json::parse(mount_.protocol().StatsJson());
   // The preload broker (fs/broker/broker.h); null with -o preload=0.
   j["broker"] = broker_ ? json::parse(broker_->StatsJson()) : json(nullptr);
   return j.dump();

@@ -1,4 +1,4 @@
-#include "fs/control/virtual.h"
+#include "fs/fuse/control_dir.h"
 
 #include <fcntl.h>
 #include <linux/fuse.h>
@@ -14,11 +14,7 @@
 #include <vector>
 
 #include "engine/common/log.h"
-#include "fs/fs.h"
-
-#ifndef DNVME_VERSION
-#define DNVME_VERSION "unknown"
-#endif
+#include "fs/core/fs.h"
 
 namespace dnvme::fs {
 namespace {
@@ -75,7 +71,7 @@ void FillStat(VirtualNode kind, struct stat* st, const struct timespec& t) {
 
 fuse_entry_param EntryOf(Fs& fs, VirtualNode kind, const struct timespec& t) {
   fuse_entry_param e{};
-  e.ino = reinterpret_cast<fuse_ino_t>(&fs.VirtualInode(kind));
+  e.ino = reinterpret_cast<fuse_ino_t>(&fs.inodes().Virtual(kind));
   FillStat(kind, &e.attr, t);
   e.attr_timeout = kVirtualTimeout;
   e.entry_timeout = kVirtualTimeout;
@@ -174,7 +170,7 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
   fi->keep_cache = 0;
   fi->nonseekable = kind == VirtualNode::kCtl ? 1 : 0;
   VirtualFile* raw = vf.release();
-  fs.Track(raw);
+  fs.handles().Track(raw);
   fi->fh = reinterpret_cast<uint64_t>(raw);
   return Status::Ok();
 }
@@ -233,7 +229,7 @@ void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_inf
       return reply(CtlError(EINVAL, std::string(kCtlDirName) + "/ctl takes no O_APPEND"));
     }
     const std::shared_ptr<CtlSession>& session = vf->session;
-    if (!fs.RepliesMayBeDeferred()) {
+    if (!fs.mount().RepliesMayBeDeferred()) {
       session->Request(text, caller);
       return reply(size);
     }
@@ -277,8 +273,8 @@ std::optional<Status> VirtualRelease(Fs& fs, fuse_ino_t ino, fuse_file_info* fi)
   // lane, so neither this FUSE thread nor another user waits for that user's transfers. (Held
   // through a shared_ptr: lane jobs are copyable callables.)
   std::shared_ptr<CtlSession> session(std::move(vf->session));
-  fs.Dispose(vf);
-  if (session != nullptr && fs.RepliesMayBeDeferred()) {
+  fs.handles().Dispose(vf);
+  if (session != nullptr && fs.mount().RepliesMayBeDeferred()) {
     const uid_t owner = session->owner();
     // Never refused for a full queue: the session must go. After shutdown (not taken) it goes
     // here, with the last reference.
@@ -329,173 +325,6 @@ std::optional<std::vector<VirtualDirEntry>> VirtualReaddir(Fs& fs, fuse_ino_t in
 std::optional<Status> VirtualReleasedir(fuse_ino_t ino) {
   if (KindOf(ino) == VirtualNode::kNone) return std::nullopt;
   return Status::Ok();
-}
-
-// ---- Fs: the control plane's side of the filesystem state ----
-
-void Fs::InitVirtualNodes() {
-  ctl_dir_.virt = VirtualNode::kCtlDir;
-  ctl_dir_.type = S_IFDIR;
-  ctl_node_.virt = VirtualNode::kCtl;
-  stats_node_.virt = VirtualNode::kStats;
-  config_node_.virt = VirtualNode::kConfig;
-  broker_node_.virt = VirtualNode::kBroker;
-  for (Inode* in : {&ctl_node_, &stats_node_, &config_node_, &broker_node_}) in->type = S_IFREG;
-}
-
-Inode& Fs::VirtualInode(VirtualNode kind) {
-  switch (kind) {
-    case VirtualNode::kCtl:
-      return ctl_node_;
-    case VirtualNode::kStats:
-      return stats_node_;
-    case VirtualNode::kConfig:
-      return config_node_;
-    case VirtualNode::kBroker:
-      return broker_node_;
-    default:
-      return ctl_dir_;
-  }
-}
-
-std::string DaemonVersion() { return DNVME_VERSION; }
-
-bool Fs::MayReconfigure(uid_t uid) const { return uid == 0 || uid == geteuid(); }
-
-std::shared_ptr<AioHandle> Fs::Engine() {
-  std::lock_guard lock(engine_mu_);
-  return engine_;
-}
-
-HandleConfig Fs::EngineConfig() {
-  std::lock_guard lock(engine_mu_);
-  return engine_config_;
-}
-
-void Fs::ReapRetiredLocked() {
-  for (auto it = retired_.begin(); it != retired_.end();) {
-    // Only this list holds it, and nobody can take a new reference: destroying it waits for its
-    // in-flight operations (their callbacks take Inode::m, which this thread does not hold).
-    if (it->use_count() == 1) {
-      retired_stats_ += (*it)->stats();
-      it->reset();
-      it = retired_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-Result<HandleConfig> Fs::SetEngineConfig(const std::string& json_patch) {
-  std::lock_guard rl(reconfig_mu_);
-  const HandleConfig base = EngineConfig();
-  auto c = HandleConfig::FromJson(json_patch, base);
-  if (!c.ok()) return c.status();
-  if (c.value() == base) return c;
-  auto fresh = AioHandle::Create(c.value());
-  if (!fresh.ok()) return fresh.status().WithContext("new engine");
-  std::shared_ptr<AioHandle> old;
-  {
-    std::lock_guard lock(engine_mu_);
-    old = std::move(engine_);
-    engine_ = std::shared_ptr<AioHandle>(std::move(fresh).value());
-    engine_config_ = c.value();
-  }
-  retired_.push_back(std::move(old));
-  ReapRetiredLocked();
-  ctl_counters_.config_changes.fetch_add(1, std::memory_order_relaxed);
-  Logger().info("live configuration changed to {}", c->ToJson());
-  return c;
-}
-
-Inode* Fs::PinInode(dev_t dev, ino_t ino) {
-  std::lock_guard lock(inodes_mu_);
-  auto it = inodes_.find({dev, ino});
-  if (it == inodes_.end()) return nullptr;
-  ++it->second->nlookup;
-  return it->second.get();
-}
-
-void Fs::Unpin(Inode* in) { Forget(reinterpret_cast<fuse_ino_t>(in), 1); }
-
-Status Fs::DrainForExternal(Inode& in) {
-  if (!S_ISREG(in.type)) return Status::Ok();
-  Status st = in.wb.Drain(nullptr);
-  if (!st.ok()) {
-    return st.WithContext("data written through the mount earlier did not reach the disk");
-  }
-  return Status::Ok();
-}
-
-void Fs::AfterExternalWrite(Inode& in) {
-  in.ra.Invalidate();
-  if (se_ == nullptr) return;
-  const auto ino = reinterpret_cast<fuse_ino_t>(&in);
-  int rc = fuse_lowlevel_notify_inval_inode(se_, ino, 0, 0);
-  if (rc != 0 && rc != -ENOENT) {
-    Logger().warn("invalidating the kernel cache of inode {} failed: {}", in.ino,
-                  std::strerror(-rc));
-  }
-  // Invalidated attributes are fetched again only by whoever asks for them (stat, lseek
-  // SEEK_END); an O_APPEND write takes its offset from the kernel's cached size as it is. Storing
-  // the file's last byte (NOTIFY_STORE) moves that size up at once: the kernel extends i_size to
-  // the end of a store (of at least one byte), so appends through the mount land after the bytes
-  // written around it. (Files shrink only through the mount, whose SETATTR updates the size.)
-  struct stat st {};
-  if (!S_ISREG(in.type) || fstat(in.fd, &st) != 0 || st.st_size == 0) return;
-  UniqueFd rd(
-      open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME));
-  if (!rd.valid())
-    rd.Reset(open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC));
-  char last = 0;
-  if (!rd.valid() || pread(rd.get(), &last, 1, st.st_size - 1) != 1) {
-    Logger().warn("reading the last byte of inode {}: {}", in.ino, std::strerror(errno));
-    return;
-  }
-  fuse_bufvec one = FUSE_BUFVEC_INIT(1);
-  one.buf[0].mem = &last;
-  rc = fuse_lowlevel_notify_store(se_, ino, st.st_size - 1, &one, fuse_buf_copy_flags{});
-  if (rc != 0 && rc != -ENOENT) {
-    Logger().warn("pushing the size of inode {} to the kernel failed: {}", in.ino,
-                  std::strerror(-rc));
-  }
-}
-
-void Fs::AfterExternalCreate(const std::string& dir_rel, const std::string& name) {
-  if (se_ == nullptr) return;
-  fuse_ino_t parent = FUSE_ROOT_ID;
-  Inode* pinned = nullptr;
-  if (!dir_rel.empty()) {
-    int fd = openat(root_.fd, dir_rel.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return;
-    struct stat st {};
-    const bool ok = fstat(fd, &st) == 0;
-    close(fd);
-    if (!ok) return;
-    pinned = PinInode(st.st_dev, st.st_ino);
-    if (pinned == nullptr) return;  // the kernel never saw the directory: nothing cached
-    parent = reinterpret_cast<fuse_ino_t>(pinned);
-  }
-  int rc = fuse_lowlevel_notify_inval_entry(se_, parent, name.c_str(), name.size());
-  if (rc != 0 && rc != -ENOENT) {
-    Logger().warn("invalidating the kernel entry '{}' failed: {}", name, std::strerror(-rc));
-  }
-  if (pinned != nullptr) Unpin(pinned);
-}
-
-bool Fs::RepliesMayBeDeferred() const {
-  // A ring entry must be answered by the thread serving it (fs/transport/uring_loop.h).
-  return transport_ == nullptr || transport_->kind() != Transport::Kind::kUring;
-}
-
-void Fs::AddCtlEngine(AioHandle* h) {
-  std::lock_guard lock(ctl_engines_mu_);
-  ctl_engines_.insert(h);
-}
-
-void Fs::RemoveCtlEngine(AioHandle* h) {
-  std::lock_guard lock(ctl_engines_mu_);
-  if (ctl_engines_.erase(h) != 0) ctl_closed_stats_ += h->stats();
 }
 
 }  // namespace dnvme::fs

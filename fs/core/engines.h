@@ -1,0 +1,72 @@
+// Every engine of the mount: the live one, which config.set swaps for a new one (no remount), the
+// engines it replaced until their last submission ends, and the control sessions' engines, which
+// count in the stats while they live.
+//
+// Thread contract: Current() from any thread, once per submission on the read and write paths:
+// one atomic load (no mutex shared with config.set or the stats). Reconfigure runs one at a time
+// (serialised here) and may run while submissions go on: a caller keeps the engine it got for the
+// duration of one submission only, and a retired engine is destroyed once nobody holds it (by the
+// next Reconfigure, MountStats or Stop, on a thread that holds no inode lock), which also waits
+// for its in-flight operations. Start, Reset and Stop from the thread that starts and ends the
+// mount.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "dnvme/config.h"
+#include "dnvme/handle.h"
+#include "dnvme/status.h"
+
+namespace dnvme::fs {
+
+class Engines {
+ public:
+  Engines() = default;
+  Engines(const Engines&) = delete;
+  Engines& operator=(const Engines&) = delete;
+
+  // The live engine; null before Start and after Reset or Stop.
+  std::shared_ptr<AioHandle> Current() const { return current_.load(std::memory_order_acquire); }
+  // Its configuration (config.get, the stats).
+  HandleConfig config() const;
+
+  // Creates the first engine with `c`.
+  Status Start(const HandleConfig& c);
+  // Applies a JSON object of HandleConfig keys on top of the live configuration: a new engine
+  // with the result takes the new I/O at once. `*changed` says whether anything changed (an
+  // equal configuration keeps the engine). On failure the old engine stays.
+  Result<HandleConfig> Reconfigure(const std::string& json_patch, bool* changed);
+  // Drops the live engine (a preflight's engine, before the mount).
+  void Reset();
+  // Destroys the live engine and the retired ones, waiting for every operation and its callback.
+  // Call once nothing can submit any more (the session loop has ended).
+  void Stop();
+
+  // The live and retired engines' stats together (destroyed ones included).
+  HandleStats MountStats();
+  // Control-file engines: registered at handle.open, unregistered at close.
+  void AddSessionEngine(AioHandle* h);
+  void RemoveSessionEngine(AioHandle* h);
+  HandleStats SessionStats();
+
+ private:
+  void ReapRetiredLocked();
+
+  // Written under config_mu_ (with config_); read without it.
+  std::atomic<std::shared_ptr<AioHandle>> current_;
+  mutable std::mutex config_mu_;
+  HandleConfig config_;     // guarded by config_mu_
+  std::mutex reconfig_mu_;  // one Reconfigure at a time; guards the two below
+  std::vector<std::shared_ptr<AioHandle>> retired_;
+  HandleStats retired_stats_;  // of destroyed engines
+  std::mutex sessions_mu_;
+  std::unordered_set<AioHandle*> sessions_;  // guarded by sessions_mu_
+  HandleStats sessions_closed_;              // guarded by sessions_mu_
+};
+
+}  // namespace dnvme::fs

@@ -1,0 +1,100 @@
+// What the kernel knows of the mount, as the daemon keeps it: an Inode per (dev, ino) the kernel
+// has looked up (and the control directory's nodes), and the per-open state handed to the kernel
+// as fi->fh (FileHandle, VirtualFile). The table that owns inodes is InodeTable
+// (fs/core/inode_table.h); open handles are registered in OpenHandles (fs/core/open_handles.h).
+//
+// Thread contract: an Inode's fields above `wb` are fixed once it is in the table, except nlookup
+// (InodeTable's mutex); wb, ra, modes and leases guard themselves. A FileHandle lives from its
+// open's reply to its release; the requests on it come from any FUSE thread, so what they change
+// is atomic (`wrote`) or used under the inode's WriteBehind mutex (`wb_errors`).
+#pragma once
+
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "datapath/read_ahead.h"
+#include "datapath/write_behind.h"
+#include "engine/posix/file.h"
+#include "fs/broker/leases.h"
+#include "fs/control/control.h"
+#include "fs/limits/uid_limits.h"
+
+namespace dnvme::fs {
+
+// Attribute and entry cache time of real inodes: the backing dir changes only through us.
+inline constexpr double kEntryTimeout = 1.0;
+
+// The control directory and its files (fs/fuse/control_dir.h): served by the daemon, never stored
+// in BACKING_DIR. kNone is every real inode.
+enum class VirtualNode : uint8_t { kNone, kCtlDir, kCtl, kStats, kConfig, kBroker };
+inline constexpr const char* kCtlDirName = ".dnvme";
+
+// How the kernel has this inode open (fs/fuse/passthrough.h): the counts it must agree with.
+struct OpenModes {
+  std::mutex mu;
+  int passthrough = 0;      // opens answered FOPEN_PASSTHROUGH (guarded by mu)
+  int other = 0;            // opens served through the daemon (guarded by mu)
+  int32_t backing_id = -1;  // registered while passthrough > 0 (guarded by mu)
+};
+
+struct Inode {
+  int fd = -1;  // O_PATH fd on the backing object; owned (-1 for virtual nodes)
+  VirtualNode virt = VirtualNode::kNone;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  mode_t type = 0;       // S_IFMT bits
+  uint64_t nlookup = 0;  // guarded by the InodeTable's mutex
+
+  // Data accepted from writers, not yet on disk (datapath/write_behind.h).
+  datapath::WriteBehind wb;
+  // The window fetched ahead of a sequential reader (datapath/read_ahead.h).
+  datapath::ReadAhead ra;
+  OpenModes modes;       // regular files
+  PreloadLeases leases;  // descriptors the broker handed to `dnvme run` clients (fs/broker/)
+
+  Inode(const datapath::WriteBehindShared* w, const datapath::ReadAheadShared* r) : wb(w), ra(r) {}
+  ~Inode();
+};
+
+// Base of the per-open state handed to the kernel as fi->fh, so the daemon can free whatever the
+// kernel never released (it does not send RELEASE for files still open when the daemon exits).
+struct OpenHandle {
+  virtual ~OpenHandle() = default;
+  // The opener's share of max_files_per_uid (docs/security.md): the descriptors this open holds
+  // in the daemon are charged to it until the handle goes.
+  UidCharge files;
+};
+
+// An open control file: a ctl session, or a snapshot of stats/config being read.
+struct VirtualFile : OpenHandle {
+  VirtualNode kind = VirtualNode::kNone;
+  std::mutex m;
+  std::string snapshot;                 // stats/config: the document being read (guarded by m)
+  std::shared_ptr<CtlSession> session;  // ctl only; lane jobs running its queue hold it too
+};
+
+struct FileHandle : OpenHandle {
+  UniqueFd fd;   // the backing file, buffered (for fsync, fallocate, lseek, ftruncate)
+  FileRef file;  // the engine's view (O_DIRECT + buffered fds); regular files only
+  bool client_direct = false;
+  bool writable = false;
+  // The kernel sends this handle's writes from its page cache (not direct_io, not O_DIRECT), so
+  // a spliced request carries page-aligned page references the splice writer can use as is.
+  bool page_cache_writes = false;
+  // The kernel serves this open from the backing file (fs/fuse/passthrough.h): no READ or
+  // WRITE of it reaches the daemon.
+  bool passthrough = false;
+  // This description's place in the file's write-behind errors (datapath/write_behind.h), and
+  // whether it wrote (only a writer's close hears of a flush error).
+  datapath::ErrorCursor wb_errors;  // used under the inode's WriteBehind mutex
+  std::atomic<bool> wrote{false};
+  Inode* inode = nullptr;
+};
+
+}  // namespace dnvme::fs

@@ -1,0 +1,160 @@
+#include "fs/core/inode_table.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "engine/common/log.h"
+
+namespace dnvme::fs {
+
+Inode::~Inode() {
+  if (fd >= 0) close(fd);
+}
+
+InodeTable::InodeTable(const datapath::WriteBehindShared* wb, const datapath::ReadAheadShared* ra)
+    : wb_(wb),
+      ra_(ra),
+      ctl_dir_(wb, ra),
+      ctl_node_(wb, ra),
+      stats_node_(wb, ra),
+      config_node_(wb, ra),
+      broker_node_(wb, ra),
+      root_(wb, ra) {
+  ctl_dir_.virt = VirtualNode::kCtlDir;
+  ctl_dir_.type = S_IFDIR;
+  ctl_node_.virt = VirtualNode::kCtl;
+  stats_node_.virt = VirtualNode::kStats;
+  config_node_.virt = VirtualNode::kConfig;
+  broker_node_.virt = VirtualNode::kBroker;
+  for (Inode* in : {&ctl_node_, &stats_node_, &config_node_, &broker_node_}) in->type = S_IFREG;
+}
+
+Status InodeTable::OpenRoot(const std::string& backing) {
+  int fd = root_.fd;
+  if (fd < 0) fd = open(backing.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open BACKING_DIR '" + backing + "'");
+  root_.fd = fd;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat BACKING_DIR");
+  root_.dev = st.st_dev;
+  root_.ino = st.st_ino;
+  root_.type = S_IFDIR;
+  root_.nlookup = 2;  // never forgotten
+  return Status::Ok();
+}
+
+void InodeTable::CloseRoot() {
+  if (root_.fd < 0) return;
+  close(root_.fd);
+  root_.fd = -1;
+}
+
+Inode& InodeTable::Virtual(VirtualNode kind) {
+  switch (kind) {
+    case VirtualNode::kCtl:
+      return ctl_node_;
+    case VirtualNode::kStats:
+      return stats_node_;
+    case VirtualNode::kConfig:
+      return config_node_;
+    case VirtualNode::kBroker:
+      return broker_node_;
+    default:
+      return ctl_dir_;
+  }
+}
+
+void InodeTable::DrainAll() {
+  std::vector<Inode*> all;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [key, in] : inodes_) all.push_back(in.get());
+  }
+  // Inodes cannot be forgotten while we drain: the session loop has stopped (destroy/unmount).
+  for (Inode* in : all) {
+    if (S_ISREG(in->type)) {
+      Status st = in->wb.Drain(nullptr);
+      if (!st.ok()) {
+        Logger().error("write-behind data of inode {} lost at exit: {}", in->ino, st.ToString());
+      }
+    }
+  }
+}
+
+Inode& InodeTable::Get(fuse_ino_t ino) {
+  if (ino == FUSE_ROOT_ID) return root_;
+  return *reinterpret_cast<Inode*>(ino);
+}
+
+int InodeTable::Lookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
+  Inode& dir = Get(parent);
+  int fd = openat(dir.fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st {};
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  Inode* in;
+  {
+    std::lock_guard lock(mu_);
+    auto key = std::make_pair(st.st_dev, st.st_ino);
+    auto it = inodes_.find(key);
+    if (it != inodes_.end()) {
+      in = it->second.get();
+      close(fd);  // the inode already holds one
+    } else {
+      auto fresh = std::make_unique<Inode>(wb_, ra_);
+      fresh->fd = fd;
+      fresh->dev = st.st_dev;
+      fresh->ino = st.st_ino;
+      fresh->type = st.st_mode & S_IFMT;
+      in = fresh.get();
+      inodes_.emplace(key, std::move(fresh));
+    }
+    ++in->nlookup;
+  }
+  if (S_ISREG(st.st_mode)) in->wb.ApplyPending(&st);
+  e->ino = reinterpret_cast<fuse_ino_t>(in);
+  e->attr = st;
+  // A file a `dnvme run` client holds may change behind the kernel: its attributes are not
+  // cached (fs/fuse/ops_entry.cc, OpGetattr).
+  e->attr_timeout = in->leases.count() > 0 ? 0.0 : kEntryTimeout;
+  e->entry_timeout = kEntryTimeout;
+  return 0;
+}
+
+void InodeTable::Forget(fuse_ino_t ino, uint64_t n) {
+  if (ino == FUSE_ROOT_ID) return;
+  Inode* in = reinterpret_cast<Inode*>(ino);
+  if (in->virt != VirtualNode::kNone) return;  // control nodes live as long as the table
+  std::unique_ptr<Inode> dead;
+  std::lock_guard lock(mu_);
+  if (n > in->nlookup) {
+    Logger().error("forget of {} lookups on inode {} that has {}", n, in->ino, in->nlookup);
+    n = in->nlookup;
+  }
+  in->nlookup -= n;
+  if (in->nlookup == 0) {
+    auto it = inodes_.find({in->dev, in->ino});
+    if (it != inodes_.end() && it->second.get() == in) {
+      dead = std::move(it->second);
+      inodes_.erase(it);
+    }
+  }
+}
+
+Inode* InodeTable::Pin(dev_t dev, ino_t ino) {
+  std::lock_guard lock(mu_);
+  auto it = inodes_.find({dev, ino});
+  if (it == inodes_.end()) return nullptr;
+  ++it->second->nlookup;
+  return it->second.get();
+}
+
+}  // namespace dnvme::fs

@@ -1,0 +1,33 @@
+// A READ of a regular file composed: drain the inode's WriteBehind (readers see every accepted
+// byte, datapath/write_behind.h), then its ReadAhead (datapath/read_ahead.h), then the mount's
+// engine for the rest. A WRITE goes from the op (fs/fuse/ops_file.cc) straight to the inode's
+// WriteBehind. Errors leave as Status; the FUSE ops turn them into errno replies.
+//
+// Thread contract: from any FUSE thread, for a FileHandle whose release cannot come meanwhile.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+
+#include "dnvme/status.h"
+#include "fs/core/inode.h"
+#include "fs/core/mount.h"
+
+namespace dnvme::fs {
+
+// For an O_DIRECT client: drains write-behind, then submits the read to the engine. `done` runs
+// once, on an engine worker (or on this thread when the read fails or ends before it is
+// submitted), with the bytes read -- valid only during the call -- or the error; it replies.
+// Returns false, without calling `done`, when no reply buffer is free: read synchronously.
+using ReadDone = std::function<void(Result<std::span<const char>>)>;
+bool ReadAsync(Mount& mount, FileHandle& fh, size_t size, off_t off, ReadDone done);
+// Reads up to `size` bytes at `off`; `scratch` (at least `size` bytes, pinned and aligned) takes
+// what is read on demand. Returns the bytes read (the iovecs in `reply` add up to it).
+Result<int64_t> Read(Mount& mount, FileHandle& fh, char* scratch, size_t size, off_t off,
+                     datapath::ReadReply* reply);
+
+}  // namespace dnvme::fs
