@@ -17,9 +17,6 @@
 #include <string_view>
 #include <utility>
 
-#include "dnvme/mount.h"
-#include "fs/transport/request_pipe.h"
-
 namespace dnvme::fs {
 namespace {
 
@@ -422,12 +419,3 @@ Status CheckDirectories(const MountOptions& opts) {
 }
 
 }  // namespace dnvme::fs
-
-namespace dnvme {
-
-MountRequirements DefaultMountRequirements() {
-  const fs::MountOptions defaults;
-  return {defaults.PinnedAtStart(), defaults.PinnedPeak(), fs::kRequestPipeBytes};
-}
-
-}  // namespace dnvme
