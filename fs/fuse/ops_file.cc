@@ -283,12 +283,13 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
   }
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
+  // What the transport knows of this request, taken once, before anything else: its write flags
+  // (only a direct write's say who wrote, WriterUnprivileged; a page-cache write's are not
+  // looked up) and the pool its payload may be adopted from.
   Transport* const transport = fs.mount().transport();
-  // Only a direct write's flags say who wrote (WriterUnprivileged): a page-cache write's are not
-  // looked up.
-  const std::optional<uint32_t> flags =
-      transport && !fh.page_cache_writes ? transport->WriteFlags(*bufv) : std::nullopt;
-  if (WriterUnprivileged(req, fh, flags)) {
+  const IncomingWrite incoming =
+      transport ? transport->IncomingWriteOf(*bufv, !fh.page_cache_writes) : IncomingWrite{};
+  if (WriterUnprivileged(req, fh, incoming.write_flags)) {
     bool killed = false;
     if (int err = KillPrivs(req, *fh.inode, &killed); err != 0) {
       fuse_reply_err(req, err);
@@ -307,7 +308,7 @@ void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fu
     return;
   }
   // The payload as the transport received it: the pool its memory may be adopted from, if any.
-  WriteSource src(bufv, transport ? transport->payload_pool() : nullptr);
+  WriteSource src(bufv, incoming.pool);
   fh.inode->ra.Invalidate();
   int err =
       fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch, &fh.wb_errors)

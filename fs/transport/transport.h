@@ -20,8 +20,8 @@
 // explicitly (payload_pool()->Adopt) and nothing passes through thread-local state.
 //
 // Thread contract: Run on the main thread (it blocks until the session ends and joins every
-// thread it started). WriteFlags, payload_pool and StatsJson may be called from any handler
-// while Run runs; kind() and Describe() any time.
+// thread it started). IncomingWriteOf, WriteFlags, payload_pool and StatsJson may be called from
+// any handler while Run runs; kind() and Describe() any time.
 #pragma once
 
 #include <fuse_lowlevel.h>
@@ -38,6 +38,17 @@
 #include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
+
+// What a WRITE handler needs to know of its request beyond what libfuse hands it, taken in one
+// step when the handler starts (Transport::IncomingWriteOf), so the data path below it never
+// asks the transport again.
+struct IncomingWrite {
+  // fuse_write_in::write_flags (FUSE_WRITE_KILL_SUIDGID, ...), which libfuse 3.14 reads but does
+  // not hand to write_buf; nullopt when not asked for or when the transport cannot know them.
+  std::optional<uint32_t> write_flags;
+  // The pool the payload was received into (payload_pool); null when it is not ours to keep.
+  RequestBufferPool* pool = nullptr;
+};
 
 class Transport {
  public:
@@ -59,6 +70,12 @@ class Transport {
   // The pool WRITE payloads are received into, whose buffers may change hands (Adopt); null when
   // payloads are not ours to keep.
   virtual RequestBufferPool* payload_pool() = 0;
+  // Both of the above for the WRITE whose payload is `bufv`; the flags only when `want_flags`
+  // (finding them costs a search of the transport's buffers, and a page-cache write's are not
+  // looked at).
+  IncomingWrite IncomingWriteOf(const fuse_bufvec& bufv, bool want_flags) {
+    return {want_flags ? WriteFlags(bufv) : std::nullopt, payload_pool()};
+  }
 
   // Shown every request the loop receives before libfuse handles it (our loops; libfuse's own
   // shows them through the session's custom io): what INIT offers (fs/transport/protocol_ext.h).
