@@ -5,12 +5,15 @@
 #      the ops turn it into an errno;
 #   2. the request handlers learn about their request from the Transport, not from thread-local
 #      state (no thread_local under fs/transport/);
-#   3. fs/control/ reaches the core through ControlCore only: it does not include fs/fs.h
-#      except virtual.cc, which serves the control nodes from Fs's inode table;
-#   3b. fs/broker/ reaches the core through BrokerCore only (no fs/fs.h);
+#   3. fs/control/ reaches the core through ControlCore only: it includes nothing of fs/core/
+#      (the control directory's nodes, which serve the core's files, are fs/fuse/control_dir.*);
+#   3b. fs/broker/ reaches the core through BrokerCore only (nothing of fs/core/);
 #   4. tools/ include public headers (include/dnvme/) and their own only;
 #   5. no source file of fs/ is over 550 lines;
-#   6. no source file of preload/ is over 500 lines (one file per job: docs/preload.md).
+#   6. no source file of preload/ is over 500 lines (one file per job: docs/preload.md);
+#   7. no two rooms include each other: a room is a folder under fs/ (fs/core, fs/data, ...), a
+#      file directly in fs/ by its stem (fs/options.{h,cc} is fs/options), or datapath/ as a whole
+#      when it exists. A pair that does is printed with every include that makes each direction.
 # Prints every violation and exits 1 if there is one.
 set -uo pipefail
 ROOT=${1:?usage: layering_test.sh REPO_ROOT}
@@ -28,12 +31,11 @@ done < <(grep -rn 'thread_local' fs/transport --include='*.cc' --include='*.h')
 
 while IFS= read -r hit; do
   report "fs/control includes the core: $hit"
-done < <(grep -rn '#include "fs/fs.h"' fs/control --include='*.cc' --include='*.h' |
-  grep -v '^fs/control/virtual.cc:')
+done < <(grep -rnE '#include "fs/(core/|fs\.h)' fs/control --include='*.cc' --include='*.h')
 
 while IFS= read -r hit; do
   report "fs/broker includes the core: $hit"
-done < <(grep -rn '#include "fs/fs.h"' fs/broker --include='*.cc' --include='*.h')
+done < <(grep -rnE '#include "fs/(core/|fs\.h)' fs/broker --include='*.cc' --include='*.h')
 
 while IFS= read -r hit; do
   report "tools/ includes a private header: $hit"
@@ -48,6 +50,40 @@ while IFS= read -r f; do
   n=$(wc -l <"$f")
   ((n > 500)) && report "$f has $n lines (over 500)"
 done < <(find preload -name '*.cc' -o -name '*.h')
+
+# The room of a path: fs/<dir> for what is under a folder of fs/, fs/<stem> for a file directly in
+# fs/, datapath for anything under datapath/; empty for the rest.
+room_of() {
+  case "$1" in
+    fs/*/*) local r=${1#fs/}; echo "fs/${r%%/*}" ;;
+    fs/*) local f=${1#fs/}; echo "fs/${f%%.*}" ;;
+    datapath/*) echo datapath ;;
+  esac
+}
+# Every include of another room: "FROM TO FILE:LINE: #include ...", one a line.
+edges=$(
+  dirs=(fs)
+  [[ -d datapath ]] && dirs+=(datapath)
+  grep -rnE '^#include "(fs|datapath)/' "${dirs[@]}" --include='*.cc' --include='*.h' |
+    while IFS= read -r hit; do
+      file=${hit%%:*}
+      target=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"$hit")
+      from=$(room_of "$file")
+      to=$(room_of "$target")
+      [[ -n $from && -n $to && $from != "$to" ]] && echo "$from $to $hit"
+    done
+)
+while IFS= read -r pair; do
+  [[ -z $pair ]] && continue
+  a=${pair% *}
+  b=${pair#* }
+  # Each unordered pair once: from the direction whose first room sorts first.
+  [[ $a < $b ]] || continue
+  if grep -q "^$b $a " <<<"$edges"; then
+    report "$a and $b include each other:"
+    grep -E "^($a $b|$b $a) " <<<"$edges" | cut -d' ' -f3- | sed 's/^/layering:     /'
+  fi
+done < <(cut -d' ' -f1,2 <<<"$edges" | sort -u)
 
 ((bad == 0)) && echo "layering: all checks passed"
 exit "$bad"
