@@ -9,8 +9,10 @@ In DIR it mounts dnvmefs (DIR/backing at DIR/mnt, default options, the daemon of
 runs, every round, for each library in an order reversed every other round (DNVME_PRELOAD_LIB):
   fio write    fio --ioengine=psync --direct=0 --rw=write --bs=BS --end_fsync=1 of --size on
                DIR/mnt/p.bin under `dnvme run`: fio's own job time
+  fio read     the same file read back the same way, caches dropped first (the read-ahead)
   torch save   torch.save of a --ckpt state dict of 16 tensors + fsync on DIR/mnt/x.pt under
                `dnvme run` (the torch.save hook): its own time (bench/preload.py's program)
+  torch load   torch.load of it, caches dropped first
 Before each round it waits (up to --quiet-wait seconds) until the load average is below 1 and no
 compiler runs, and marks a round during which one started "contaminated": this VM is shared.
 It prints each variant's median GiB/s and machine CPU s/GiB (all CPUs' busy time around the job,
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from preload import PY, TORCH_SAVE, fio_secs, settle, timed  # bench/preload.py
+from preload import PY, TORCH_LOAD, TORCH_SAVE, drop, fio_secs, settle, timed  # bench/preload.py
 
 
 def busy_now():
@@ -70,7 +72,7 @@ def main():
         os.makedirs(x, exist_ok=True)
     subprocess.run([os.path.join(a.bin, "dnvmefs"), backing, mnt], check=True)
     run = [os.path.join(a.bin, "dnvme"), "run", "--mount", mnt, "--"]
-    ops = ["fio write"] + ([] if a.no_torch else ["torch save"])
+    ops = ["fio write", "fio read"] + ([] if a.no_torch else ["torch save", "torch load"])
     res, clean = {}, []
 
     def note(key, secs, cpu, nbytes):
@@ -88,6 +90,12 @@ def main():
                                          "--ioengine=psync", "--direct=0",
                                          "--output-format=json"])
                 note("fio write " + name, fio_secs(out, "write"), c, size)
+                drop()
+                _, c, out = timed(run + ["fio", "--name=j", "--filename=" + p, "--rw=read",
+                                         "--bs=" + a.bs, "--size=%d" % size,
+                                         "--ioengine=psync", "--direct=0",
+                                         "--output-format=json"])
+                note("fio read " + name, fio_secs(out, "read"), c, size)
                 os.unlink(p)
                 if a.no_torch:
                     continue
@@ -96,6 +104,10 @@ def main():
                 _, _, out = timed(run + [PY, "-c", TORCH_SAVE, p, str(ckpt)])
                 s, c = map(float, out.split())
                 note("torch save " + name, s, c, ckpt)
+                drop()
+                _, _, out = timed(run + [PY, "-c", TORCH_LOAD, p])
+                s, c = map(float, out.split())
+                note("torch load " + name, s, c, ckpt)
                 os.unlink(p)
             clean.append(quiet and busy_now()[1] == 0)
             print("round %d (%s): %s" % (r + 1, "clean" if clean[-1] else "contaminated",
