@@ -39,6 +39,28 @@ Result<int64_t> ReadAhead::Read(AioHandle& engine, const FileRef& file, int64_t 
   return n;
 }
 
+Result<int64_t> ReadAhead::ReadInto(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
+                                    int64_t file_size, bool use_window, char* buf,
+                                    uint64_t generation) {
+  {
+    ReadReply reply;
+    Result<int64_t> got =
+        Read(engine, file, off, n, file_size, use_window, buf, &reply, generation);
+    if (!got.ok()) return got;
+    reply.CopyTo(buf);
+  }  // the reply's pins go: the chunks it emptied are free for the window now
+  if (use_window && shared_->chunks != nullptr) {
+    std::lock_guard lock(m_);
+    if (generation == generation_ && next_ == off + n) {
+      std::erase_if(chunks_, [&](const std::shared_ptr<RaChunk>& c) {
+        return c->ready && c->offset + c->length <= off + n;
+      });
+      StartLocked(file, off + n, file_size);
+    }
+  }
+  return n;
+}
+
 int ReadAhead::inflight() {
   std::lock_guard g(m_);
   return inflight_;

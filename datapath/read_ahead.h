@@ -94,6 +94,12 @@ class ReadAhead {
   Result<int64_t> Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
                        int64_t file_size, bool use_window, char* scratch, ReadReply* reply,
                        uint64_t generation);
+  // Read() into `buf` itself, for a caller that copies (`dnvme run`: the program's buffer): the
+  // window's pieces are copied out, and the chunks this read emptied go straight back to the
+  // window for the bytes after it (Read alone refills it at the next read: a reply keeps its
+  // chunks until it is sent).
+  Result<int64_t> ReadInto(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
+                           int64_t file_size, bool use_window, char* buf, uint64_t generation);
   // How many times the window was invalidated. A reader samples it before it drains the file's
   // write-behind and hands it to Serve: a fetch started between that drain and a change to the
   // file (a write gathered after the drain, a truncate, a fallocate) reads the old bytes, so

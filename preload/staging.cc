@@ -217,14 +217,12 @@ Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t si
   // A file someone else has open may change under read-ahead: read only what is asked, now.
   const bool use_window = f.word->shared.load(std::memory_order_seq_cst) == 0 && ReadPool();
   if (!use_window) f.ra.Invalidate();
-  datapath::ReadReply reply;
   Result<int64_t> got =
-      f.ra.Read(*g_engine.engine, f.file, off, n, size, use_window, buf, &reply, generation);
+      f.ra.ReadInto(*g_engine.engine, f.file, off, n, size, use_window, buf, generation);
   if (!got.ok()) {
     f.ra.Invalidate();
     return got.status();
   }
-  reply.CopyTo(buf);  // what the window held; the rest was read into place
   return Status::Ok();
 }
 

@@ -157,6 +157,30 @@ TEST_F(ReadAheadTest, AReaderThatDrainedBeforeAChangeFetchesNothing) {
   ra.Quiesce();
 }
 
+TEST_F(ReadAheadTest, ReadIntoCopiesAndRefillsTheWindowAtOnce) {
+  // `dnvme run`'s reader: bytes land in its buffer, and the chunk a read emptied is fetched
+  // again for the bytes after the window before the call returns (a reply would hold it).
+  MakePool(4);  // the whole window
+  FileRef f = PatternFile("into");
+  ReadAhead ra(&shared_);
+  std::vector<char> buf(static_cast<size_t>(kChunk));
+  Result<int64_t> got =
+      ra.ReadInto(*engine_, f, 0, kChunk, kFile, true, buf.data(), ra.Generation());
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, kChunk);
+  EXPECT_TRUE(dnvme::test::MatchesPattern(buf.data(), buf.size(), 0));
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), 5u)
+      << "four chunks for the window, and the one this read emptied fetched again";
+  // Not in use_window mode: read straight into the buffer, nothing fetched.
+  ReadAhead direct(&shared_);
+  const uint64_t before = counters_.read_ahead_fetches.load();
+  got = direct.ReadInto(*engine_, f, kChunk, kChunk, kFile, false, buf.data(), direct.Generation());
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(dnvme::test::MatchesPattern(buf.data(), buf.size(), kChunk));
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), before);
+  ra.Quiesce();
+}
+
 TEST_F(ReadAheadTest, ReadsAtTheEndOfTheFileStopThere) {
   FileRef f = PatternFile("end");
   ReadAhead ra(&shared_);
