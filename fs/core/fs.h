@@ -22,7 +22,8 @@
 //      MountStats reads the retired ones under it, and destroying a retired engine waits for
 //      callbacks that take 4).
 //   4. an inode's WriteBehind::m_ | ReadAhead::m_ (datapath/; never both: OpWriteBuf drops the
-//      window before it writes, Read in fs/core/read_path.cc drains before it reads). A flush or
+//      window before and after it writes, each under its own mutex; Read in
+//      fs/core/read_path.cc drains, then reads). A flush or
 //      fetch takes 5 under it: pinned and pipe pool leases, the splice workers' queue and the
 //      engine's worker queue (submit). The engine pointer it submits to is an atomic load
 //      (Engines::Current), no mutex.
