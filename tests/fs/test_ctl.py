@@ -812,7 +812,7 @@ class AdoptTest(CtlCase):
 
     def test_small_o_direct_writes_are_gathered_not_adopted(self):
         # Each adopted payload would be its own disk write in a 1 MiB buffer: 4 KiB writes are
-        # gathered into chunks instead (kAdoptMinBytes in fs/data/data_path.cc).
+        # gathered into chunks instead (kAdoptMinBytes in datapath/write_behind.cc).
         n, size = 512, 4 * KiB
         data = pattern(n * size, 55)
         buf = mmap.mmap(-1, size)
