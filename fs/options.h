@@ -102,8 +102,8 @@ struct MountOptions {
   DirectIo direct_io = DirectIo::kWritable;
   // Large replies (READ data) sent with vmsplice + splice from a pipe instead of writev(2): the
   // kernel then takes the daemon's pages from the pipe instead of pinning them one at a time as
-  // it copies (fs/transport/request_pipe.h, SpliceMessage). Pipes sized before the capability drop; not
-  // with io_uring (replies go through the ring).
+  // it copies (fs/transport/request_pipe.h, SpliceMessage). Pipes sized before the capability drop;
+  // not with io_uring (replies go through the ring).
   bool splice_reply = false;
   // The descriptor broker for `dnvme run` (fs/broker/broker.h, docs/preload.md): processes under
   // libdnvme_preload.so get descriptors of backing files, opened as themselves, and move their

@@ -47,7 +47,7 @@ else
 fi
 
 echo "=== clang-format check ==="
-mapfile -t sources < <(find include engine fs client tools tests python preload -type f \( -name '*.cc' -o -name '*.h' \) | sort)
+mapfile -t sources < <(find include engine datapath fs client tools tests python preload -type f \( -name '*.cc' -o -name '*.h' \) | sort)
 if [[ ${#sources[@]} -gt 0 ]] && ! clang-format --dry-run -Werror "${sources[@]}"; then
   failed+=("clang-format")
 else

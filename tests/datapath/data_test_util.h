@@ -1,7 +1,7 @@
 // Shared by the data path's unit tests (WriteBehind, ReadAhead; tests/datapath/, and
-// tests/fs/transport/write_source_test.cc with the FUSE transport's sources): an engine whose libaio backend
-// can fail completions on demand (the engine's backend seam, engine/aio/backend.h), scratch
-// files, and counters. No mount, no FUSE session.
+// tests/fs/transport/write_source_test.cc with the FUSE transport's sources): an engine whose
+// libaio backend can fail completions on demand (the engine's backend seam, engine/aio/backend.h),
+// scratch files, and counters. No mount, no FUSE session.
 //
 // Thread safety: Faults is atomics (read by engine workers); the rest is used by the test thread.
 #pragma once

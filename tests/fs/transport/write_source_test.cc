@@ -1,10 +1,11 @@
-// WriteBehind (datapath/write_behind.h) with the FUSE transport's sources (WriteSource), without a mount: extents of each kind (pinned chunk,
-// spliced pipe, adopted request buffer) land exactly; ordering (a synchronous write waits for
-// earlier data, an overlapping extent for the flight before it); short completions are
-// continued; EIO and ENOSPC injected through the engine's backend seam become the sticky error,
-// reported once; drain and write under concurrency; destruction waits for flushes.
-#include "datapath/write_behind.h"
+// WriteBehind (datapath/write_behind.h) with the FUSE transport's sources (WriteSource), without a
+// mount: extents of each kind (pinned chunk, spliced pipe, adopted request buffer) land exactly;
+// ordering (a synchronous write waits for earlier data, an overlapping extent for the flight before
+// it); short completions are continued; EIO and ENOSPC injected through the engine's backend seam
+// become the sticky error, reported once; drain and write under concurrency; destruction waits for
+// flushes.
 #include "fs/transport/write_source.h"
+#include "datapath/write_behind.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
