@@ -52,9 +52,7 @@ Result<int64_t> ReadAhead::ReadInto(AioHandle& engine, const FileRef& file, int6
   if (use_window && shared_->chunks != nullptr) {
     std::lock_guard lock(m_);
     if (generation == generation_ && next_ == off + n) {
-      std::erase_if(chunks_, [&](const std::shared_ptr<RaChunk>& c) {
-        return c->ready && c->offset + c->length <= off + n;
-      });
+      DropBehindLocked(off + n);
       StartLocked(file, off + n, file_size);
     }
   }
@@ -83,6 +81,12 @@ void ReadAhead::Quiesce() {
   cv_.wait(lock, [&] { return inflight_ == 0; });
   chunks_.clear();
   next_ = -1;
+}
+
+void ReadAhead::DropBehindLocked(int64_t pos) {
+  std::erase_if(chunks_, [&](const std::shared_ptr<RaChunk>& c) {
+    return c->ready && c->offset + c->length <= pos;
+  });
 }
 
 void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size) {
@@ -133,10 +137,7 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
   }
   const bool sequential = next_ < 0 ? off == 0 : off >= next_ && off - next_ <= shared_->max_skip;
   next_ = off + n;
-  // Drop chunks wholly behind the reader; they will not be asked for again.
-  std::erase_if(chunks_, [&](const std::shared_ptr<RaChunk>& c) {
-    return c->ready && c->offset + c->length <= off;
-  });
+  DropBehindLocked(off);
   if (sequential) StartLocked(file, off, file_size);
   int64_t copied = 0;
   while (copied < n) {

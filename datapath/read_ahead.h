@@ -116,6 +116,8 @@ class ReadAhead {
 
  private:
   void StartLocked(const FileRef& file, int64_t from, int64_t file_size);
+  // Drops the fetched chunks wholly behind `pos`: the reader will not ask for them again.
+  void DropBehindLocked(int64_t pos);
 
   const ReadAheadShared* shared_;
   std::mutex m_;

@@ -106,6 +106,16 @@ void WriteBehind::FinishFlush(const Status& st, bool adopted) {
   cv_.notify_all();
 }
 
+Status WriteBehind::SubmitFlushWrite(AioHandle& engine, const char* data, int64_t n,
+                                     const FileRef& file, int64_t at, Completion done,
+                                     const Latch& latch) {
+  if (!latch) return engine.submit_pwrite(data, n, file, at, std::move(done));
+  latch->Add();
+  Status st = engine.submit_pwrite(data, n, file, at, std::move(done), [latch] { latch->Done(); });
+  if (!st.ok()) latch->Done();  // not queued: no notice will come
+  return st;
+}
+
 void WriteBehind::FlushAdoptedLocked(Extent e, const Latch& latch) {
   // The payloads are not contiguous in memory: one engine write each (the engine still cuts
   // them into block_size requests). Each completion returns its own buffer to the loop's pool;
@@ -135,14 +145,7 @@ void WriteBehind::FlushAdoptedLocked(Extent e, const Latch& latch) {
     Completion done = [this, parts, i, part_done](const OpResult& r) {
       if (part_done(*parts, i, r.status)) FinishFlush(parts->first, /*adopted=*/true);
     };
-    Status st;
-    if (latch != nullptr) {
-      latch->Add();
-      st = engine->submit_pwrite(data, n, e.file, at, std::move(done), [latch] { latch->Done(); });
-      if (!st.ok()) latch->Done();
-    } else {
-      st = engine->submit_pwrite(data, n, e.file, at, std::move(done));
-    }
+    Status st = SubmitFlushWrite(*engine, data, n, e.file, at, std::move(done), latch);
     // Not queued: its completion will not come, so count it here, where m_ is held.
     if (!st.ok() && part_done(*parts, i, st)) {
       FinishFlushLocked(parts->first, /*adopted=*/true);
@@ -202,15 +205,8 @@ void WriteBehind::FlushLocked(const Latch& latch) {
         FinishFlush(r.status, /*adopted=*/false);
       };
       const char* data = chunk->data() + e.lead;
-      Status st;
-      if (latch != nullptr) {
-        latch->Add();
-        st = shared_->engine()->submit_pwrite(data, e.len, e.file, e.start, std::move(done),
-                                              [latch] { latch->Done(); });
-        if (!st.ok()) latch->Done();
-      } else {
-        st = shared_->engine()->submit_pwrite(data, e.len, e.file, e.start, std::move(done));
-      }
+      Status st = SubmitFlushWrite(*shared_->engine(), data, e.len, e.file, e.start,
+                                   std::move(done), latch);
       if (!st.ok()) {
         // Not queued: no completion will come.
         if (hooks_.finished) hooks_.finished();

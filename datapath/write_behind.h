@@ -155,6 +155,10 @@ class WriteBehind {
   using Latch = std::shared_ptr<SubmitLatch>;
   void FlushLocked(const Latch& latch);
   void FlushAdoptedLocked(Extent e, const Latch& latch);
+  // One engine write of a flush; with `latch`, counted until it is in the kernel.
+  static Status SubmitFlushWrite(AioHandle& engine, const char* data, int64_t n,
+                                 const FileRef& file, int64_t at, Completion done,
+                                 const Latch& latch);
   // A flush completed (engine or splice thread): record its error, wake waiters.
   void FinishFlush(const Status& st, bool adopted);
   void FinishFlushLocked(const Status& st, bool adopted);
