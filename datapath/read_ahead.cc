@@ -23,8 +23,9 @@ int64_t ReadReply::bytes() const {
 
 Result<int64_t> ReadAhead::Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
                                 int64_t file_size, bool use_window, char* scratch, ReadReply* reply,
-                                uint64_t generation) {
-  const int64_t served = use_window ? Serve(file, off, n, file_size, reply, generation) : 0;
+                                uint64_t generation, bool starts_sequence) {
+  const int64_t served =
+      use_window ? Serve(file, off, n, file_size, reply, generation, starts_sequence) : 0;
   if (served == n) return n;
   Status st = engine.sync_pread(scratch + served, n - served, file, off + served);
   if (!st.ok()) {
@@ -41,11 +42,11 @@ Result<int64_t> ReadAhead::Read(AioHandle& engine, const FileRef& file, int64_t 
 
 Result<int64_t> ReadAhead::ReadInto(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
                                     int64_t file_size, bool use_window, char* buf,
-                                    uint64_t generation) {
+                                    uint64_t generation, bool starts_sequence) {
   {
     ReadReply reply;
     Result<int64_t> got =
-        Read(engine, file, off, n, file_size, use_window, buf, &reply, generation);
+        Read(engine, file, off, n, file_size, use_window, buf, &reply, generation, starts_sequence);
     if (!got.ok()) return got;
     reply.CopyTo(buf);
   }  // the reply's pins go: the chunks it emptied are free for the window now
@@ -64,6 +65,11 @@ int ReadAhead::inflight() {
   return inflight_;
 }
 
+int64_t ReadAhead::window() {
+  std::lock_guard g(m_);
+  return window_;
+}
+
 uint64_t ReadAhead::Generation() {
   std::lock_guard lock(m_);
   return generation_;
@@ -73,6 +79,7 @@ void ReadAhead::Invalidate() {
   std::lock_guard lock(m_);
   chunks_.clear();
   next_ = -1;
+  window_ = 0;
   ++generation_;
 }
 
@@ -81,6 +88,24 @@ void ReadAhead::Quiesce() {
   cv_.wait(lock, [&] { return inflight_ == 0; });
   chunks_.clear();
   next_ = -1;
+  window_ = 0;
+}
+
+void ReadAhead::PaceLocked(bool start, int64_t n) {
+  const auto chunk_bytes = static_cast<int64_t>(shared_->chunks->buffer_size());
+  const int64_t most = std::max(shared_->window, chunk_bytes);
+  if (start || window_ == 0) {  // (a seek, then a read where it ended: a sequence found mid-file)
+    const int64_t first = shared_->initial_window > 0 ? shared_->initial_window : most;
+    window_ = std::min(most, (first + chunk_bytes - 1) / chunk_bytes * chunk_bytes);
+    window_ = std::max(window_, chunk_bytes);
+    consumed_ = 0;
+    return;
+  }
+  consumed_ += n;
+  if (consumed_ >= window_ && window_ < most) {
+    window_ = std::min(most, 2 * window_);
+    consumed_ = 0;
+  }
 }
 
 void ReadAhead::DropBehindLocked(int64_t pos) {
@@ -90,12 +115,19 @@ void ReadAhead::DropBehindLocked(int64_t pos) {
 }
 
 void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size) {
+  if (window_ <= 0) return;  // no sequence: nothing to fetch
   const auto chunk_bytes = static_cast<int64_t>(shared_->chunks->buffer_size());
-  const int64_t window_end = std::min(file_size, from + shared_->window);
+  const int64_t window_end = std::min(file_size, from + window_);
   int64_t next = from / chunk_bytes * chunk_bytes;
-  for (const auto& c : chunks_) next = std::max(next, c->offset + c->length);
   std::shared_ptr<AioHandle> engine;
   while (next < window_end) {
+    auto have = std::find_if(chunks_.begin(), chunks_.end(), [&](const auto& c) {
+      return c->offset <= next && next < c->offset + c->length;
+    });
+    if (have != chunks_.end()) {
+      next = (*have)->offset + (*have)->length;
+      continue;
+    }
     PinnedPool::Lease lease = shared_->chunks->TryAcquire();
     if (!lease) return;  // the pool is shared by all readers; try again on the next read
     auto chunk = std::make_shared<RaChunk>();
@@ -125,7 +157,7 @@ void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size
 }
 
 int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size,
-                         ReadReply* reply, uint64_t generation) {
+                         ReadReply* reply, uint64_t generation, bool starts_sequence) {
   if (shared_->chunks == nullptr) return 0;
   std::unique_lock lock(m_);
   // The file changed after this reader drained: what it would fetch may predate the change.
@@ -133,12 +165,32 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
   if (shared_->max_read > 0 && n >= shared_->max_read) {
     chunks_.clear();  // chunks in flight live on in their completions
     next_ = -1;
+    window_ = 0;
     return 0;
   }
-  const bool sequential = next_ < 0 ? off == 0 : off >= next_ && off - next_ <= shared_->max_skip;
+  // A read inside the window continues the sequence too: FUSE's worker threads may hand the
+  // kernel's requests over out of order, and readers sharing a file (the mount's window is the
+  // inode's) interleave.
+  const bool inside = std::any_of(chunks_.begin(), chunks_.end(), [&](const auto& c) {
+    return c->offset <= off && off < c->offset + c->length;
+  });
+  const bool continues = inside || (next_ >= 0 && off >= next_ && off - next_ <= shared_->max_skip);
+  const bool starts = !continues && (off == 0 || starts_sequence);
   next_ = off + n;
+  if (!continues) {
+    // A seek, or a sequence somewhere new: keep only what lies in reach of here (another reader
+    // of the file may still use it), and what failed nowhere (a new start fetches it again).
+    const int64_t reach = off + std::max(shared_->window, shared_->initial_window);
+    std::erase_if(chunks_, [&](const std::shared_ptr<RaChunk>& c) {
+      return c->offset + c->length <= off || c->offset >= reach || (c->ready && !c->status.ok());
+    });
+    if (!starts) window_ = 0;
+  }
   DropBehindLocked(off);
-  if (sequential) StartLocked(file, off, file_size);
+  if (continues || starts) {
+    PaceLocked(starts, n);
+    StartLocked(file, off, file_size);
+  }
   int64_t copied = 0;
   while (copied < n) {
     const int64_t pos = off + copied;

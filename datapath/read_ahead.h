@@ -10,9 +10,18 @@
 // the window does not hold is left to the caller's on-demand read.
 //
 // The sequential-reader rule: a read at offset 0 starts a sequence (a program reading a file from
-// its start), and a read that starts where the last one ended, or at most `max_skip` bytes past it,
-// continues it (torch.load skips each zip record's small local header). Anything else drops the
-// window.
+// its start), and so does the first read of a read-only open wherever it is (the caller says so:
+// a loader that seeks past a header first); a read that starts where the last one ended, or at
+// most `max_skip` bytes past it, continues it (torch.load skips each zip record's small local
+// header), and so does a read inside the fetched window (FUSE requests handed over out of order,
+// readers of one file interleaving). Anything else is a seek: the window ends, and only chunks
+// within reach of the new place are kept.
+//
+// The window grows with the reader's pace: a sequence starts with `initial_window` bytes (a
+// program that reads a header and stops fetches little), and each time the reader has consumed a
+// whole current window since it last grew, the window doubles, up to `window`. A fast reader so
+// reaches the full window within a few of its windows' time; a slow one keeps a small window and
+// ties up fewer of the pool's chunks, which every reader shares.
 //
 // Thread contract: every method may be called from any thread; the state is guarded by one
 // internal mutex, which fetch completions (engine worker threads) take too. The object must
@@ -39,8 +48,11 @@ namespace dnvme::datapath {
 // library), outlives every ReadAhead.
 struct ReadAheadShared {
   PinnedPool* chunks = nullptr;  // chunk-sized pinned buffers; null: read-ahead off
-  int64_t window = 16 << 20;     // bytes fetched ahead of a sequential reader
-  int64_t max_skip = 0;          // bytes a read may skip and still continue the sequence
+  int64_t window = 16 << 20;     // the most bytes fetched ahead of a sequential reader
+  // The window a sequence starts with (rounded up to whole chunks, at least one); 0: the whole
+  // `window` at once.
+  int64_t initial_window = 0;
+  int64_t max_skip = 0;  // bytes a read may skip and still continue the sequence
   // Reads of this many bytes or more are not read ahead (0: no limit): one such call keeps the
   // disk busy by itself, and copying it out of chunks costs more than it gains.
   int64_t max_read = 0;
@@ -83,8 +95,10 @@ class ReadAhead {
   // on-demand read then reports the error properly).
   // `generation`: Generation() as the caller saw it before it drained the file's write-behind;
   // when the window was invalidated since, nothing is served or fetched (see Generation).
+  // `starts_sequence`: this read starts a sequence wherever it is (the first read of a read-only
+  // open), as a read at offset 0 always does.
   int64_t Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size, ReadReply* reply,
-                uint64_t generation);
+                uint64_t generation, bool starts_sequence = false);
   // A whole read of [off, off + n) of `file` (n already clamped to `file_size`): what the window
   // holds (Serve; not when `use_window` is false: O_DIRECT readers, files others may change),
   // the rest read now through `engine` into `scratch` at the same place (scratch + served).
@@ -93,13 +107,14 @@ class ReadAhead {
   // can).
   Result<int64_t> Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
                        int64_t file_size, bool use_window, char* scratch, ReadReply* reply,
-                       uint64_t generation);
+                       uint64_t generation, bool starts_sequence = false);
   // Read() into `buf` itself, for a caller that copies (`dnvme run`: the program's buffer): the
   // window's pieces are copied out, and the chunks this read emptied go straight back to the
   // window for the bytes after it (Read alone refills it at the next read: a reply keeps its
   // chunks until it is sent).
   Result<int64_t> ReadInto(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
-                           int64_t file_size, bool use_window, char* buf, uint64_t generation);
+                           int64_t file_size, bool use_window, char* buf, uint64_t generation,
+                           bool starts_sequence = false);
   // How many times the window was invalidated. A reader samples it before it drains the file's
   // write-behind and hands it to Serve: a fetch started between that drain and a change to the
   // file (a write gathered after the drain, a truncate, a fallocate) reads the old bytes, so
@@ -113,9 +128,13 @@ class ReadAhead {
   void Quiesce();
   // For tests: fetches submitted and not completed.
   int inflight();
+  // For tests: the current window's bytes (0: no sequence).
+  int64_t window();
 
  private:
   void StartLocked(const FileRef& file, int64_t from, int64_t file_size);
+  // A sequence starts (`start`) or goes on after a read of `n` bytes: sets or grows window_.
+  void PaceLocked(bool start, int64_t n);
   // Drops the fetched chunks wholly behind `pos`: the reader will not ask for them again.
   void DropBehindLocked(int64_t pos);
 
@@ -124,6 +143,8 @@ class ReadAhead {
   std::condition_variable cv_;
   // Guarded by m_:
   int64_t next_ = -1;        // where the next sequential read is expected
+  int64_t window_ = 0;       // the current window (0: no sequence)
+  int64_t consumed_ = 0;     // bytes the reader consumed since the window last grew
   uint64_t generation_ = 0;  // Invalidate() calls so far
   std::vector<std::shared_ptr<RaChunk>> chunks_;
   int inflight_ = 0;

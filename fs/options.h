@@ -21,6 +21,8 @@ namespace dnvme::fs {
 inline constexpr int kMaxFuseThreads = 64;
 // The read-ahead pool holds this many readers' windows; more readers share what is free.
 inline constexpr int kReadAheadWindows = 4;
+// The window a sequential reader starts with (it grows to read_ahead as the reader goes on).
+inline constexpr int64_t kReadAheadFirstWindow = 4 << 20;
 // The largest FUSE read/write request by default (max_write, 256 pages: libfuse 3.14's own
 // limit): the size of each async-reply buffer. -o max_request raises the mount's.
 inline constexpr int64_t kMaxFuseRequestBytes = int64_t{1} << 20;

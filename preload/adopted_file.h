@@ -25,6 +25,7 @@
 #ifndef DNVME_PRELOAD_ADOPTED_FILE_H_
 #define DNVME_PRELOAD_ADOPTED_FILE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -80,6 +81,9 @@ struct AdoptedFile {
   // the program works on the current ones. Its fetches hold the file (`file` outlives them) and
   // its destructor waits for them.
   datapath::ReadAhead ra;
+  // Whether the file has been read yet: the first read of a read-only open starts the window's
+  // sequence wherever it is.
+  std::atomic<bool> read_before{false};
 
   int fds = 0;  // guarded by the descriptor table's lock: the program's descriptors of it
 };

@@ -116,6 +116,9 @@ AioHandle* Engine() {
   datapath::ReadAheadShared& r = g_engine.reads;
   r.max_skip = kAheadSkip;
   r.max_read = kAheadMaxRead;
+  // A sequence starts with one buffer and doubles as the program consumes it
+  // (datapath/read_ahead.h): a header read fetches 4 MiB, a loader soon gets the whole window.
+  r.initial_window = kAheadChunk;
   r.engine = ProcessEngine;
   r.counters = &ProcessCounters().data;
   return g_engine.engine;
@@ -217,8 +220,9 @@ Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t si
   // A file someone else has open may change under read-ahead: read only what is asked, now.
   const bool use_window = f.word->shared.load(std::memory_order_seq_cst) == 0 && ReadPool();
   if (!use_window) f.ra.Invalidate();
-  Result<int64_t> got =
-      f.ra.ReadInto(*g_engine.engine, f.file, off, n, size, use_window, buf, generation);
+  const bool first_read_only = use_window && !f.can_write && !f.read_before.exchange(true);
+  Result<int64_t> got = f.ra.ReadInto(*g_engine.engine, f.file, off, n, size, use_window, buf,
+                                      generation, first_read_only);
   if (!got.ok()) {
     f.ra.Invalidate();
     return got.status();

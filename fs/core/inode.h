@@ -94,6 +94,9 @@ struct FileHandle : OpenHandle {
   // whether it wrote (only a writer's close hears of a flush error).
   datapath::ErrorCursor wb_errors;  // used under the inode's WriteBehind mutex
   std::atomic<bool> wrote{false};
+  // Whether this open has read yet: the first read of a read-only open starts the read-ahead's
+  // sequence wherever it is (datapath/read_ahead.h).
+  std::atomic<bool> read_before{false};
   Inode* inode = nullptr;
 };
 

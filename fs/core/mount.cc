@@ -74,6 +74,9 @@ Status Mount::Start() {
   // (requests are <= max_request).
   ra_shared_.chunks = ra_pool_.get();
   ra_shared_.window = opts_.read_ahead;
+  // A sequence starts with one chunk and grows with the reader (datapath/read_ahead.h): a
+  // program that reads a header of a large file fetches 4 MiB, not the whole window.
+  ra_shared_.initial_window = std::min<int64_t>(opts_.read_ahead, kReadAheadFirstWindow);
   ra_shared_.engine = engine;
   ra_shared_.counters = &counters_;
   if (opts_.async_reply) {

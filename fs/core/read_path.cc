@@ -95,8 +95,10 @@ Result<int64_t> Read(Mount& mount, FileHandle& fh, char* out, size_t size, off_t
   const int64_t n = *readable;
   // O_DIRECT clients asked for no caching: they read on demand. The window's counters and the
   // rest read into the caller's (pinned, aligned) scratch buffer are the data path's.
-  Result<int64_t> got = fh.inode->ra.Read(*mount.engine(), fh.file, off, n, file_size,
-                                          !fh.client_direct, out, reply, generation);
+  const bool first_read_only = !fh.client_direct && !fh.writable && !fh.read_before.exchange(true);
+  Result<int64_t> got =
+      fh.inode->ra.Read(*mount.engine(), fh.file, off, n, file_size, !fh.client_direct, out, reply,
+                        generation, first_read_only);
   if (got.ok() || got.status().code() != Status::Code::kEndOfFile) return got;
   const int64_t served = reply->bytes();
   Result<int64_t> rest = ReadShrunk(fh.fd.get(), out + served, n - served, off + served);

@@ -2,7 +2,9 @@
 // window with no copy (the reply points into the chunks), random reads fetch nothing, a failed
 // fetch ends what the window serves (the caller's own read then reports it), a small pool gives
 // a partial window, Invalidate drops it, Quiesce waits for fetches, and concurrent readers of
-// one file and of several share the pool without losing or mixing data.
+// one file and of several share the pool without losing or mixing data. The window starts small
+// and doubles as the reader consumes it; the first read of a read-only open starts a sequence
+// anywhere; a seek gives the window's chunks back.
 #include "datapath/read_ahead.h"
 
 #include <gtest/gtest.h>
@@ -254,6 +256,112 @@ TEST_F(ReadAheadTest, ConcurrentReadersShareThePool) {
   for (auto& w : windows) w->Quiesce();
   for (int i = 0; i < 500 && chunks_->available() != chunks_->count(); ++i) usleep(10000);
   EXPECT_EQ(chunks_->available(), chunks_->count());
+}
+
+TEST_F(ReadAheadTest, AWindowStartsSmallAndGrowsWithTheReader) {
+  shared_.initial_window = kChunk;
+  shared_.window = 8 * kMiB;
+  FileRef f = PatternFile("grow");
+  ReadAhead ra(&shared_);
+  ReadReply r0;
+  EXPECT_EQ(ra.Serve(f, 0, 4 * kKiB, kFile, &r0, ra.Generation()), 4 * kKiB);
+  EXPECT_EQ(ra.window(), kChunk) << "a sequence starts with initial_window";
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), 1u) << "a header read fetches one chunk";
+  // Read on in 256 KiB pieces: the window doubles each time the reader consumed a whole window.
+  std::vector<int64_t> seen{ra.window()};
+  int64_t served = 4 * kKiB, asked = 4 * kKiB;
+  for (int64_t off = 4 * kKiB; off < 20 * kMiB; off += 256 * kKiB) {
+    ReadReply r;
+    const int64_t n = ra.Serve(f, off, 256 * kKiB, kFile, &r, ra.Generation());
+    EXPECT_EQ(CheckReply(r, off), n);
+    served += n;
+    asked += 256 * kKiB;
+    if (ra.window() != seen.back()) seen.push_back(ra.window());
+  }
+  EXPECT_EQ(seen, (std::vector<int64_t>{kChunk, 2 * kMiB, 4 * kMiB, 8 * kMiB}))
+      << "1, 2, 4 then the 8 MiB most, never more";
+  EXPECT_EQ(served, asked) << "every read served from the window";
+  ra.Quiesce();
+  EXPECT_EQ(ra.window(), 0);
+}
+
+TEST_F(ReadAheadTest, TheFirstReadOfAReadOnlyOpenStartsASequenceAnywhere) {
+  shared_.initial_window = kChunk;
+  FileRef f = PatternFile("ro");
+  ReadAhead ra(&shared_);
+  ReadReply r0, r1;
+  // A loader that seeks past a header first: its first read, 5 MiB + 100 in.
+  const int64_t at = 5 * kMiB + 100;
+  EXPECT_EQ(ra.Serve(f, at, 64 * kKiB, kFile, &r0, ra.Generation(), /*starts_sequence=*/true),
+            64 * kKiB);
+  EXPECT_EQ(CheckReply(r0, at), 64 * kKiB);
+  EXPECT_EQ(ra.window(), kChunk);
+  EXPECT_EQ(ra.Serve(f, at + 64 * kKiB, 64 * kKiB, kFile, &r1, ra.Generation()), 64 * kKiB)
+      << "and the next read continues it";
+  ra.Quiesce();
+}
+
+TEST_F(ReadAheadTest, ASeekDropsTheWindowAndANewSequenceFetchesAgain) {
+  MakePool(4);  // exactly one 4 MiB window
+  FileRef f = PatternFile("seek");
+  ReadAhead ra(&shared_);
+  {
+    ReadReply r;
+    EXPECT_EQ(ra.Serve(f, 0, 64 * kKiB, kFile, &r, ra.Generation()), 64 * kKiB);
+  }
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), 4u);
+  {
+    ReadReply r;
+    EXPECT_EQ(ra.Serve(f, 20 * kMiB, 64 * kKiB, kFile, &r, ra.Generation()), 0) << "a seek";
+  }
+  EXPECT_EQ(ra.window(), 0);
+  // The dropped chunks go back to the pool as their fetches complete.
+  for (int i = 0; i < 500 && chunks_->available() != 4; ++i) usleep(10000);
+  ASSERT_EQ(chunks_->available(), 4u) << "a seek holds no chunks";
+  ReadReply r;
+  EXPECT_EQ(ra.Serve(f, 0, kMiB, kFile, &r, ra.Generation()), kMiB) << "offset 0 starts again";
+  EXPECT_EQ(CheckReply(r, 0), kMiB);
+  ra.Quiesce();
+}
+
+TEST_F(ReadAheadTest, RandomReadIntoCallsFetchNothing) {
+  // dnvme run's reader: a large read that starts no sequence must not refill a window either.
+  shared_.initial_window = kChunk;
+  FileRef f = PatternFile("randinto");
+  ReadAhead ra(&shared_);
+  std::vector<char> buf(static_cast<size_t>(300 * kKiB));
+  for (int64_t off : {5 * kMiB + 100, kMiB + 7, 9 * kMiB + 4096, 3 * kMiB + 1}) {
+    Result<int64_t> got = ra.ReadInto(*engine_, f, off, static_cast<int64_t>(buf.size()), kFile,
+                                      true, buf.data(), ra.Generation());
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(dnvme::test::MatchesPattern(buf.data(), buf.size(), off));
+  }
+  EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
+  ra.Quiesce();
+}
+
+TEST_F(ReadAheadTest, TwoInterleavedReadersOfOneFileKeepTheWindow) {
+  // The mount's window is the inode's: two readers of one file (or FUSE requests handed over
+  // out of order) interleave. A read inside the fetched window continues the sequence.
+  FileRef f = PatternFile("two");
+  ReadAhead ra(&shared_);
+  int64_t served = 0, asked = 0;
+  for (int64_t off = 0; off < 3 * kMiB; off += 256 * kKiB) {
+    for (int64_t at : {off, off + 128 * kKiB}) {  // reader B trails reader A by half a read
+      ReadReply r;
+      const int64_t n = ra.Serve(f, at, 128 * kKiB, kFile, &r, ra.Generation());
+      EXPECT_EQ(CheckReply(r, at), n);
+      served += n;
+      asked += 128 * kKiB;
+    }
+    ReadReply back;  // and a read behind both, still inside the window
+    const int64_t n = ra.Serve(f, off, 64 * kKiB, kFile, &back, ra.Generation());
+    EXPECT_EQ(CheckReply(back, off), n);
+    served += n;
+    asked += 64 * kKiB;
+  }
+  EXPECT_EQ(served, asked) << "every read served from the window";
+  ra.Quiesce();
 }
 
 TEST_F(ReadAheadTest, OffWithoutAPool) {
