@@ -14,7 +14,7 @@ Counters& ProcessCounters() { return g_counters; }
 
 void Counters::Reset() {
   for (auto* c : {&adopted, &refused, &reads, &writes, &bytes_read, &bytes_written, &drains,
-                  &invalidations, &errors, &stale}) {
+                  &invalidations, &errors, &stale, &map_fills, &map_filled}) {
     c->store(0);
   }
   data.Reset();
@@ -29,7 +29,7 @@ std::string Counters::JsonLine(pid_t pid) const {
          ", \"invalidations\": " + v(invalidations) +
          ", \"errors\": " + std::to_string(errors.load() + data.errors.load()) +
          ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(data.bytes_read_ahead_hit) +
-         "}\n";
+         ", \"map_fills\": " + v(map_fills) + ", \"map_filled\": " + v(map_filled) + "}\n";
 }
 
 }  // namespace dnvme::preload

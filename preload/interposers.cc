@@ -39,6 +39,7 @@
 // adopted_file.h. fork() keeps working (lifetime.h).
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -55,6 +56,7 @@
 #include "preload/internal.h"
 #include "preload/libc.h"
 #include "preload/lifetime.h"
+#include "preload/map_fill.h"
 #include "preload/reserve.h"
 #include "preload/settings.h"
 #include "preload/staging.h"
@@ -345,7 +347,15 @@ int fallocate64(int fd, int mode, off_t off, off_t len) { return fallocate(fd, m
 
 void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
   pl::BeforeMap(fd);
-  return pl::Libc().mmap(addr, len, prot, flags, fd, off);
+  void* p = pl::Libc().mmap(addr, len, prot, flags, fd, off);
+  // Never for anonymous memory (allocators map theirs through here, maybe before our
+  // constructor ran): nothing of ours runs for it.
+  if (p != MAP_FAILED && fd >= 0 && (flags & MAP_ANONYMOUS) == 0) {
+    const int saved = errno;
+    pl::AfterMap(p, len, prot, fd, off);
+    errno = saved;
+  }
+  return p;
 }
 void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
   return mmap(addr, len, prot, flags, fd, off);

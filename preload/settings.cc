@@ -37,6 +37,11 @@ const Settings& PreloadSettings() {
       long long n = std::strtoll(e, &end, 10);
       if (end && *end == '\0' && n >= 0) v.readahead = n;
     }
+    if (const char* e = getenv("DNVME_PRELOAD_MAP_FILL"); e && *e) {
+      char* end = nullptr;
+      long long n = std::strtoll(e, &end, 10);
+      if (end && *end == '\0' && n >= 0) v.map_fill = n;
+    }
     if (const char* e = getenv("DNVME_PRELOAD_STATS"); e && *e) v.stats_file = e;
     if (const char* e = getenv("DNVME_PRELOAD_CONFIG"); e && *e) v.config_file = e;
     if (const char* e = getenv("DNVME_PRELOAD_LOG"); e && *e) {

@@ -18,6 +18,10 @@ struct Settings {
   std::string stats_file;           // DNVME_PRELOAD_STATS: a JSON line per process at exit
   std::string config_file;          // DNVME_PRELOAD_CONFIG: the engine's HandleConfig
   int64_t readahead = 32 << 20;     // DNVME_PRELOAD_READAHEAD: bytes of read-ahead buffers; 0 off
+  // DNVME_PRELOAD_MAP_FILL: read-only mappings of at least this many bytes are filled at mmap
+  // (map_fill.h); 0, the default, off: measured slower than the kernel's own faults on both
+  // devices here (docs/performance-journal.md, "Issue 36").
+  int64_t map_fill = 0;
 };
 
 // The settings, read from the environment at the first call (which also sets the log level,
