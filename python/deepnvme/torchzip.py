@@ -19,7 +19,13 @@ between the tensor's memory and the file with the engine's parallel O_DIRECT req
 - load: the central directory gives every record's offset; a storage is read into fresh memory
   that starts as far into its page as the record into its file page (torch's own 64-byte
   aligned records included), so it too moves O_DIRECT with no bounce copy, and its CRC-32 is
-  checked (torch's own reader does not check it; a damaged record raises OSError).
+  checked (torch's own reader does not check it; a damaged record raises OSError). Records are
+  read ahead: from the first storage torch asks for, a thread of the reader's own reads the
+  large records in the order torch will ask for them (the pickle's: storage keys are numbered as
+  torch.save met them, and the file holds them sorted as strings, 0, 1, 10, 100, 11, ..., 2) with
+  the engine's parallel requests and checks their CRCs, up to READ_AHEAD bytes not yet taken,
+  while torch unpickles and builds tensors from the ones before; a record torch asks for before
+  the thread reached it is read by the asking thread.
 
 ``torch.serialization._save/_load`` are private; ``supported()`` checks that their signatures are
 the ones this module was written for, and save()/load() fall back to the public API otherwise.
@@ -34,6 +40,7 @@ import inspect
 import os
 import struct
 import sys
+import threading
 
 from . import _C
 
@@ -367,7 +374,15 @@ class TorchZipReader:
     """The zip_file object torch.serialization._load reads from: records by name, storages read
     into fresh memory by `handle` (through an engine FileRef, so threads may share the
     handle), CRC-32 checked unless verify=False. torch's own reader does not check CRCs; records
-    whose stored CRC is 0 (torch.serialization.set_crc32_options(False)) are not checked."""
+    whose stored CRC is 0 (torch.serialization.set_crc32_options(False)) are not checked.
+
+    Storages of at least AHEAD_MIN bytes are read ahead by one thread of the reader's (see the
+    module comment), at most READ_AHEAD bytes beyond what torch has taken; its errors reach the
+    caller when torch asks for that record (a record never asked for does not fail the load).
+    The reader's methods are for one thread (torch's); close() stops the read-ahead."""
+
+    READ_AHEAD = 512 << 20
+    AHEAD_MIN = 1 << 20
 
     def __init__(self, path, handle, verify=True):
         import zipfile  # parses the central directory only
@@ -393,8 +408,17 @@ class TorchZipReader:
         except BaseException:
             os.close(self._fd)
             raise
+        # Read-ahead state, guarded by _cv: name -> "claimed" (being read by whoever claimed it)
+        # or ("done", memory, shift, error); _ahead_bytes: read ahead and not yet taken.
+        self._cv = threading.Condition()
+        self._ahead = {}
+        self._ahead_bytes = 0
+        self._stop = False
+        self._thread = None
+        self.read_ahead_records = 0  # records torch got from the read-ahead (tests, stats)
 
     def close(self):
+        self._stop_read_ahead()
         self._file = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
@@ -417,6 +441,101 @@ class TorchZipReader:
         if self._verify and crc != 0 and _C.crc32(data) != crc:
             raise OSError(errno.EIO, "'%s': record %s fails its CRC-32 check (the file is "
                           "damaged)" % (self.path, name), self.path)
+
+    def _read_storage(self, name, at, size, crc):
+        """(memory, shift): the record read into fresh memory and checked. The memory starts as
+        far into its page as the record into its file page, so the engine reads every whole
+        page O_DIRECT into it, with no bounce copy (records of torch.save's own files are
+        64-byte aligned; save() writes them that way too)."""
+        shift = _page_residue(at)
+        memory = _C.HostBuffer(size + shift, False)
+        self._file.pread(memory.address + shift, size, at)
+        self._check(name, memoryview(memory)[shift:], crc)
+        return memory, shift
+
+    # --- the read-ahead thread ------------------------------------------------------------------
+    @staticmethod
+    def _ask_order(name, at):
+        """Where torch asks for record `name`: its storage key's number (data/KEY) when it is
+        one, else its place in the file."""
+        key = name.rsplit("/", 1)[-1]
+        return (0, int(key), at) if name.startswith("data/") and key.isdigit() else (1, 0, at)
+
+    def _start_read_ahead(self):
+        plan = sorted((self._ask_order(name, at), name, at, size, crc)
+                      for name, (at, size, crc) in self._records.items()
+                      if size >= self.AHEAD_MIN)
+        if len(plan) < 2:
+            self._thread = False  # nothing to overlap
+            return
+        self._thread = threading.Thread(target=self._read_ahead, args=(plan,), daemon=True,
+                                        name="deepnvme-load-ahead")
+        self._thread.start()
+
+    def _read_ahead(self, plan):
+        # States in self._ahead: "ahead" (this thread reads it), "here" (the asking thread
+        # does), "taken", or ("done", memory, shift, error) waiting to be taken.
+        for _, name, at, size, crc in plan:
+            with self._cv:
+                # Room in the window (always for one record, whatever its size).
+                self._cv.wait_for(lambda: self._stop or self._ahead_bytes == 0 or
+                                  self._ahead_bytes + size <= self.READ_AHEAD)
+                if self._stop:
+                    return
+                if name in self._ahead:
+                    continue  # torch asked for it first: the asking thread reads it
+                self._ahead[name] = "ahead"
+            memory = shift = error = None
+            try:
+                memory, shift = self._read_storage(name, at, size, crc)
+            except BaseException as e:  # the asking thread reads it again, and reports that
+                error = e
+            with self._cv:
+                self._ahead[name] = ("done", memory, shift, error)
+                self._ahead_bytes += size
+                self._cv.notify_all()
+
+    def _stop_read_ahead(self):
+        thread = self._thread
+        if not thread:
+            return
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        try:
+            thread.join()
+        finally:
+            while thread.is_alive():  # (interrupted: the file must outlive the thread's read)
+                thread.join(1.0)
+            self._thread = None
+            self._ahead.clear()
+
+    def _take(self, name, at, size, crc):
+        """The record's (memory, shift): from the read-ahead when it has read it (waiting while it
+        is reading it), else read here."""
+        if self._thread is None:
+            self._start_read_ahead()
+        with self._cv:
+            if self._ahead.get(name) == "ahead":
+                self._cv.wait_for(lambda: self._ahead[name] != "ahead")
+            state = self._ahead.get(name)
+            if isinstance(state, tuple):
+                _, memory, shift, error = state
+                self._ahead[name] = "taken"
+                self._ahead_bytes -= size
+                self._cv.notify_all()
+                if error is None:
+                    self.read_ahead_records += 1
+                    return memory, shift
+                # Read again here: a transient failure (memory the read-ahead itself held, say)
+                # may not repeat, and a real one is reported by this read.
+            else:
+                self._ahead[name] = "here"  # the read-ahead thread skips it
+        try:
+            return self._read_storage(name, at, size, crc)
+        finally:
+            with self._cv:
+                self._ahead[name] = "taken"
 
     # --- what torch.serialization._load calls ------------------------------------------------
     def has_record(self, name):
@@ -445,15 +564,11 @@ class TorchZipReader:
         at, size, crc = self._record(name)
         if size == 0:
             return torch.empty(0, dtype=torch.uint8)
-        # The storage starts as far into its page as the record into its file page, so the
-        # engine reads every whole page O_DIRECT into it, with no bounce copy (records of
-        # torch.save's own files are 64-byte aligned; save() above writes them that way too).
-        shift = _page_residue(at)
-        memory = _C.HostBuffer(size + shift, False)
-        tensor = torch.frombuffer(memory, dtype=torch.uint8, count=size, offset=shift)
-        self._file.pread(memory.address + shift, size, at)
-        self._check(name, memoryview(memory)[shift:], crc)
-        return tensor
+        if size >= self.AHEAD_MIN:
+            memory, shift = self._take(name, at, size, crc)
+        else:
+            memory, shift = self._read_storage(name, at, size, crc)
+        return torch.frombuffer(memory, dtype=torch.uint8, count=size, offset=shift)
 
 
 __all__ = ["TorchZipWriter", "TorchZipReader", "supported"]

@@ -419,6 +419,87 @@ def test_load_checks_crc_and_refuses_damage(deepnvme, torch, scratch):
     assert not torch.equal(torch.load(path)["w"], state["w"]), "torch's reader does not check"
 
 
+def _damage(path, record, torch_layout):
+    name, at, n = [r for r in torch_layout if r[0].endswith(record)][0]
+    with open(path, "r+b") as f:
+        f.seek(at + n // 2)
+        byte = f.read(1)
+        f.seek(at + n // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_load_reads_records_ahead_in_any_order_and_keeps_each_error_for_its_record(
+        deepnvme, torch, scratch, monkeypatch):
+    """deepnvme.load's reader reads the large records ahead on a thread of its own, in the order
+    torch asks for them (storage keys 0, 1, 2, ...; the file holds them as strings sort, 0, 1,
+    10, 11, 2, ...), at most READ_AHEAD bytes beyond what was taken: a load takes its storages
+    from it; asked for in any other order, or twice, they are still exact; a damaged record fails
+    only when asked for, and close() stops a thread that waits for room."""
+    import threading
+    from deepnvme import checkpoint, torchzip
+    path = os.path.join(scratch, "ahead.pt")
+    state = {"t%02d" % i: torch.randn((1 << 20) // 4 * (1 + i % 3)) for i in range(12)}
+    deepnvme.save(state, path)
+    handle = checkpoint._native(checkpoint.default_read_handle())
+    layout = zip_layout(path)
+    names = sorted((n.split("/", 1)[1] for n, _, _ in layout if "/data/" in n),
+                   key=lambda n: int(n.rsplit("/", 1)[1]))
+    assert [n for n, _, _ in layout if "/data/" in n][2].endswith("data/10"), "file order"
+    # A whole load, with a window of a few records: the storages come from the read-ahead (but
+    # the first, which torch asked for before the thread began); in file order the thread would
+    # fill its window with data/10 and data/11 and serve only a few.
+    monkeypatch.setattr(torchzip.TorchZipReader, "READ_AHEAD", 8 << 20)
+    seen = []
+    close = torchzip.TorchZipReader.close
+    monkeypatch.setattr(torchzip.TorchZipReader, "close",
+                        lambda self: seen.append(self.read_ahead_records) or close(self))
+    assert_same_state(torch, deepnvme.load(path), state)
+    assert seen and seen[0] >= len(names) - 3, (seen, len(names))
+    monkeypatch.setattr(torchzip.TorchZipReader, "close", close)
+    monkeypatch.setattr(torchzip.TorchZipReader, "READ_AHEAD", 512 << 20)
+    expect = {}
+    with torchzip.TorchZipReader(path, handle) as plain:
+        plain._thread = False  # no read-ahead: each record read by the asking thread
+        for name in names:
+            expect[name] = plain.get_storage_from_record(name, 0, None).clone()
+        assert plain.read_ahead_records == 0
+    # Deterministic: the thread has read everything before the first ask.
+    with torchzip.TorchZipReader(path, handle) as r:
+        r._start_read_ahead()
+        r._thread.join()
+        for name in names:
+            assert torch.equal(r.get_storage_from_record(name, 0, None), expect[name]), name
+        assert r.read_ahead_records == len(names)
+        for name in names[:2]:  # asked for again: read again, exact
+            assert torch.equal(r.get_storage_from_record(name, 0, None), expect[name]), name
+    for order in (names[::-1], names[1::2] + names[0::2]):
+        with torchzip.TorchZipReader(path, handle) as r:
+            r.READ_AHEAD = 3 << 20  # a window of about two records
+            for name in order:
+                assert torch.equal(r.get_storage_from_record(name, 0, None), expect[name]), name
+            assert torch.equal(r.get_storage_from_record(order[0], 0, None), expect[order[0]])
+    # close() with the thread waiting for room in its window stops it.
+    with torchzip.TorchZipReader(path, handle) as r:
+        r.READ_AHEAD = 1
+        r.get_storage_from_record(names[0], 0, None)
+        assert r._thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "deepnvme-load-ahead"]
+    # A damaged record read ahead fails when it is asked for, not before, and not the others.
+    _damage(path, names[3], layout)
+    with torchzip.TorchZipReader(path, handle) as r:
+        r._start_read_ahead()
+        r._thread.join()
+        for name in names[:3]:
+            assert torch.equal(r.get_storage_from_record(name, 0, None), expect[name])
+        with pytest.raises(OSError) as e:
+            r.get_storage_from_record(names[3], 0, None)
+        assert e.value.errno == errno.EIO and "CRC" in str(e.value)
+        for name in names[4:]:
+            assert torch.equal(r.get_storage_from_record(name, 0, None), expect[name])
+    with torchzip.TorchZipReader(path, handle) as r:  # never asked for: no error
+        for name in names[:3] + names[4:]:
+            assert torch.equal(r.get_storage_from_record(name, 0, None), expect[name])
+
 def test_load_arguments_it_cannot_honour_go_to_torch_load(deepnvme, torch, scratch, monkeypatch):
     """A torch.load argument the fast path does not know (torch 2's mmap=, or any other) is
     passed to torch.load itself: torch's answer, not a TypeError from deepnvme's loader."""
