@@ -2,15 +2,21 @@
 # Usage: mount-scripts/quickstart.sh [--size 1G] [-o dnvmefs-options]
 #
 # Mounts var/backing on var/mnt with build/bin/dnvmefs (builds nothing: run scripts/build.sh
-# first), writes a demo "checkpoint" of SIZE through the mount like a training job would
-# (fio psync, bs=1M, fsync at the end), drops the page cache, reads it back, and prints the GiB/s
-# next to fio's raw speed on the backing directory in the same run (libaio, O_DIRECT, bs=1M,
-# iodepth=32). The mount stays up at the end; the last lines say how to unmount.
+# first), then writes a demo "checkpoint" of SIZE like a training job would (fio psync, bs=1M,
+# fsync at the end), drops the page cache and reads it back cold, four ways in the same run:
+#   plain ext4   the same fio client on the backing directory itself: no dnvmefs at all
+#   mount        the same client through the mount (dnvmefs)
+#   dnvme run    the same client through the mount under `dnvme run` (libdnvme_preload.so:
+#                its large reads and writes go to the engine, docs/preload.md)
+#   raw fio      fio libaio O_DIRECT iodepth 32 on the backing directory: the device's limit
+# and prints GiB/s with each one's ratio to plain ext4 and to raw fio. The mount stays up at the
+# end; the last lines say how to unmount.
 # Both directories are under var/ (git-ignored). DNVMEFS_BIN=path overrides the binary.
 # Run as root so the page cache can be dropped before reads (otherwise reads may be cached).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DNVMEFS=${DNVMEFS_BIN:-$ROOT/build/bin/dnvmefs}
+DNVME=$(dirname "$DNVMEFS")/dnvme
 PY=/usr/bin/python3
 BACKING=$ROOT/var/backing
 MNT=$ROOT/var/mnt
@@ -27,7 +33,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 die() { echo "quickstart: $*" >&2; exit 1; }
-[[ -x $DNVMEFS ]] || die "$DNVMEFS is missing; build it first: scripts/build.sh"
+[[ -x $DNVMEFS ]] || die "$DNVMEFS is missing; build it first: scripts/build.sh --demo"
+[[ -x $DNVME ]] || die "$DNVME is missing; build it first: scripts/build.sh --demo"
 command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
 command -v fusermount3 >/dev/null || die "fusermount3 is missing; run scripts/install-deps.sh"
 [[ -x $PY ]] || die "$PY is missing (needed to parse fio's JSON)"
@@ -40,11 +47,12 @@ install -d -m 0700 "$ROOT/var" && chmod 0700 "$ROOT/var"
 mkdir -p "$BACKING" "$MNT"
 WORK=$(mktemp -d)
 RAW_FILE=$BACKING/quickstart_raw.dat
+PLAIN_FILE=$BACKING/quickstart_plain.dat
 mounted=0
 keep_mount=0
 cleanup() {
   pipe_max_restore
-  rm -f "$RAW_FILE"
+  rm -f "$RAW_FILE" "$PLAIN_FILE" "$MNT/demo_run.bin" 2>/dev/null || true
   rm -rf "$WORK"
   if [[ $mounted -eq 1 && $keep_mount -eq 0 ]]; then
     fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null || true
@@ -100,11 +108,11 @@ echo "quickstart: mounted $BACKING on $MNT ($(findmnt -rn -o SOURCE,FSTYPE,OPTIO
 
 RESULTS=$WORK/results.tsv
 : >"$RESULTS"
-fio_run() {  # label rw file fio-args...
+fio_run() {  # label rw file fio-args... (PRE=(...) runs fio under a wrapper)
   local label=$1 rw=$2 file=$3
   shift 3
   local out=$WORK/fio.json
-  if ! fio --name=quickstart --filename="$file" --rw="$rw" --bs=1M --size="$SIZE" --numjobs=1 \
+  if ! "${PRE[@]}" fio --name=quickstart --filename="$file" --rw="$rw" --bs=1M --size="$SIZE" --numjobs=1 \
     --output-format=json "$@" >"$out" 2>"$WORK/fio.err"; then
     echo "quickstart: fio $label $rw failed:" >&2
     cat "$WORK/fio.err" >&2
@@ -120,27 +128,45 @@ PYEOF
 }
 
 CKPT=$MNT/demo_checkpoint.bin
-echo "quickstart: writing a $SIZE checkpoint through the mount, then reading it back cold"
-fio_run "dnvmefs (checkpoint, psync)" write "$CKPT" --ioengine=psync --end_fsync=1
-drop_caches
-fio_run "dnvmefs (checkpoint, psync)" read "$CKPT" --ioengine=psync
-echo "quickstart: the same with fio straight on $BACKING (libaio, O_DIRECT, iodepth 32)"
-fio_run "raw fio (libaio direct qd32)" write "$RAW_FILE" --ioengine=libaio --direct=1 --iodepth=32 --end_fsync=1
-drop_caches
-fio_run "raw fio (libaio direct qd32)" read "$RAW_FILE" --ioengine=libaio --direct=1 --iodepth=32
+PRE=()
+both() {  # label file fio-args...: write (fsync at the end), drop the page cache, read cold
+  local label=$1 file=$2
+  shift 2
+  fio_run "$label" write "$file" --end_fsync=1 "$@"
+  drop_caches
+  fio_run "$label" read "$file" "$@"
+}
+echo "quickstart: writing a $SIZE checkpoint and reading it back cold, four ways (fio, bs=1M):"
+echo "  plain ext4 (no dnvmefs) on $BACKING"
+both "plain ext4" "$PLAIN_FILE" --ioengine=psync
+rm -f "$PLAIN_FILE"
+echo "  the mount (dnvmefs) on $MNT"
+both "mount" "$CKPT" --ioengine=psync
+echo "  dnvme run (the mount, its large transfers through the engine) on $MNT"
+PRE=("$DNVME" run --mount "$MNT" --)
+both "dnvme run" "$MNT/demo_run.bin" --ioengine=psync
+PRE=()
+rm -f "$MNT/demo_run.bin"
+echo "  raw fio (libaio, O_DIRECT, iodepth 32) on $BACKING: the device's limit"
+both "raw fio" "$RAW_FILE" --ioengine=libaio --direct=1 --iodepth=32
 
 $PY - "$RESULTS" <<'PYEOF'
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1])]
+bw = {(r[0], r[1]): float(r[3]) for r in rows}
 print()
-print(f"{'':<30} {'op':<6} {'GiB/s':>7} {'seconds':>8}")
-for label, rw, _, gib, sec in rows:
-    print(f"{label:<30} {rw:<6} {float(gib):>7.3f} {float(sec):>8.3f}")
-bw = {(r[0].split(" ")[0], r[1]): float(r[3]) for r in rows}
+print("the same fio client (psync, bs=1M) four ways; GiB/s and ratios, higher is better")
+print(f"{'':<12} {'op':<6} {'GiB/s':>7} {'x plain ext4':>13} {'x raw fio':>10}")
 for rw in ("write", "read"):
-    raw = bw.get(("raw", rw), 0)
-    if raw > 0:
-        print(f"{rw}: dnvmefs/raw = {bw[('dnvmefs', rw)] / raw:.2f}")
+    for label in ("plain ext4", "mount", "dnvme run", "raw fio"):
+        g = bw.get((label, rw), 0.0)
+        plain, raw = bw.get(("plain ext4", rw), 0.0), bw.get(("raw fio", rw), 0.0)
+        rp = f"{g / plain:.2f}" if plain > 0 else "-"
+        rr = f"{g / raw:.2f}" if raw > 0 else "-"
+        print(f"{label:<12} {rw:<6} {g:>7.3f} {rp:>13} {rr:>10}")
+print("plain ext4: no dnvmefs; mount: through dnvmefs; dnvme run: through dnvmefs with the"
+      " preload library;\nraw fio: libaio O_DIRECT qd32, the device's limit."
+      " One run on a shared machine: see docs/performance.md for medians.")
 PYEOF
 
 keep_mount=1
