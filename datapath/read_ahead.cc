@@ -4,6 +4,11 @@
 #include <cstring>
 
 namespace dnvme::datapath {
+namespace {
+
+constexpr int64_t kFetchAlign = 4096;  // O_DIRECT's alignment on every device we meet
+
+}  // namespace
 
 size_t ReadReply::CopyTo(char* dst) const {
   size_t at = 0;
@@ -118,7 +123,9 @@ void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size
   if (window_ <= 0) return;  // no sequence: nothing to fetch
   const auto chunk_bytes = static_cast<int64_t>(shared_->chunks->buffer_size());
   const int64_t window_end = std::min(file_size, from + window_);
-  int64_t next = from / chunk_bytes * chunk_bytes;
+  // From the page the reader is in, not the chunk's multiple: a sequence that starts mid-file
+  // (the first read of a read-only open) fetches nothing behind the reader.
+  int64_t next = from / kFetchAlign * kFetchAlign;
   std::shared_ptr<AioHandle> engine;
   while (next < window_end) {
     auto have = std::find_if(chunks_.begin(), chunks_.end(), [&](const auto& c) {

@@ -1,9 +1,10 @@
 // Filling a large read-only private mapping of a file on the mount in parallel pieces.
 //
 // Why: a program that maps a file and touches it (np.load(mmap_mode='r'), a safetensors-style
-// loader; not torch.load(mmap=True), whose mapping is writable and so the kernel's) gets every page through a page fault and the kernel's read-around
-// of that one spot: one piece of the file at a time, each waited for. Filling the mapping in
-// large pieces from several threads keeps more of a device busy.
+// loader; not torch.load(mmap=True), whose mapping is writable and so the kernel's) gets every page
+// through a page fault and the kernel's read-around of that one spot: one piece of the file at a
+// time, each waited for. Filling the mapping in large pieces from several threads keeps more of a
+// device busy.
 //
 // Measured (docs/performance-journal.md, "Issue 36"): on this VM's memory as the host hands it
 // back, a 2 GiB mapping touched page by page filled at 0.5-1.2 GiB/s and the fill ran 3-4 GiB/s;

@@ -198,13 +198,15 @@ TEST_F(ReadAheadTest, FailedFetchEndsWhatTheWindowServes) {
   FileRef f = PatternFile("fail");
   faults_.fail_errno = EIO;
   faults_.fail_writes = false;
-  faults_.fail_offset = 2 * kMiB + 100;  // the window's chunk [2M, 3M) fails
+  // The sequence is found at 1.5M (the second read in order): chunks from there, of which the
+  // second, [2.5M, 3.5M), fails.
+  faults_.fail_offset = 2 * kMiB + 512 * kKiB + 100;
   ReadAhead ra(&shared_);
   ReadReply r0;
   ra.Serve(f, kMiB, 512 * kKiB, kFile, &r0, ra.Generation());
   ReadReply r1;
   const int64_t n = ra.Serve(f, kMiB + 512 * kKiB, 2 * kMiB, kFile, &r1, ra.Generation());
-  EXPECT_EQ(n, 512 * kKiB) << "served up to the failed chunk, not past it";
+  EXPECT_EQ(n, kMiB) << "served up to the failed chunk, not past it";
   EXPECT_EQ(CheckReply(r1, kMiB + 512 * kKiB), n);
   EXPECT_GT(faults_.injected.load(), 0u);
   ra.Quiesce();
