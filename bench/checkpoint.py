@@ -39,7 +39,6 @@ real machine.
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -56,18 +55,14 @@ import torch  # noqa: E402
 
 import deepnvme  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import size_arg  # noqa: E402
+
 GiB = 1 << 30
 
 
 def die(msg):
     sys.exit("checkpoint.py: " + msg)
-
-
-def size_arg(text):
-    m = re.fullmatch(r"(\d+)([KMGT]?)", text.strip().upper())
-    if not m or int(m.group(1)) == 0:
-        raise argparse.ArgumentTypeError("not a size: %r (use e.g. 512M or 1G)" % text)
-    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
 
 
 def settle():

@@ -24,7 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import readers  # noqa: E402  (drop(), WARM, size_arg)
+import readers  # noqa: E402  (drop(), WARM, size_arg, REPO)
 
 PIECE = 8 << 20
 VARIANTS = [("none", 0), ("willneed", 2), ("willneed", 4), ("pread", 2)]

@@ -52,13 +52,15 @@ import ctypes
 import json
 import mmap
 import os
-import re
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import size_arg  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
@@ -173,13 +175,6 @@ print(time.monotonic() - t0, busy() - c0)
 
 def die(msg):
     sys.exit("readers.py: " + msg)
-
-
-def size_arg(text):
-    m = re.fullmatch(r"(\d+)([KMGT]?)", text.strip().upper())
-    if not m or int(m.group(1)) == 0:
-        raise argparse.ArgumentTypeError("not a size: %r (use e.g. 512M or 2G)" % text)
-    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
 
 
 def list_arg(known, what):
