@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ import torch  # noqa: E402
 import deepnvme  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 from benchlib import size_arg  # noqa: E402
 
 GiB = 1 << 30
@@ -131,37 +131,25 @@ def make_state(size, tensors):
     return state
 
 
-class DnvmeMount:
-    """dnvmefs BACKING MNT -f in a child; unmounted and stopped on exit, also on failure."""
+class DnvmeMount(benchlib.ForegroundMount):
+    """dnvmefs BACKING MNT -f in a child, its log beside MNT (benchlib.ForegroundMount)."""
 
     def __init__(self, backing, mnt, options):
-        self.backing, self.mnt = backing, mnt
         binary = os.path.join(ROOT, "build", "bin", "dnvmefs")
         if not os.access(binary, os.X_OK):
             die("%s not found: run scripts/build.sh first" % binary)
-        argv = [binary, backing, mnt, "-f"] + (["-o", options] if options else [])
+        self.backing = backing
         self.log = open(os.path.join(os.path.dirname(mnt), "dnvmefs.log"), "wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 15
-        while not os.path.ismount(mnt):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.close()
-                die("dnvmefs did not mount %s (see %s)" % (mnt, self.log.name))
-            time.sleep(0.05)
+        try:
+            super().__init__(binary, backing, mnt, options, out=self.log)
+        except RuntimeError as e:
+            self.log.close()
+            die("%s (see %s)" % (e, self.log.name))
 
     def close(self):
-        if os.path.ismount(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt], check=False)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if os.path.ismount(self.mnt):
-            subprocess.run(["umount", "-l", self.mnt], check=False)
+        unmounted = super().close()
         self.log.close()
+        return unmounted
 
 
 def run_fio(name, size, rw="write"):

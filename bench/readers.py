@@ -60,6 +60,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 from benchlib import size_arg  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -262,34 +263,14 @@ def startup_cpu(pre, path, raw):
     return statistics.median(cpus)
 
 
-class Mount:
-    """BIN/dnvmefs BACKING MNT -f, its own session (not sent Ctrl-C), its messages on stderr."""
+class Mount(benchlib.ForegroundMount):
+    """The mount under test (benchlib.ForegroundMount), its messages on stderr."""
 
     def __init__(self, binary, backing, mnt, opts):
-        self.mnt = mnt
-        self.proc = subprocess.Popen([binary, backing, mnt, "-f"] + (["-o", opts] if opts else []),
-                                     stdout=sys.stderr, start_new_session=True)
-        deadline = time.time() + 15
-        while not os.path.ismount(mnt):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.close()
-                die("dnvmefs did not mount %s" % mnt)
-            time.sleep(0.05)
-
-    def close(self):
-        """Unmounts and stops the daemon; False if MNT is still mounted."""
-        if os.path.ismount(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt], check=False)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # flushes and unmounts
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if os.path.ismount(self.mnt):
-            subprocess.run(["umount", "-l", self.mnt], check=False)
-        return not os.path.ismount(self.mnt)
+        try:
+            super().__init__(binary, backing, mnt, opts)
+        except RuntimeError as e:
+            die(str(e))
 
 
 def main():
