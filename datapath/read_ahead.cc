@@ -102,7 +102,6 @@ void ReadAhead::PaceLocked(bool start, int64_t n) {
   if (start || window_ == 0) {  // (a seek, then a read where it ended: a sequence found mid-file)
     const int64_t first = shared_->initial_window > 0 ? shared_->initial_window : most;
     window_ = std::min(most, (first + chunk_bytes - 1) / chunk_bytes * chunk_bytes);
-    window_ = std::max(window_, chunk_bytes);
     consumed_ = 0;
     return;
   }
@@ -111,6 +110,13 @@ void ReadAhead::PaceLocked(bool start, int64_t n) {
     window_ = std::min(most, 2 * window_);
     consumed_ = 0;
   }
+}
+
+std::shared_ptr<RaChunk> ReadAhead::ChunkAtLocked(int64_t pos) const {
+  for (const auto& c : chunks_) {
+    if (c->offset <= pos && pos < c->offset + c->length) return c;
+  }
+  return nullptr;
 }
 
 void ReadAhead::DropBehindLocked(int64_t pos) {
@@ -128,11 +134,8 @@ void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size
   int64_t next = from / kFetchAlign * kFetchAlign;
   std::shared_ptr<AioHandle> engine;
   while (next < window_end) {
-    auto have = std::find_if(chunks_.begin(), chunks_.end(), [&](const auto& c) {
-      return c->offset <= next && next < c->offset + c->length;
-    });
-    if (have != chunks_.end()) {
-      next = (*have)->offset + (*have)->length;
+    if (const std::shared_ptr<RaChunk> have = ChunkAtLocked(next)) {
+      next = have->offset + have->length;
       continue;
     }
     PinnedPool::Lease lease = shared_->chunks->TryAcquire();
@@ -178,9 +181,7 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
   // A read inside the window continues the sequence too: FUSE's worker threads may hand the
   // kernel's requests over out of order, and readers sharing a file (the mount's window is the
   // inode's) interleave.
-  const bool inside = std::any_of(chunks_.begin(), chunks_.end(), [&](const auto& c) {
-    return c->offset <= off && off < c->offset + c->length;
-  });
+  const bool inside = ChunkAtLocked(off) != nullptr;
   const bool continues = inside || (next_ >= 0 && off >= next_ && off - next_ <= shared_->max_skip);
   const bool starts = !continues && (off == 0 || starts_sequence);
   next_ = off + n;
@@ -201,10 +202,7 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
   int64_t copied = 0;
   while (copied < n) {
     const int64_t pos = off + copied;
-    std::shared_ptr<RaChunk> c;
-    for (const auto& x : chunks_) {
-      if (x->offset <= pos && pos < x->offset + x->length) c = x;
-    }
+    std::shared_ptr<RaChunk> c = ChunkAtLocked(pos);
     if (!c) break;
     cv_.wait(lock, [&] { return c->ready; });
     if (!c->status.ok()) break;

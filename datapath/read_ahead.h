@@ -135,6 +135,8 @@ class ReadAhead {
   void StartLocked(const FileRef& file, int64_t from, int64_t file_size);
   // A sequence starts (`start`) or goes on after a read of `n` bytes: sets or grows window_.
   void PaceLocked(bool start, int64_t n);
+  // The chunk holding byte `pos`, or null (chunks never overlap).
+  std::shared_ptr<RaChunk> ChunkAtLocked(int64_t pos) const;
   // Drops the fetched chunks wholly behind `pos`: the reader will not ask for them again.
   void DropBehindLocked(int64_t pos);
 
