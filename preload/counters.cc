@@ -20,7 +20,7 @@ void Counters::Reset() {
   data.Reset();
 }
 
-std::string Counters::JsonLine(pid_t pid) const {
+std::string Counters::JsonLine(pid_t pid, int engine_workers) const {
   auto v = [](const std::atomic<uint64_t>& a) { return std::to_string(a.load()); };
   return "{\"pid\": " + std::to_string(pid) + ", \"adopted\": " + v(adopted) +
          ", \"refused\": " + v(refused) + ", \"reads\": " + v(reads) +
@@ -29,7 +29,8 @@ std::string Counters::JsonLine(pid_t pid) const {
          ", \"invalidations\": " + v(invalidations) +
          ", \"errors\": " + std::to_string(errors.load() + data.errors.load()) +
          ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(data.bytes_read_ahead_hit) +
-         ", \"map_fills\": " + v(map_fills) + ", \"map_filled\": " + v(map_filled) + "}\n";
+         ", \"map_fills\": " + v(map_fills) + ", \"map_filled\": " + v(map_filled) +
+         ", \"engine_workers\": " + std::to_string(engine_workers) + "}\n";
 }
 
 }  // namespace dnvme::preload

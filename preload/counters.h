@@ -26,8 +26,9 @@ struct Counters {
 
   // Zeroes every counter: a forked child's stats line says what the child did.
   void Reset();
-  // The stats line of process `pid`: one JSON object and a newline.
-  std::string JsonLine(pid_t pid) const;
+  // The stats line of process `pid`: one JSON object and a newline. `engine_workers`: the
+  // engine's intra_op_parallelism (0: this process made no engine).
+  std::string JsonLine(pid_t pid, int engine_workers) const;
 };
 
 // This process's counters.

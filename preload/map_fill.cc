@@ -82,9 +82,9 @@ void AfterMap(void* addr, size_t len, int prot, int fd, off_t off) {
       ProcessCounters().map_filled.fetch_add(n, std::memory_order_relaxed);
     }
   };
-  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  const int cpus = PreloadSettings().cpus;
   const auto helpers = static_cast<size_t>(
-      std::min<int64_t>(std::min(kFillThreads, std::max(2u, cpus)) - 1, bytes / kPiece));
+      std::min<int64_t>(std::min<int64_t>(kFillThreads, std::max(2, cpus)) - 1, bytes / kPiece));
   std::vector<std::thread> threads;
   threads.reserve(helpers);
   for (size_t i = 0; i < helpers; ++i) {

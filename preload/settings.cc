@@ -1,6 +1,9 @@
 // The library's settings (settings.h).
 #include "preload/settings.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,6 +47,11 @@ const Settings& PreloadSettings() {
     }
     if (const char* e = getenv("DNVME_PRELOAD_STATS"); e && *e) v.stats_file = e;
     if (const char* e = getenv("DNVME_PRELOAD_CONFIG"); e && *e) v.config_file = e;
+    // The affinity mask, not the machine's CPUs: a program pinned with taskset or a cpuset gets
+    // as many engine threads as it can run.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) v.cpus = std::max(1, CPU_COUNT(&set));
     if (const char* e = getenv("DNVME_PRELOAD_LOG"); e && *e) {
       (void)dnvme::SetLogLevel(e);
     } else {

@@ -22,6 +22,9 @@ struct Settings {
   // (map_fill.h); 0, the default, off: measured slower than the kernel's own faults on both
   // devices here (docs/performance-journal.md, "Issue 36").
   int64_t map_fill = 0;
+  // CPUs this process may run on (sched_getaffinity at load, at least 1): how many threads the
+  // engine and the map fill use.
+  int cpus = 1;
 };
 
 // The settings, read from the environment at the first call (which also sets the log level,

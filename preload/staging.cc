@@ -24,6 +24,14 @@ constexpr int64_t kAheadSkip = 1 << 20;
 // Reads this large are not read ahead: one such call keeps the disk busy by itself (torch.load
 // reads a tensor per call), and on two cores the copy out of read-ahead buffers measured slower.
 constexpr int64_t kAheadMaxRead = 8 << 20;
+// Engine workers (intra_op_parallelism) by default: one per CPU the program may use, up to this.
+// A large read into a program's buffer that O_DIRECT cannot reach (its address and file offset
+// disagree modulo the device's alignment: np.load, torch.load) is bounced, and each worker copies
+// the requests it completes into the buffer, faulting the program's fresh pages in as it goes:
+// that copy, not the device, bounds such a read, and one worker per CPU shares it out (torch.load
+// of 2 GiB on the RAM ext4, two CPUs: 1.0-1.5 GiB/s with one worker, 2.0-2.3 with two;
+// docs/performance-journal.md, "Issue 36: one engine worker per CPU").
+constexpr int kMaxDefaultWorkers = 4;
 
 // The engine and the pools, made at their first use and never freed (a forked child leaks the
 // parent's: ForgetEngineInChild).
@@ -80,6 +88,7 @@ AioHandle* Engine() {
   cfg.queue_depth = 32;
   cfg.bounce_bytes_per_worker = 8 << 20;
   const Settings& settings = PreloadSettings();
+  cfg.intra_op_parallelism = std::min(kMaxDefaultWorkers, settings.cpus);
   if (!settings.config_file.empty()) {
     auto c = HandleConfig::FromJsonFile(settings.config_file);
     if (!c.ok()) {

@@ -190,6 +190,44 @@ os.close(fd)
             self.assertEqual(os.pread(f.fileno(), len(data), 9 * MiB + 1), data)
         self.assertEqual(os.path.getsize(self.b("odd.bin")), 9 * MiB + 1 + len(data))
 
+    def test_engine_workers_follow_the_cpus_and_share_a_bounced_read(self):
+        # One engine worker per CPU the program may run on (up to 4), fewer under taskset, the
+        # config file's when it names one; a large read into a buffer O_DIRECT cannot reach is
+        # bounced and copied by every worker, each its own part, and arrives exact.
+        data = pattern(7, 40 * MiB + 4321)
+        with open(self.m("big.bin"), "wb") as f:
+            f.write(data)
+        code = r"""
+import os
+fd = os.open(%r, os.O_RDONLY)
+buf = bytearray(%d + 3)
+mv = memoryview(buf)[3:]
+assert os.preadv(fd, [mv], 555) == len(mv)
+os.close(fd)
+open(%r, "wb").write(mv)
+""" % (self.m("big.bin"), len(data) - 555, os.path.join(self.scratch.path, "got.bin"))
+        got = os.path.join(self.scratch.path, "got.bin")
+        cpus = sorted(os.sched_getaffinity(0))
+        one = cpus[:1]
+        cfg = os.path.join(self.scratch.path, "three.json")
+        with open(cfg, "w") as f:
+            json.dump({"intra_op_parallelism": 3}, f)
+        for name, options, kw, want in (
+                ("default", (), {}, min(4, len(cpus))),
+                ("taskset", (), {"preexec_fn": lambda: os.sched_setaffinity(0, one)}, 1),
+                ("config", ("--config", cfg), {}, 3)):
+            with self.subTest(name):
+                if os.path.exists(self.stats):
+                    os.unlink(self.stats)
+                self.py(code, options=options, **kw)
+                t = self.total()
+                self.assertEqual(t["engine_workers"], want, t)
+                self.assertEqual(t["bytes_read"], len(data) - 555, t)
+                self.assertEqual(t["readahead_bytes"], 0, t)  # one read: the engine's
+                self.assertEqual(t["errors"], 0, t)
+                self.assertEqual(slurp(got), data[555:])
+                os.unlink(got)
+
     def test_a_plain_reader_sees_each_write_at_once(self):
         # This process keeps the file open through the mount (read-write: the daemon's read-ahead
         # serves it) while a preloaded one overwrites and extends it: every read and stat after
