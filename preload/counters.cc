@@ -8,6 +8,15 @@ namespace {
 // call on, whatever the order of static initialisation.
 Counters g_counters;
 
+std::string EngineFields(const AioHandle* engine) {
+  const HandleStats st = engine ? engine->stats() : HandleStats{};
+  const int workers = engine ? engine->get_intra_op_parallelism() : 0;
+  return ", \"engine_workers\": " + std::to_string(workers) +
+         ", \"engine_bytes_direct\": " + std::to_string(st.bytes_direct) +
+         ", \"engine_bytes_bounce\": " + std::to_string(st.bytes_bounce) +
+         ", \"engine_bytes_buffered\": " + std::to_string(st.bytes_buffered);
+}
+
 }  // namespace
 
 Counters& ProcessCounters() { return g_counters; }
@@ -20,7 +29,7 @@ void Counters::Reset() {
   data.Reset();
 }
 
-std::string Counters::JsonLine(pid_t pid, int engine_workers) const {
+std::string Counters::JsonLine(pid_t pid, const AioHandle* engine) const {
   auto v = [](const std::atomic<uint64_t>& a) { return std::to_string(a.load()); };
   return "{\"pid\": " + std::to_string(pid) + ", \"adopted\": " + v(adopted) +
          ", \"refused\": " + v(refused) + ", \"reads\": " + v(reads) +
@@ -30,7 +39,7 @@ std::string Counters::JsonLine(pid_t pid, int engine_workers) const {
          ", \"errors\": " + std::to_string(errors.load() + data.errors.load()) +
          ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(data.bytes_read_ahead_hit) +
          ", \"map_fills\": " + v(map_fills) + ", \"map_filled\": " + v(map_filled) +
-         ", \"engine_workers\": " + std::to_string(engine_workers) + "}\n";
+         EngineFields(engine) + "}\n";
 }
 
 }  // namespace dnvme::preload

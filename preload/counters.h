@@ -12,6 +12,7 @@
 #include <string>
 
 #include "datapath/counters.h"
+#include "dnvme/handle.h"
 
 namespace dnvme::preload {
 
@@ -26,9 +27,10 @@ struct Counters {
 
   // Zeroes every counter: a forked child's stats line says what the child did.
   void Reset();
-  // The stats line of process `pid`: one JSON object and a newline. `engine_workers`: the
-  // engine's intra_op_parallelism (0: this process made no engine).
-  std::string JsonLine(pid_t pid, int engine_workers) const;
+  // The stats line of process `pid`: one JSON object and a newline, with what `engine` (null:
+  // this process made none) says of its workers and of how its bytes moved: straight between
+  // the device and the program's memory, through bounce buffers, or the page cache (edges).
+  std::string JsonLine(pid_t pid, const AioHandle* engine) const;
 };
 
 // This process's counters.

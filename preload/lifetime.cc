@@ -23,9 +23,7 @@ namespace {
 void WriteStats() {
   const Settings& settings = PreloadSettings();
   if (settings.stats_file.empty()) return;
-  const AioHandle* engine = EngineIfMade();
-  const std::string line =
-      ProcessCounters().JsonLine(getpid(), engine ? engine->get_intra_op_parallelism() : 0);
+  const std::string line = ProcessCounters().JsonLine(getpid(), EngineIfMade());
   int fd =
       Libc().open(settings.stats_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;

@@ -192,40 +192,60 @@ os.close(fd)
 
     def test_engine_workers_follow_the_cpus_and_share_a_bounced_read(self):
         # One engine worker per CPU the program may run on (up to 4), fewer under taskset, the
-        # config file's when it names one; a large read into a buffer O_DIRECT cannot reach is
-        # bounced and copied by every worker, each its own part, and arrives exact.
+        # config file's when it names one. A large read into a buffer that agrees with the file
+        # offset modulo the page goes O_DIRECT straight into its middle (the edge pages through
+        # the page cache); one byte further it is bounced, each worker copying its own part.
         data = pattern(7, 40 * MiB + 4321)
         with open(self.m("big.bin"), "wb") as f:
             f.write(data)
+        try:
+            os.close(os.open(self.b("big.bin"), os.O_RDONLY | os.O_DIRECT))
+        except OSError as e:
+            self.skipTest("the backing directory takes no O_DIRECT (%s): every byte would be "
+                          "buffered" % e)
+        off = 555
+        got = os.path.join(self.scratch.path, "got.bin")
         code = r"""
-import os
+import mmap, os, sys
+shift = int(sys.argv[1])
 fd = os.open(%r, os.O_RDONLY)
-buf = bytearray(%d + 3)
-mv = memoryview(buf)[3:]
-assert os.preadv(fd, [mv], 555) == len(mv)
+n = os.fstat(fd).st_size - %d
+m = mmap.mmap(-1, n + 8192)  # page-aligned: the buffer's place in its page is `shift`'s
+mv = memoryview(m)[%d + shift:%d + shift + n]
+assert os.preadv(fd, [mv], %d) == n
 os.close(fd)
 open(%r, "wb").write(mv)
-""" % (self.m("big.bin"), len(data) - 555, os.path.join(self.scratch.path, "got.bin"))
-        got = os.path.join(self.scratch.path, "got.bin")
+""" % (self.m("big.bin"), off, off, off, off, got)
+        head = 4096 - off  # the first page's part, then whole pages, then the last page's part
+        tail = len(data) % 4096
+        body = len(data) - off - head - tail
         cpus = sorted(os.sched_getaffinity(0))
-        one = cpus[:1]
         cfg = os.path.join(self.scratch.path, "three.json")
         with open(cfg, "w") as f:
             json.dump({"intra_op_parallelism": 3}, f)
-        for name, options, kw, want in (
-                ("default", (), {}, min(4, len(cpus))),
-                ("taskset", (), {"preexec_fn": lambda: os.sched_setaffinity(0, one)}, 1),
-                ("config", ("--config", cfg), {}, 3)):
+        one = {"preexec_fn": lambda: os.sched_setaffinity(0, cpus[:1])}
+        for name, shift, options, kw, workers in (
+                ("aligned middle", 0, (), {}, min(4, len(cpus))),
+                ("bounced", 1, (), {}, min(4, len(cpus))),
+                ("bounced, taskset", 1, (), one, 1),
+                ("bounced, config", 1, ("--config", cfg), {}, 3)):
             with self.subTest(name):
                 if os.path.exists(self.stats):
                     os.unlink(self.stats)
-                self.py(code, options=options, **kw)
+                self.run_cmd([PY, "-c", code, str(shift)], options=options, **kw)
                 t = self.total()
-                self.assertEqual(t["engine_workers"], want, t)
-                self.assertEqual(t["bytes_read"], len(data) - 555, t)
+                self.assertEqual(t["engine_workers"], workers, t)
+                self.assertEqual(t["bytes_read"], len(data) - off, t)
                 self.assertEqual(t["readahead_bytes"], 0, t)  # one read: the engine's
                 self.assertEqual(t["errors"], 0, t)
-                self.assertEqual(slurp(got), data[555:])
+                self.assertEqual(t["engine_bytes_buffered"], head + tail, t)
+                if shift == 0:
+                    self.assertEqual((t["engine_bytes_direct"], t["engine_bytes_bounce"]),
+                                     (body, 0), t)
+                else:
+                    self.assertEqual((t["engine_bytes_direct"], t["engine_bytes_bounce"]),
+                                     (0, body), t)
+                self.assertEqual(slurp(got), data[off:])
                 os.unlink(got)
 
     def test_a_plain_reader_sees_each_write_at_once(self):
