@@ -6,7 +6,7 @@ Usage (root): bench/preload_read_knobs.py --dir DIR [--size 2G] [--loops 4] [--r
 
 A VARIANT is READAHEAD[:CONFIG.json]: the read-ahead bytes of the preload library
 (DNVME_PRELOAD_READAHEAD, e.g. 32M; 0 turns it off) and, optionally, an engine HandleConfig JSON
-for it (DNVME_PRELOAD_CONFIG; the library's default is queue depth 32, 1 MiB blocks, one worker).
+for it (DNVME_PRELOAD_CONFIG; the library's default is queue depth 32, 1 MiB blocks, one worker per CPU up to 4).
 
 In DIR it mounts dnvmefs (DIR/backing at DIR/mnt, default options), writes DIR/raw.bin and the
 backing file of DIR/mnt/p.bin with fio (libaio O_DIRECT), then every round, in an order reversed

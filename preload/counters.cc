@@ -23,7 +23,7 @@ Counters& ProcessCounters() { return g_counters; }
 
 void Counters::Reset() {
   for (auto* c : {&adopted, &refused, &reads, &writes, &bytes_read, &bytes_written, &drains,
-                  &invalidations, &errors, &stale, &map_fills, &map_filled}) {
+                  &invalidations, &errors, &stale, &map_fills, &map_filled, &mount_fallbacks}) {
     c->store(0);
   }
   data.Reset();
@@ -39,7 +39,7 @@ std::string Counters::JsonLine(pid_t pid, const AioHandle* engine) const {
          ", \"errors\": " + std::to_string(errors.load() + data.errors.load()) +
          ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(data.bytes_read_ahead_hit) +
          ", \"map_fills\": " + v(map_fills) + ", \"map_filled\": " + v(map_filled) +
-         EngineFields(engine) + "}\n";
+         ", \"mount_fallbacks\": " + v(mount_fallbacks) + EngineFields(engine) + "}\n";
 }
 
 }  // namespace dnvme::preload

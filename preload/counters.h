@@ -21,6 +21,8 @@ struct Counters {
   std::atomic<uint64_t> bytes_read{0}, bytes_written{0}, drains{0}, invalidations{0};
   std::atomic<uint64_t> errors{0}, stale{0};
   std::atomic<uint64_t> map_fills{0}, map_filled{0};  // mappings filled at mmap, their bytes
+  // Large reads the mount served because the engine had no bounce buffers (RLIMIT_MEMLOCK).
+  std::atomic<uint64_t> mount_fallbacks{0};
   // The write-behind's and read-ahead's (datapath/): its errors and read-ahead hits are in the
   // stats line.
   datapath::Counters data;

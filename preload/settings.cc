@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "dnvme/log.h"
 #include "preload/internal.h"
@@ -51,7 +52,11 @@ const Settings& PreloadSettings() {
     // as many engine threads as it can run.
     cpu_set_t set;
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) v.cpus = std::max(1, CPU_COUNT(&set));
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      v.cpus = std::max(1, CPU_COUNT(&set));
+    } else {  // EINVAL: more CPUs than a cpu_set_t holds; they are not few
+      v.cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    }
     if (const char* e = getenv("DNVME_PRELOAD_LOG"); e && *e) {
       (void)dnvme::SetLogLevel(e);
     } else {

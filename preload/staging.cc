@@ -29,9 +29,15 @@ constexpr int64_t kAheadMaxRead = 8 << 20;
 // disagree modulo the device's alignment: np.load, torch.load) is bounced, and each worker copies
 // the requests it completes into the buffer, faulting the program's fresh pages in as it goes:
 // that copy, not the device, bounds such a read, and one worker per CPU shares it out (torch.load
-// of 2 GiB on the RAM ext4, two CPUs: 1.0-1.5 GiB/s with one worker, 2.0-2.3 with two;
-// docs/performance-journal.md, "Issue 36: one engine worker per CPU").
+// of 2 GiB on the RAM ext4, two CPUs, three alternations: 0.77-1.82 GiB/s with one worker,
+// 1.96-2.29 with two; docs/performance-journal.md, "Issue 36, second session").
 constexpr int kMaxDefaultWorkers = 4;
+// The bounce buffers of all workers together: what one worker had before there were more. Each
+// worker pins its own pool at its first bounced request, and RLIMIT_MEMLOCK is commonly 8 MiB:
+// a pool that cannot be pinned fails the read (the engine reports it rather than going slower
+// unasked), so more workers must not pin more than one did.
+constexpr int64_t kBounceBytes = 8 << 20;
+constexpr int64_t kMinBouncePerWorker = 2 << 20;  // two 1 MiB requests: one in flight, one copied
 
 // The engine and the pools, made at their first use and never freed (a forked child leaks the
 // parent's: ForgetEngineInChild).
@@ -86,9 +92,10 @@ AioHandle* Engine() {
   if (g_engine.engine || g_engine.engine_failed) return g_engine.engine;
   HandleConfig cfg;
   cfg.queue_depth = 32;
-  cfg.bounce_bytes_per_worker = 8 << 20;
   const Settings& settings = PreloadSettings();
   cfg.intra_op_parallelism = std::min(kMaxDefaultWorkers, settings.cpus);
+  cfg.bounce_bytes_per_worker =
+      std::max(kMinBouncePerWorker, kBounceBytes / cfg.intra_op_parallelism);
   if (!settings.config_file.empty()) {
     auto c = HandleConfig::FromJsonFile(settings.config_file);
     if (!c.ok()) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 
 #include "engine/common/log.h"
@@ -109,6 +110,17 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
                      generation);
     if (st.code() == Status::Code::kEndOfFile) {
       // Truncated meanwhile: let the mount answer with what is there.
+      return Libc().pread(f.witness, buf, n, off);
+    }
+    if (st.code() == Status::Code::kResourceExhausted) {
+      // The engine could not pin bounce buffers for a buffer O_DIRECT cannot reach (an
+      // unprivileged program's RLIMIT_MEMLOCK already spent): the mount reads it, slower but
+      // whole, rather than the program seeing ENOMEM for a read that works without us.
+      static std::atomic<bool> told{false};
+      if (!told.exchange(true)) {
+        dnvme::Logger().warn("dnvme run: {}; such reads go through the mount", st.ToString());
+      }
+      ProcessCounters().mount_fallbacks.fetch_add(1, std::memory_order_relaxed);
       return Libc().pread(f.witness, buf, n, off);
     }
   }

@@ -13,8 +13,10 @@ the same files, is in test_model.py (ModelPreload*).
 import errno
 import hashlib
 import json
+import mmap
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -190,7 +192,7 @@ os.close(fd)
             self.assertEqual(os.pread(f.fileno(), len(data), 9 * MiB + 1), data)
         self.assertEqual(os.path.getsize(self.b("odd.bin")), 9 * MiB + 1 + len(data))
 
-    def test_engine_workers_follow_the_cpus_and_share_a_bounced_read(self):
+    def test_engine_workers_follow_the_cpus_and_large_reads_go_direct_or_bounce(self):
         # One engine worker per CPU the program may run on (up to 4), fewer under taskset, the
         # config file's when it names one. A large read into a buffer that agrees with the file
         # offset modulo the page goes O_DIRECT straight into its middle (the edge pages through
@@ -210,14 +212,15 @@ import mmap, os, sys
 shift = int(sys.argv[1])
 fd = os.open(%r, os.O_RDONLY)
 n = os.fstat(fd).st_size - %d
-m = mmap.mmap(-1, n + 8192)  # page-aligned: the buffer's place in its page is `shift`'s
+m = mmap.mmap(-1, n + 2 * mmap.PAGESIZE)  # page-aligned: the buffer's place is `shift`'s
 mv = memoryview(m)[%d + shift:%d + shift + n]
 assert os.preadv(fd, [mv], %d) == n
 os.close(fd)
 open(%r, "wb").write(mv)
 """ % (self.m("big.bin"), off, off, off, off, got)
-        head = 4096 - off  # the first page's part, then whole pages, then the last page's part
-        tail = len(data) % 4096
+        page = mmap.PAGESIZE  # the engine's edges are pages (and at least the device's block)
+        head = page - off  # the first page's part, then whole pages, then the last page's part
+        tail = len(data) % page
         body = len(data) - off - head - tail
         cpus = sorted(os.sched_getaffinity(0))
         cfg = os.path.join(self.scratch.path, "three.json")
@@ -620,6 +623,68 @@ class AcknowledgedWriteTest(PreloadBase):
             os.close(fd)
         self.assertEqual(slurp(self.b("shift.bin")), data)
         self.assertEqual(slurp(p), data)
+
+
+class PreloadMemlockTest(PreloadBase):
+    """`dnvme run` as a user without CAP_IPC_LOCK (other users reach the mount: allow_other)."""
+    MOUNT_OPTIONS = ("allow_other",)
+
+    def test_unprivileged_reader_under_eight_mib_memlock(self):
+        # The common RLIMIT_MEMLOCK of a user without CAP_IPC_LOCK: the read-ahead buffers (32
+        # MiB) cannot be pinned, the engine's bounce buffers (8 MiB among all workers) can, and a
+        # large read into an unaligned buffer is bounced. When something else took the limit first
+        # (here 8 MiB of read-ahead), the mount serves such a read: whole, never ENOMEM.
+        if os.geteuid() != 0:
+            self.skipTest("needs root to act as another user")
+        nobody = 65534
+        os.chmod(self.scratch.path, 0o755)  # nobody must reach the mount
+        out = os.path.join(self.scratch.path, "nobody")
+        os.makedirs(out, exist_ok=True)
+        os.chmod(out, 0o777)
+        data = pattern(11, 24 * MiB + 999)
+        with open(self.m("pub.bin"), "wb") as f:
+            f.write(data)
+        os.chmod(self.m("pub.bin"), 0o644)
+        got = os.path.join(out, "got.bin")
+        code = r"""
+import mmap, os
+fd = os.open(%r, os.O_RDONLY)
+n = os.fstat(fd).st_size
+m = mmap.mmap(-1, n + 2 * mmap.PAGESIZE)
+mv = memoryview(m)[3:3 + n]
+assert os.preadv(fd, [mv], 0) == n
+os.close(fd)
+open(%r, "wb").write(mv)
+""" % (self.m("pub.bin"), got)
+
+        def as_nobody():
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (8 * MiB, 8 * MiB))
+            os.setgroups([])
+            os.setgid(nobody)
+            os.setuid(nobody)
+
+        for name, readahead, fallbacks in (("bounced", None, 0), ("through the mount", 8 * MiB, 1)):
+            with self.subTest(name):
+                stats = os.path.join(out, "stats-%d.jsonl" % fallbacks)
+                env = dict(os.environ)
+                if readahead is not None:
+                    env["DNVME_PRELOAD_READAHEAD"] = str(readahead)
+                p = subprocess.run([dnvme_bin(), "run", "--stats", stats, "--mount", self.mnt,
+                                    "--", PY, "-c", code], preexec_fn=as_nobody, env=env,
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                t = read_stats(stats)[0]
+                self.assertEqual(t["mount_fallbacks"], fallbacks, t)
+                # The engine's refusal is counted where it happened; the program saw none.
+                self.assertEqual(t["errors"], fallbacks, t)
+                if fallbacks:
+                    self.assertIn("such reads go through the mount", p.stderr)
+                    self.assertEqual(t["engine_bytes_bounce"], 0, t)
+                else:
+                    self.assertEqual(t["bytes_read"], len(data), t)
+                    self.assertGreater(t["engine_bytes_bounce"], 0, t)
+                self.assertEqual(slurp(got), data)
+                os.unlink(got)
 
 
 class BrokerTest(PreloadBase):
