@@ -311,6 +311,9 @@ class _DirectReader(io.RawIOBase):
         super().__init__()
         self.name = path
         self._handle = handle
+        # Before the open: a reader whose open failed is still collected (IOBase.__del__ calls
+        # close), and close must find no descriptor rather than no attribute.
+        self._fd = -1
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._size = os.fstat(self._fd).st_size
         self._pos = 0
@@ -344,8 +347,9 @@ class _DirectReader(io.RawIOBase):
         return self._pos
 
     def close(self):
-        if not self.closed:
+        if not self.closed and self._fd >= 0:
             os.close(self._fd)
+            self._fd = -1
         super().close()
 
 

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The torch 2.x test lane (issue 37): builds dnvmefs inside a Debian 13 ("trixie") tree, where
+# Debian's python3-torch is 2.6 (Python 3.13, numpy 2.2, GCC 14), and runs there the Python tests
+# (python_*) and the `dnvme run` / mount tests with torch cases (fs_preload).
+#
+# Usage (root): scripts/torch2-lane.sh [--tree DIR] [--mirror URL] [--jobs N] [-- CTEST_ARGS...]
+#
+# The tree (default /var/tmp/dnvme-trixie) is made with `debootstrap --variant=minbase trixie`
+# and Debian's packages (the list below) the first time, and reused while its stamp file names the
+# same package list; a failed or interrupted set-up leaves no stamp, so the next run starts over.
+# The repository is bind-mounted at DIR/src with /proc, /sys and /dev (for /dev/fuse), the build
+# goes to build-torch2/ in the repository, and every mount is undone at exit, also on failure or
+# Ctrl-C. Measured on the 2-core reference VM with Debian's mirror: the tree 23 s, its packages
+# 40 s (2.1 GiB in all).
+#
+# Exit status: 0 when every selected test passed, 1 when one failed or the build did, 2 for a
+# usage error, 77 when the lane cannot run here (not root, no /dev/fuse, no debootstrap and no
+# apt-get), with the reason printed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+TREE=/var/tmp/dnvme-trixie
+MIRROR=http://deb.debian.org/debian
+JOBS=$(nproc)
+CTEST_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --tree) TREE=${2:?--tree needs a directory}; shift 2 ;;
+    --mirror) MIRROR=${2:?--mirror needs a URL}; shift 2 ;;
+    --jobs) JOBS=${2:?--jobs needs a number}; shift 2 ;;
+    --) shift; CTEST_ARGS=("$@"); break ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) echo "torch2-lane: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+cannot() { echo "torch2-lane: SKIPPED, cannot run here: $*" >&2; exit 77; }
+[[ $(id -u) -eq 0 ]] || cannot "needs root (debootstrap, chroot, bind mounts)"
+[[ -c /dev/fuse ]] || cannot "no /dev/fuse (the mount tests need FUSE)"
+if ! command -v debootstrap >/dev/null; then
+  command -v apt-get >/dev/null || cannot "no debootstrap and no apt-get to install it"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null; } ||
+    cannot "debootstrap could not be installed"
+fi
+
+# What the lane builds and tests with: install-deps.sh's build and test packages, without the
+# benchmark, fuzzing and formatting tools.
+PACKAGES=(cmake g++ make pkg-config libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libfuse3-dev fuse3 libcap-dev liburing-dev python3-dev pybind11-dev
+  python3-torch python3-numpy python3-pytest fio)
+STAMP="$TREE/.dnvme-torch2-lane"
+WANT="trixie ${PACKAGES[*]}"
+
+MOUNTED=()
+cleanup() {
+  local i
+  for ((i = ${#MOUNTED[@]} - 1; i >= 0; i--)); do
+    umount "${MOUNTED[i]}" 2>/dev/null || umount -l "${MOUNTED[i]}" 2>/dev/null ||
+      echo "torch2-lane: could not unmount ${MOUNTED[i]}" >&2
+  done
+  MOUNTED=()
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+bind() {  # source target [options]
+  mkdir -p "$2" || return 1
+  mount --bind "$1" "$2" || return 1
+  MOUNTED+=("$2")
+}
+
+if [[ ! -f $STAMP || $(cat "$STAMP") != "$WANT" ]]; then
+  echo "=== torch2-lane: making the Debian 13 tree at $TREE ==="
+  rm -rf "$TREE"
+  start=$SECONDS
+  if ! debootstrap --variant=minbase trixie "$TREE" "$MIRROR" >"$TREE.debootstrap.log" 2>&1; then
+    tail -20 "$TREE.debootstrap.log" >&2
+    echo "torch2-lane: FAILED: debootstrap (log: $TREE.debootstrap.log)" >&2
+    exit 1
+  fi
+  bind /proc "$TREE/proc" || exit 1
+  if ! chroot "$TREE" bash -c "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ${PACKAGES[*]}" \
+      >"$TREE.apt.log" 2>&1; then
+    tail -20 "$TREE.apt.log" >&2
+    echo "torch2-lane: FAILED: installing the packages (log: $TREE.apt.log)" >&2
+    exit 1
+  fi
+  cleanup
+  echo "$WANT" >"$STAMP"
+  echo "torch2-lane: tree made in $((SECONDS - start)) s"
+fi
+
+# /dev is bound without its submounts: /dev/shm (POSIX shared memory, the tests' tmpfs) on its own.
+if ! { bind /proc "$TREE/proc" && bind /sys "$TREE/sys" && bind /dev "$TREE/dev" &&
+  bind /dev/shm "$TREE/dev/shm" && bind "$ROOT" "$TREE/src"; }; then
+  echo "torch2-lane: FAILED: bind mounts" >&2
+  exit 1
+fi
+
+TORCH=$(chroot "$TREE" python3 -c "import torch; print(torch.__version__)" 2>/dev/null | tail -1)
+echo "=== torch2-lane: torch $TORCH, $(chroot "$TREE" python3 --version), $(chroot "$TREE" gcc --version | head -1) ==="
+
+# Only what the selected tests need: the tools, the daemon, the preload library, the Python module.
+BUILD=/src/build-torch2
+if ! chroot "$TREE" bash -c "cmake -S /src -B $BUILD -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDNVME_BUILD_TESTS=ON -DDNVME_WITH_CUDA=OFF >/dev/null &&
+    cmake --build $BUILD -j $JOBS --target dnvme dnvmefs dnvme_preload deepnvme_py"; then
+  echo "torch2-lane: FAILED: build" >&2
+  exit 1
+fi
+[[ ${#CTEST_ARGS[@]} -gt 0 ]] || CTEST_ARGS=(-R '^(python_|fs_preload$)')
+if ! chroot "$TREE" bash -c "cd $BUILD && ctest --output-on-failure $(printf '%q ' "${CTEST_ARGS[@]}")"; then
+  echo "torch2-lane: FAILED: tests on torch $TORCH" >&2
+  exit 1
+fi
+echo "torch2-lane: all passed on torch $TORCH"
