@@ -410,9 +410,10 @@ def load(path, map_location=None, handle=None, verify=True, **torch_load_kwargs)
     intermediate copy); the CRC-32 of every record is checked (torch's reader does not; a damaged
     record raises OSError(EIO); verify=False skips it). map_location, weights_only (torch's
     default for the installed version), pickle_module, encoding work as in torch.load; other
-    torch.load arguments (mmap=, ...), files that are not zip archives (torch's legacy format) and
-    torch versions whose private loader deepnvme does not know are read through torch.load on a
-    reader that does the large reads the same way.
+    torch.load arguments, files that are not zip archives (torch's legacy format) and torch
+    versions whose private loader deepnvme does not know are read through torch.load on a reader
+    that does the large reads the same way; mmap=True is torch.load of the path itself (a mapping
+    is filled by the kernel's page faults, not by reads).
     """
     torch = _torch()
     if handle is None:
@@ -426,6 +427,10 @@ def load(path, map_location=None, handle=None, verify=True, **torch_load_kwargs)
         kwargs.setdefault("encoding", "utf-8")
         with torchzip.TorchZipReader(path, handle, verify) as reader:
             return torch.serialization._load(reader, map_location, pickle_module, **kwargs)
+    if torch_load_kwargs.get("mmap"):
+        # A mapping of the file is the kernel's (its pages are faulted in, not read), and torch
+        # maps only a path it opens itself: hand it the path (torch without mmap= says so).
+        return torch.load(path, map_location=map_location, **torch_load_kwargs)
     with _DirectReader(path, handle) as f:
         return torch.load(f, map_location=map_location, **torch_load_kwargs)
 
