@@ -4,22 +4,9 @@
 # empty or more than a day old.
 set -euo pipefail
 
-PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev fio
-  # dnvme tune draws its sweep (pngcairo); systemd-analyze checks the unit template.
-  gnuplot-nox systemd
-  # The Python module deepnvme (python/), built for Debian's /usr/bin/python3.
-  python3-dev pybind11-dev
-  # Its tests and benchmarks: Debian's torch, numpy and pytest (there is no PyPI here).
-  python3-torch python3-numpy python3-pytest
-  clang-format
-  # The FUSE filesystem (fs/, mount-scripts/, bench/mount_vs_fio.sh): libfuse3 headers and its
-  # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and
-  # pkg-config to find both.
-  libfuse3-dev fuse3 libcap-dev pkg-config
-  # FUSE over io_uring (fs/transport/uring_loop.h).
-  liburing-dev
-  # The libFuzzer target of the control-file parser (tests/fuzz/run.sh): clang and its runtime.
-  clang libclang-rt-14-dev)
+# shellcheck source=scripts/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
+PACKAGES=("${DNVME_PACKAGES[@]}" "${DNVME_HOST_PACKAGES[@]}")
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then

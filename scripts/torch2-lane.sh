@@ -44,11 +44,11 @@ if ! command -v debootstrap >/dev/null; then
     cannot "debootstrap could not be installed"
 fi
 
-# What the lane builds and tests with: install-deps.sh's build and test packages, without the
-# benchmark, fuzzing and formatting tools.
-PACKAGES=(cmake g++ make pkg-config libaio-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
-  libgtest-dev libfuse3-dev fuse3 libcap-dev liburing-dev python3-dev pybind11-dev
-  python3-torch python3-numpy python3-pytest fio)
+# What the lane builds and tests with: the build and test packages install-deps.sh installs
+# here too, without the machine's own tools (fuzzing, formatting, gnuplot).
+# shellcheck source=scripts/packages.sh
+source "$ROOT/scripts/packages.sh"
+PACKAGES=("${DNVME_PACKAGES[@]}")
 STAMP="$TREE/.dnvme-torch2-lane"
 WANT="trixie ${PACKAGES[*]}"
 
