@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the release build (build/, with the CUDA toolkit when it is installed,
 # as on the CI machines: /usr/local/cuda), the ASan+UBSan build (build-asan/, built without CUDA, so
-# both configurations of the GPU path are built and tested), the control-file parser's libFuzzer
+# both configurations of the GPU path are built and tested), the torch 2.6 lane
+# (scripts/torch2-lane.sh: Python and `dnvme run` tests in a Debian 13 tree), the control-file parser's libFuzzer
 # target for 60 s (build-fuzz/), then the clang-format check. Runs all of them and exits non-zero
 # if any failed.
 set -uo pipefail
@@ -37,6 +38,17 @@ pipe_max_raise
 run_suite release "$ROOT/build" -DDNVME_BUILD_TESTS=ON
 pipe_max_restore
 run_suite asan "$ROOT/build-asan" -DDNVME_BUILD_TESTS=ON -DDNVME_SANITIZE=ON -DDNVME_WITH_CUDA=OFF
+
+# torch 2.6 (Debian 13 tree by debootstrap): the Python tests and `dnvme run`'s; 77: cannot run here
+# (no root, no /dev/fuse), said by the script, not a failure.
+echo "=== torch 2.x lane (scripts/torch2-lane.sh) ==="
+scripts/torch2-lane.sh
+lane=$?
+if [[ $lane -eq 77 ]]; then
+  echo "torch2-lane: skipped (reason above)"
+elif [[ $lane -ne 0 ]]; then
+  failed+=("torch2-lane")
+fi
 
 echo "=== fuzz: control-file request parser (60 s) ==="
 if ! tests/fuzz/run.sh 60 "$ROOT/build-fuzz" >"$ROOT/build-fuzz.log" 2>&1; then
