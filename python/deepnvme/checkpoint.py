@@ -425,8 +425,17 @@ def load(path, map_location=None, handle=None, verify=True, **torch_load_kwargs)
         if torchzip.supported() is None else None
     if pickle_module is not None and zipfile.is_zipfile(path):
         kwargs.setdefault("encoding", "utf-8")
+        weights_only = pickle_module is getattr(torch.serialization, "_weights_only_unpickler",
+                                                None)
         with torchzip.TorchZipReader(path, handle, verify) as reader:
-            return torch.serialization._load(reader, map_location, pickle_module, **kwargs)
+            try:
+                return torch.serialization._load(reader, map_location, pickle_module, **kwargs)
+            except (pickle.UnpicklingError, RuntimeError):  # torch 2.x / torch 1.13
+                if not weights_only:
+                    raise
+        # A weights-only refusal: torch.load words it around its own _load (the global that
+        # was refused, and how to allow it or load with weights_only=False), so torch.load says
+        # it, on the same reader as below; the refusal comes from the pickle, before any tensor.
     if torch_load_kwargs.get("mmap"):
         # A mapping of the file is the kernel's (its pages are faulted in, not read), and torch
         # maps only a path it opens itself: hand it the path (torch without mmap= says so).

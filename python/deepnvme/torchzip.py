@@ -92,6 +92,16 @@ def _check_signatures(torch):
         if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL,
                                                                     p.VAR_KEYWORD):
             return "%s (required parameter %r of _load)" % (differ, p.name), None
+    # Every method of torch's own zip writer that _save names must be ours too (torch 2.5 added
+    # write_record_metadata): a later torch that calls one more falls back to torch.save instead
+    # of failing half-way through a checkpoint.
+    torch_writer = getattr(getattr(torch, "_C", None), "PyTorchFileWriter", None)
+    code = getattr(save, "__code__", None)
+    if torch_writer is not None and code is not None:
+        missing = sorted(n for n in set(code.co_names)
+                         if hasattr(torch_writer, n) and not hasattr(TorchZipWriter, n))
+        if missing:
+            return "%s (its _save calls %s on the zip writer)" % (differ, ", ".join(missing)), None
     return None, save_kwargs
 
 
@@ -201,21 +211,48 @@ class TorchZipWriter:
             return memoryview(b"")
         return (ctypes.c_char * nbytes).from_address(address)
 
-    def write_record(self, name, data, nbytes):
+    def _header(self, name, nbytes, address):
+        """Writes record `name`'s local header at the end of the archive, padded so that its
+        bytes start at the file offset that agrees with `address` (their memory; 0: none) modulo
+        the page when large, modulo 64 when small. Returns (name bytes, header offset, data
+        offset)."""
         name_bytes = ("%s/%s" % (ARCHIVE, name)).encode()
-        buf = self._memory(data, nbytes)
-        large = nbytes >= SMALL_RECORD
         zip64 = nbytes >= ZIP64_LIMIT
         extra = struct.pack("<HHQQ", 1, 16, 0, 0) if zip64 else b""
         header_end = self._pos + _LOCAL.size + len(name_bytes) + len(extra)
-        address = _C.buffer_address(buf, False)[0] if large else 0
+        large = nbytes >= SMALL_RECORD
         extra += _padding_extra(header_end, ALIGN if large else 64, _page_residue(address))
         header = _LOCAL.pack(0x04034B50, 45 if zip64 else 20, _FLAGS, 0, 0, _DOS_DATE, 0,
                              _U32 if zip64 else 0, _U32 if zip64 else 0, len(name_bytes),
                              len(extra)) + name_bytes + extra
         offset = self._pos
-        data_at = offset + len(header)
         self._write_small(header, offset)
+        return name_bytes, offset, offset + len(header)
+
+    def _end_record(self, name_bytes, offset, data_at, nbytes, crc):
+        """The data descriptor after the record's bytes, and its central directory entry."""
+        if nbytes >= ZIP64_LIMIT:
+            descriptor = struct.pack("<IIQQ", 0x08074B50, crc, nbytes, nbytes)
+        else:
+            descriptor = struct.pack("<IIII", 0x08074B50, crc, nbytes, nbytes)
+        self._write_small(descriptor, data_at + nbytes)
+        self._pos = data_at + nbytes + len(descriptor)
+        self._entries.append((name_bytes, offset, nbytes, crc))
+
+    def write_record_metadata(self, name, nbytes):
+        """What torch >= 2.5's _save calls for each storage inside
+        torch.serialization.skip_data(): the record's header, size and place, without its bytes
+        (the file has a hole there, which reads as zeros, for the caller to fill in later at the
+        record's offset) and CRC 0, as torch's own writer leaves them (readers, ours included,
+        do not check a CRC of 0)."""
+        name_bytes, offset, data_at = self._header(name, nbytes, 0)
+        self._end_record(name_bytes, offset, data_at, nbytes, 0)
+
+    def write_record(self, name, data, nbytes):
+        buf = self._memory(data, nbytes)
+        large = nbytes >= SMALL_RECORD
+        address = _C.buffer_address(buf, False)[0] if large else 0
+        name_bytes, offset, data_at = self._header(name, nbytes, address)
         if large:
             # The write runs on the helper thread (GIL released) while this one computes the
             # CRC of the same bytes (_C.crc32 releases the GIL too).
@@ -231,13 +268,7 @@ class TorchZipWriter:
             crc = _C.crc32(buf)
             if nbytes:
                 self._write_small(buf, data_at)
-        if zip64:
-            descriptor = struct.pack("<IIQQ", 0x08074B50, crc, nbytes, nbytes)
-        else:
-            descriptor = struct.pack("<IIII", 0x08074B50, crc, nbytes, nbytes)
-        self._write_small(descriptor, data_at + nbytes)
-        self._pos = data_at + nbytes + len(descriptor)
-        self._entries.append((name_bytes, offset, nbytes, crc))
+        self._end_record(name_bytes, offset, data_at, nbytes, crc)
 
     # The writes, in file order. Headers, descriptors, small records and the tail go here:
     def _write_small(self, data, offset):
@@ -331,6 +362,8 @@ class MountZipWriter(TorchZipWriter):
         self._start(path, fsync)
 
     def _write_small(self, data, offset):
+        if self._held and offset > self._held_at + len(self._held):
+            self._write_held()  # a skipped record (write_record_metadata) leaves a hole
         if not self._held:
             self._held_at = offset
         elif offset != self._held_at + len(self._held):

@@ -251,13 +251,14 @@ def test_save_reuses_the_kept_pinned_buffers(deepnvme, torch, scratch):
 
 
 # --- the zip fast path (deepnvme.torchzip) --------------------------------------------------------
-def zip_layout(path):
+def zip_layout(path, check_crc=True):
     """[(name, data offset, size)] of every record, from the local headers."""
     import struct
     import zipfile
     out = []
     with zipfile.ZipFile(path) as z, open(path, "rb") as f:
-        assert z.testzip() is None, "every CRC-32 matches"
+        if check_crc:
+            assert z.testzip() is None, "every CRC-32 matches"
         for info in z.infolist():
             f.seek(info.header_offset)
             head = f.read(30)
@@ -600,4 +601,86 @@ def test_public_api_fallback(deepnvme, torch, scratch, monkeypatch):
     state = odd_state(torch)
     deepnvme.save(state, path)
     assert_same_state(torch, state, deepnvme.load(path), "fallback")
+    assert_same_state(torch, state, torch.load(path), "torch.load of the fallback")
+
+
+def test_weights_only_refusal_keeps_torchs_explanation(deepnvme, torch, scratch):
+    """A global that weights_only refuses: deepnvme.load raises what torch.load raises, with
+    torch's explanation (how to allow the global or load with weights_only=False), not the bare
+    unpickler message."""
+    import fractions
+    path = os.path.join(scratch, "unsafe.pt")
+    torch.save({"ratio": fractions.Fraction(1, 3), "t": torch.arange(10)}, path)
+    with pytest.raises(pickle.UnpicklingError) as theirs:
+        torch.load(path, weights_only=True)
+    with pytest.raises(pickle.UnpicklingError) as ours:
+        deepnvme.load(path, weights_only=True)
+    assert str(ours.value) == str(theirs.value)
+    assert "weights_only" in str(ours.value) and "Fraction" in str(ours.value), str(ours.value)
+    # Allowed, the same file loads through the fast path.
+    assert deepnvme.load(path, weights_only=False)["ratio"] == fractions.Fraction(1, 3)
+
+
+def skip_data_or_skip(torch):
+    if not hasattr(torch.serialization, "skip_data"):
+        pytest.skip("torch %s has no torch.serialization.skip_data (torch >= 2.5)" %
+                    torch.__version__)
+    return torch.serialization.skip_data
+
+
+def test_skip_data_saves_the_layout_without_the_bytes(deepnvme, torch, scratch):
+    """torch >= 2.5's skip_data: deepnvme.save (TorchZipWriter) and MountZipWriter (torch.save
+    under `dnvme run`) write every record's header and size but none of its bytes, as torch.save
+    does; the bytes written later at each record's offset make the full checkpoint."""
+    from deepnvme import torchzip
+    skip_data = skip_data_or_skip(torch)
+    # Insertion order: "small" is storage 0, "large" (above SMALL_RECORD) storage 1.
+    state = {"small": torch.arange(1000, dtype=torch.float32),
+             "large": torch.randn(3 << 18), "step": 3}
+    theirs, ours, mount = (os.path.join(scratch, n) for n in ("t.pt", "d.pt", "m.pt"))
+    with skip_data():
+        torch.save(state, theirs)
+        deepnvme.save(state, ours)
+        writer = torchzip.MountZipWriter(mount)
+        torchzip.save(state, writer, pickle, 2)
+        writer.close()
+
+    def records(path):
+        return {n.split("/", 1)[1]: (at, size)
+                for n, at, size in zip_layout(path, check_crc=False)}
+
+    want = {name: size for name, (_, size) in records(theirs).items() if name.startswith("data/")}
+    assert want == {"data/0": 4000, "data/1": (3 << 18) * 4}, want
+    for path in (ours, mount):
+        got = records(path)
+        assert {n: size for n, (_, size) in got.items() if n.startswith("data/")} == want, path
+        blocks = os.stat(path).st_blocks * 512
+        assert blocks < os.path.getsize(path) - (1 << 20), \
+            "%s: the large record is a hole (%d bytes allocated of %d)" % (
+                path, blocks, os.path.getsize(path))
+        empty = torch.load(path)
+        assert empty["step"] == 3 and empty["large"].shape == state["large"].shape
+        assert not empty["large"].any() and not empty["small"].any(), path
+        # The second pass: each storage's bytes at its record's offset.
+        with open(path, "r+b") as f:
+            for name, key in (("data/0", "small"), ("data/1", "large")):
+                f.seek(got[name][0])
+                f.write(state[key].numpy().tobytes())
+        assert_same_state(torch, state, torch.load(path), "torch.load of filled " + path)
+        # deepnvme.load too: a CRC of 0 (what skip_data leaves) is not checked.
+        assert_same_state(torch, state, deepnvme.load(path), "deepnvme.load of filled " + path)
+
+
+def test_zip_writer_methods_torch_calls_are_checked(deepnvme, torch, scratch, monkeypatch):
+    """Every method of torch's own zip writer that its _save names must be TorchZipWriter's too;
+    without one (as write_record_metadata was before torch 2.5 came) the fast path is not used and
+    deepnvme.save falls back to torch's public API instead of failing half-way."""
+    from deepnvme import torchzip
+    assert torchzip.supported() is None
+    monkeypatch.delattr(torchzip.TorchZipWriter, "write_record")
+    reason = torchzip.supported()
+    assert reason is not None and "write_record" in reason, reason
+    path = os.path.join(scratch, "fallback.pt")
+    state = odd_state(torch)
+    deepnvme.save(state, path)
     assert_same_state(torch, state, torch.load(path), "torch.load of the fallback")
