@@ -22,18 +22,22 @@ deepnvme imports neither.
 """
 
 from ._C import memlock_limit_bytes, pinned_bytes_in_use
-from .checkpoint import FastFileWriter, buffer_pool, default_handle, load, read_file, save
+from .checkpoint import (AsyncSave, FastFileWriter, buffer_pool, default_handle, load, read_file,
+                         save)
 from .handles import (GdsUnavailableError, aio_handle, aio_read, aio_write, cast_to_byte_tensor,
                       cuda_unavailable_reason, deepspeed_memcpy, gds_handle,
                       gds_unavailable_reason)
 from .mount import Mount, SharedBuffer
 from .pinned import pin_handle
+from .staging import release_staging_memory
 from . import io  # noqa: E402  (deepnvme.io: DeepSpeed's deepspeed.io writers)
+from . import staging  # noqa: E402
 
 __version__ = "@PROJECT_VERSION@"
 
 __all__ = ["aio_handle", "gds_handle", "pin_handle", "aio_read", "aio_write", "deepspeed_memcpy",
            "GdsUnavailableError", "gds_unavailable_reason", "cuda_unavailable_reason",
-           "cast_to_byte_tensor", "FastFileWriter", "save", "load", "read_file",
+           "cast_to_byte_tensor", "FastFileWriter", "AsyncSave", "save", "load", "read_file",
+           "release_staging_memory",
            "default_handle", "buffer_pool", "io", "Mount", "SharedBuffer", "pinned_bytes_in_use",
            "memlock_limit_bytes"]

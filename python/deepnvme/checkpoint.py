@@ -22,13 +22,14 @@ use from several threads: both paths move data with the engine's thread-safe fil
 
 import inspect
 import io
+import logging
 import os
 import pickle
 import re
 import threading
 import zipfile
 
-from . import _C, torchzip
+from . import _C, staging, torchzip
 from .handles import aio_handle, _path
 
 MiB = 1 << 20
@@ -159,8 +160,15 @@ def _torch():
 
 def save(obj, path, handle=None, *, buffer_bytes=DEFAULT_BUFFER_BYTES,
          num_buffers=DEFAULT_NUM_BUFFERS, fsync=True, data_parallel=False, group=None,
-         stripe_bytes=None, pickle_protocol=2):
+         stripe_bytes=None, pickle_protocol=2, blocking=True):
     """torch.save(obj) to `path`; durable when it returns (fsync unless fsync=False).
+
+    blocking=False returns an AsyncSave (wait(), done()) as soon as `obj` is serialized and
+    every tensor's bytes copied into staging memory (deepnvme.staging: pinned, kept for the next
+    save): the caller may change its tensors at once, and the file, written by a background
+    thread (saves in call order), is the one a blocking save would have written. An error is
+    raised by wait(); one that nobody waited for is logged when the handle goes or at exit, and
+    the program's exit waits for saves still running.
 
     The file is torch.save's zip format, written by torchzip.TorchZipWriter: torch's own pickler
     with every tensor's bytes moved from its memory by parallel O_DIRECT requests (records
@@ -174,6 +182,12 @@ def save(obj, path, handle=None, *, buffer_bytes=DEFAULT_BUFFER_BYTES,
     Returns the file size in bytes.
     """
     torch = _torch()
+    if not blocking:
+        if data_parallel:
+            raise ValueError("deepnvme.save: blocking=False is not available with "
+                             "data_parallel=True")
+        return _save_async(obj, _path(path), _native(handle), fsync, pickle_protocol,
+                           buffer_bytes, num_buffers)
     if data_parallel:
         return _save_data_parallel(obj, path, handle, buffer_bytes, num_buffers, fsync, group,
                                    stripe_bytes or buffer_bytes, pickle_protocol)
@@ -191,6 +205,155 @@ def save(obj, path, handle=None, *, buffer_bytes=DEFAULT_BUFFER_BYTES,
         torch.save(obj, f, pickle_protocol=pickle_protocol)
         size = f.tell()
     return size
+
+
+class _SnapshotZipWriter:
+    """The zip_file object torch's _save writes into for an asynchronous save: the pickle and
+    small records are kept as bytes, each storage is copied into staging memory at the same
+    offset within its page as the storage (so the archive written later has the layout of a
+    blocking save's). replay() then writes them all into a TorchZipWriter."""
+
+    def __init__(self, staged):
+        self._staged = staged
+        self._records = []  # (name, bytes or staged address or None for metadata only, nbytes)
+
+    def write_record(self, name, data, nbytes):
+        if isinstance(data, str):
+            data = data.encode()
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self._records.append((name, bytes(data), nbytes))
+            return
+        address = data if isinstance(data, int) else data.data_ptr()
+        self._records.append((name, self._staged.copy_bytes(address, nbytes) if nbytes else b"",
+                              nbytes))
+
+    def write_record_metadata(self, name, nbytes):
+        self._records.append((name, None, nbytes))
+
+    def replay(self, writer):
+        for name, data, nbytes in self._records:
+            if data is None:
+                writer.write_record_metadata(name, nbytes)
+            else:
+                writer.write_record(name, data, nbytes)
+
+
+class _SaveState:
+    """One asynchronous save's outcome and whether someone has taken its error (wait()) or it has
+    been logged; shared by the AsyncSave and the save thread's done callback."""
+
+    def __init__(self, path, future):
+        self.path, self.future = path, future
+        self.collected = self.dropped = False
+
+    def report(self):
+        """Logs the save's error if it failed and nobody has taken it; once."""
+        with _async_lock:
+            if self.collected or not self.future.done() or self.future.cancelled():
+                return
+            self.collected = True
+            _async_states.discard(self)
+        error = self.future.exception()
+        if error is not None:
+            logging.getLogger("deepnvme").error(
+                "deepnvme.save(blocking=False) of '%s' failed and nobody called wait(): %s: %s",
+                self.path, type(error).__name__, error)
+
+
+class AsyncSave:
+    """What deepnvme.save(..., blocking=False) returns: the save of `path` running on deepnvme's
+    save thread. wait() returns the file size or raises the save's error; done() says whether
+    it is over. An error nobody took with wait() is logged (logger "deepnvme", level ERROR) when
+    this object goes (or, if it goes first, when the save ends) and at exit, so it is never
+    lost. Thread-safe."""
+
+    def __init__(self, state):
+        self._state = state
+        self.path = state.path
+
+    def done(self):
+        return self._state.future.done()
+
+    def wait(self, timeout=None):
+        """The file size once the save is over (durable, as a blocking save's); raises its
+        error, or concurrent.futures.TimeoutError after `timeout` seconds."""
+        import concurrent.futures
+        try:
+            return self._state.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise
+        finally:
+            if self._state.future.done():
+                with _async_lock:
+                    self._state.collected = True
+                    _async_states.discard(self._state)
+
+    def __del__(self):
+        state = getattr(self, "_state", None)
+        if state is not None:
+            state.dropped = True
+            state.report()  # if it is over; else the done callback does
+
+
+_async_lock = threading.Lock()
+_async_executor = None
+_async_states = set()  # saves whose outcome nobody has taken yet
+
+
+def _async_exit_report():
+    # Runs after the interpreter has joined the save thread (concurrent.futures joins its
+    # workers before atexit callbacks): every save is over; errors nobody took are said.
+    with _async_lock:
+        states = list(_async_states)
+    for state in states:
+        state.report()
+
+
+def _save_async(obj, path, handle, fsync, pickle_protocol, buffer_bytes, num_buffers):
+    global _async_executor
+    torch = _torch()
+    staged = staging.Staged()
+    try:
+        if torchzip.supported() is None:
+            snapshot = _SnapshotZipWriter(staged)
+            torchzip.save(obj, snapshot, pickle, pickle_protocol)
+        else:
+            # An unknown torch: its public torch.save into memory, written out as it is.
+            buf = io.BytesIO()
+            torch.save(obj, buf, pickle_protocol=pickle_protocol)
+            snapshot = buf.getvalue()
+    except BaseException:
+        staged.release()
+        raise
+
+    def write():
+        try:
+            if isinstance(snapshot, bytes):
+                with FastFileWriter(path, handle, buffer_bytes, num_buffers, True, fsync) as f:
+                    f.write(snapshot)
+                    return f.tell()
+            writer = torchzip.TorchZipWriter(path, handle, fsync)
+            try:
+                snapshot.replay(writer)
+                return writer.close()
+            except BaseException:
+                writer.abort()
+                _unlink_quietly(path)  # a partial archive must not pass for a checkpoint
+                raise
+        finally:
+            staged.release()
+
+    with _async_lock:
+        if _async_executor is None:
+            import atexit
+            import concurrent.futures
+            _async_executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="deepnvme-save")
+            atexit.register(_async_exit_report)
+        state = _SaveState(path, _async_executor.submit(write))
+        _async_states.add(state)
+    state.future.add_done_callback(lambda _: state.report() if state.dropped else None)
+    return AsyncSave(state)
 
 
 def _unlink_quietly(path):
@@ -444,4 +607,5 @@ def load(path, map_location=None, handle=None, verify=True, **torch_load_kwargs)
         return torch.load(f, map_location=map_location, **torch_load_kwargs)
 
 
-__all__ = ["FastFileWriter", "save", "load", "read_file", "default_handle", "buffer_pool"]
+__all__ = ["FastFileWriter", "AsyncSave", "save", "load", "read_file", "default_handle",
+           "buffer_pool"]

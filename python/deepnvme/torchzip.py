@@ -33,10 +33,10 @@ the ones this module was written for, and save()/load() fall back to the public 
 Thread safety: one TorchZipWriter / TorchZipReader per thread.
 """
 
-import concurrent.futures
 import ctypes
 import errno
 import inspect
+import io
 import os
 import struct
 import sys
@@ -62,6 +62,57 @@ _FLAGS = 0x0808  # bit 3: CRC and sizes in a data descriptor; bit 11: UTF-8 name
 # Parameters of torch.serialization._save after the first four that deepnvme knows, with the
 # value torch.save passes (torch >= 2.1 writes a byteorder record unless told not to).
 _KNOWN_SAVE_EXTRAS = {"_disable_byteorder_record": False}
+
+
+class _Helper:
+    """One helper thread running one call at a time (submit(fn, *args).result()). Not a
+    concurrent.futures executor: those refuse work once the interpreter is shutting down, and
+    deepnvme.save(blocking=False)'s saves still run then (the program's exit waits for them)."""
+
+    def __init__(self, name):
+        self._cv = threading.Condition()
+        self._call = None  # (fn, args) waiting for the thread
+        self._done = None  # (result, error) of the last call
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._stop or self._call is not None)
+                if self._call is None:
+                    return
+                fn, args = self._call
+                self._call = None
+            try:
+                done = (fn(*args), None)
+            except BaseException as e:  # handed to result()
+                done = (None, e)
+            with self._cv:
+                self._done = done
+                self._cv.notify_all()
+
+    def submit(self, fn, *args):
+        with self._cv:
+            self._done = None
+            self._call = (fn, args)
+            self._cv.notify_all()
+        return self
+
+    def result(self):
+        with self._cv:
+            self._cv.wait_for(lambda: self._done is not None)
+            (value, error), self._done = self._done, None
+        if error is not None:
+            raise error
+        return value
+
+    def shutdown(self):
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join()
 
 
 def _check_signatures(torch):
@@ -191,7 +242,8 @@ class TorchZipWriter:
         self.path = path
         self._fsync = fsync
         self._entries = []  # (name bytes, offset, size, crc)
-        self._pos = 0
+        self._base = 0  # where the archive starts in the file (EmbeddedZipWriter)
+        self._pos = 0  # the archive's end, from its start
         self._writer = None  # one helper thread: writes a record while this one computes its CRC
         self._file = None
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
@@ -220,8 +272,10 @@ class TorchZipWriter:
         zip64 = nbytes >= ZIP64_LIMIT
         extra = struct.pack("<HHQQ", 1, 16, 0, 0) if zip64 else b""
         header_end = self._pos + _LOCAL.size + len(name_bytes) + len(extra)
-        large = nbytes >= SMALL_RECORD
-        extra += _padding_extra(header_end, ALIGN if large else 64, _page_residue(address))
+        if nbytes >= SMALL_RECORD:  # the file offset, where O_DIRECT's alignment is decided
+            extra += _padding_extra(self._base + header_end, ALIGN, _page_residue(address))
+        else:  # 64 bytes into the archive, as torch's writer
+            extra += _padding_extra(header_end, 64)
         header = _LOCAL.pack(0x04034B50, 45 if zip64 else 20, _FLAGS, 0, 0, _DOS_DATE, 0,
                              _U32 if zip64 else 0, _U32 if zip64 else 0, len(name_bytes),
                              len(extra)) + name_bytes + extra
@@ -257,8 +311,7 @@ class TorchZipWriter:
             # The write runs on the helper thread (GIL released) while this one computes the
             # CRC of the same bytes (_C.crc32 releases the GIL too).
             if self._writer is None:
-                self._writer = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="deepnvme-zip")
+                self._writer = _Helper("deepnvme-zip")
             written = self._writer.submit(self._write_large, buf, address, nbytes, data_at)
             try:
                 crc = _C.crc32(buf)
@@ -272,12 +325,12 @@ class TorchZipWriter:
 
     # The writes, in file order. Headers, descriptors, small records and the tail go here:
     def _write_small(self, data, offset):
-        _pwrite_all(self._fd, data, offset, self.path)
+        _pwrite_all(self._fd, data, self._base + offset, self.path)
 
     # A large record's bytes (on the helper thread): straight from the tensor's memory by the
     # engine's O_DIRECT requests.
     def _write_large(self, buf, address, nbytes, offset):
-        self._file.pwrite(address, nbytes, offset)
+        self._file.pwrite(address, nbytes, self._base + offset)
 
     def _write_held(self):
         """Writes whatever _write_small held back (nothing here)."""
@@ -329,7 +382,7 @@ class TorchZipWriter:
 
     def _release(self):
         if self._writer is not None:
-            self._writer.shutdown(wait=True)
+            self._writer.shutdown()
             self._writer = None
         self._file = None
         if self._fd >= 0:
@@ -339,6 +392,49 @@ class TorchZipWriter:
     def abort(self):
         """Closes without finishing the archive (a failed save: the caller removes the file)."""
         self._release()
+
+
+class EmbeddedZipWriter(TorchZipWriter):
+    """A TorchZipWriter whose archive is one item inside a larger file: bytes [base, base +
+    length) of the caller's open file `fd` (adopted by the caller as the engine File `file`),
+    whose offsets inside are counted from `base`, as in torch.save to a stream positioned there.
+    torch.distributed.checkpoint keeps one such archive per tensor in its files (deepnvme.dcp).
+    Large records still agree with their memory modulo the page at their file offset.
+    finish() adds the version record and the directory and returns the archive's length; the
+    file stays open and unsynced (the caller's)."""
+
+    def __init__(self, fd, file, path, base):
+        self._start_embedded(fd, file, path, base)
+
+    def _start_embedded(self, fd, file, path, base):
+        self.path = path
+        self._fsync = False
+        self._entries = []
+        self._base = base
+        self._pos = 0
+        self._writer = None
+        self._fd = fd
+        self._file = file
+
+    def finish(self):
+        try:
+            self.write_record("version", b"3\n", 2)
+            tail = self._central_directory()
+            self._write_small(tail, self._pos)
+            self._pos += len(tail)
+        finally:
+            self.abort()
+        return self._pos
+
+    def close(self):
+        raise TypeError("EmbeddedZipWriter: finish(), the file is the caller's")
+
+    def _release(self):
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
+        self._file = None
+        self._fd = -1  # the caller's to close
 
 
 class MountZipWriter(TorchZipWriter):
@@ -388,6 +484,40 @@ class MountZipWriter(TorchZipWriter):
             self._held = bytearray()
 
 
+class _FileView(io.RawIOBase):
+    """Bytes [base, base + length) of an open file, as a seekable read-only file (what zipfile
+    parses an embedded archive's directory from); reads with pread, the fd is the caller's."""
+
+    def __init__(self, fd, path, base, length):
+        super().__init__()
+        self._fd, self.name, self._base, self._length, self._pos = fd, path, base, length, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=os.SEEK_SET):
+        start = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
+        if start + offset < 0:
+            raise OSError(errno.EINVAL, "seek before the start of the archive", self.name)
+        self._pos = start + offset
+        return self._pos
+
+    def tell(self):
+        return self._pos
+
+    def readinto(self, b):
+        n = max(0, min(len(b), self._length - self._pos))
+        if n == 0:
+            return 0
+        view = memoryview(b).cast("B")[:n]
+        pread_into(self._fd, view, self._base + self._pos, self.name)
+        self._pos += n
+        return n
+
+
 def _pwritev_all(fd, parts, offset, path):
     """os.pwritev of `parts` (memoryviews of 1-byte items) at `offset`, continued after a short
     write."""
@@ -417,29 +547,46 @@ class TorchZipReader:
     READ_AHEAD = 512 << 20
     AHEAD_MIN = 1 << 20
 
-    def __init__(self, path, handle, verify=True):
+    def __init__(self, path, handle, verify=True, embedded=None):
+        """embedded=(fd, file, base, length): the archive is bytes [base, base + length) of the
+        caller's open file (fd, and the engine File adopting it), which stays the caller's."""
         import zipfile  # parses the central directory only
         self.path = path
         self._verify = verify
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._owns_fd = embedded is None
+        if embedded is None:
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            base, length = 0, None
+        else:
+            self._fd, self._file, base, length = embedded
+        self.targets = {}  # record name -> a tensor to read it into (get_storage_from_record)
         try:
-            self._file = _C.File(handle._h, self._fd, False)
-            with open(self._fd, "rb", closefd=False) as f:
+            if embedded is None:
+                self._file = _C.File(handle._h, self._fd, False)
+                f = open(self._fd, "rb", closefd=False)
+            else:
+                f = _FileView(self._fd, path, base, length)
+            with f:
                 infos = zipfile.ZipFile(f).infolist()
             self._records = {}
             for info in infos:
                 if info.compress_type != zipfile.ZIP_STORED:
                     raise ValueError("'%s': record %s is compressed; torch's records are stored" %
                                      (path, info.filename))
-                local = _pread_all(self._fd, _LOCAL.size, info.header_offset, path)
+                local = _pread_all(self._fd, _LOCAL.size, base + info.header_offset, path)
                 sig, *_, name_len, extra_len = _LOCAL.unpack(local)
                 if sig != 0x04034B50:
-                    raise ValueError("'%s': no local header at %d" % (path, info.header_offset))
-                at = info.header_offset + _LOCAL.size + name_len + extra_len
+                    raise ValueError("'%s': no local header at %d" %
+                                     (path, base + info.header_offset))
+                at = base + info.header_offset + _LOCAL.size + name_len + extra_len
+                if length is not None and at + info.file_size > base + length:
+                    raise ValueError("'%s': record %s ends beyond its archive [%d, %d)" %
+                                     (path, info.filename, base, base + length))
                 key = info.filename.split("/", 1)[1] if "/" in info.filename else info.filename
                 self._records[key] = (at, info.file_size, info.CRC)
         except BaseException:
-            os.close(self._fd)
+            if self._owns_fd:
+                os.close(self._fd)
             raise
         # Read-ahead state, guarded by _cv: name -> "claimed" (being read by whoever claimed it)
         # or ("done", memory, shift, error); _ahead_bytes: read ahead and not yet taken.
@@ -455,7 +602,8 @@ class TorchZipReader:
         self._file = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
-            os.close(fd)  # may raise: under `dnvme run` a write-behind error arrives here
+            if self._owns_fd:
+                os.close(fd)  # may raise: under `dnvme run` a write-behind error arrives here
 
     def __enter__(self):
         return self
@@ -592,11 +740,20 @@ class TorchZipReader:
         return data
 
     def get_storage_from_record(self, name, numel, storage_type):
-        """A uint8 tensor of the record's bytes in fresh memory."""
+        """A uint8 tensor of the record's bytes in fresh memory, or in the memory of
+        targets[name] (a contiguous CPU tensor whose whole storage is the record's size: the
+        tensor torch builds then shares it)."""
         torch = sys.modules["torch"]
         at, size, crc = self._record(name)
         if size == 0:
             return torch.empty(0, dtype=torch.uint8)
+        target = self.targets.get(name)
+        if target is not None and target.untyped_storage().nbytes() == size:
+            storage = target.untyped_storage()
+            self._file.pread(storage.data_ptr(), size, at)
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+            self._check(name, memoryview(whole.numpy()), crc)
+            return whole
         if size >= self.AHEAD_MIN:
             memory, shift = self._take(name, at, size, crc)
         else:
@@ -604,4 +761,4 @@ class TorchZipReader:
         return torch.frombuffer(memory, dtype=torch.uint8, count=size, offset=shift)
 
 
-__all__ = ["TorchZipWriter", "TorchZipReader", "supported"]
+__all__ = ["TorchZipWriter", "EmbeddedZipWriter", "TorchZipReader", "supported"]

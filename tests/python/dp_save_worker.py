@@ -1,6 +1,6 @@
 """One rank of the data-parallel save test (tests/python/test_checkpoint.py starts two).
 
-    dp_save_worker.py RANK WORLD PORT PATH MODE RESULT_JSON
+    dp_save_worker.py RANK WORLD PORT RESULT_JSON PATH MODE
 
 Initialises torch.distributed with gloo on 127.0.0.1:PORT, builds the same model state on every
 rank (seeded), and calls deepnvme.save(..., data_parallel=True) with a handle of its own, so the
@@ -10,7 +10,6 @@ happened to RESULT_JSON.
 """
 
 import faulthandler
-import json
 import os
 import sys
 
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import deepnvme
+import ranks
 
 
 def build_state(extra):
@@ -28,7 +28,7 @@ def build_state(extra):
 
 
 def main():
-    rank, world, port, path, mode, result_path = (int(sys.argv[1]), int(sys.argv[2]),
+    rank, world, port, result_path, path, mode = (int(sys.argv[1]), int(sys.argv[2]),
                                                   sys.argv[3], sys.argv[4], sys.argv[5],
                                                   sys.argv[6])
     # A rank that hangs prints every thread's stack (to the test's log) and exits, so a hang in a
@@ -47,16 +47,7 @@ def main():
         result["ok"] = False
         result["error"] = "%s: %s" % (type(e).__name__, e)
     result["bytes_written"] = handle.stats()["bytes_written"]
-    with open(result_path, "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    # No destroy_process_group: on torch 2.6 with gloo it hung in 1 of ~10 runs here after every
-    # collective had completed (pytorch/pytorch#75097, "destroy_process_group() has a certain
-    # probability of hangs"); the save is over and its result written, so the rank leaves without
-    # running the process group's teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    ranks.leave(result_path, result)
 
 
 if __name__ == "__main__":

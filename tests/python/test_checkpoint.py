@@ -3,14 +3,15 @@ trip read by plain torch.load, streams crossing buffer boundaries, the file-obje
 ENOSPC and bad paths, and the data-parallel save with two gloo processes on loopback."""
 
 import errno
-import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ranks  # noqa: E402  (tests/python/ranks.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -157,40 +158,8 @@ def test_load_of_a_missing_path_leaves_nothing_for_the_collector(scratch):
     assert "Exception ignored" not in p.stderr, p.stderr
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(scratch, path, mode, world=2):
-    port = str(free_port())
-    procs, results = [], []
-    # USE_LIBUV=0: torch >= 2.4's TCPStore rendezvous asks for libuv by default, and Debian's torch
-    # (2.6 in trixie) is built without it; older torch ignores the variable.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", USE_LIBUV="0")
-    for rank in range(world):
-        out = os.path.join(scratch, "rank%d-%s.json" % (rank, mode))
-        results.append(out)
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "dp_save_worker.py"), str(rank), str(world), port,
-             path, mode, out], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=240)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log
-    out = []
-    for r in results:
-        with open(r) as f:
-            out.append(json.load(f))
-    return out
+    return ranks.run_ranks(scratch, "dp_save_worker.py", [path, mode], mode, world)
 
 
 def test_data_parallel_save_two_ranks(deepnvme, torch, scratch):
@@ -684,3 +653,86 @@ def test_zip_writer_methods_torch_calls_are_checked(deepnvme, torch, scratch, mo
     state = odd_state(torch)
     deepnvme.save(state, path)
     assert_same_state(torch, state, torch.load(path), "torch.load of the fallback")
+
+
+def test_async_save_snapshots_the_state_and_writes_a_blocking_saves_file(deepnvme, torch, scratch):
+    """save(blocking=False) returns once the state is serialized and its bytes copied to staging
+    memory: the caller changes its tensors at once, and the file is byte for byte the one a
+    blocking save of the state at the call writes (same tensors, same layout)."""
+    state = odd_state(torch)
+    blocking, later = os.path.join(scratch, "blocking.pt"), os.path.join(scratch, "async.pt")
+    deepnvme.save(state, blocking)
+    expected = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+    saving = deepnvme.save(state, later, blocking=False)
+    assert isinstance(saving, deepnvme.AsyncSave) and saving.path == later
+    state["big"].add_(1.0)  # storage shared with "view" and "strided"
+    state["t"].zero_()
+    size = saving.wait()
+    assert saving.done() and size == os.path.getsize(later)
+    with open(blocking, "rb") as a, open(later, "rb") as b:
+        assert a.read() == b.read(), "the asynchronous save's file is the blocking save's"
+    assert_same_state(torch, expected, deepnvme.load(later), "async save")
+    # The staging memory is kept: the next save of the same state allocates none.
+    kept = deepnvme.staging.kept_staging_bytes()
+    assert kept >= state["big"].numel() * 4, kept
+    pinned = deepnvme.pinned_bytes_in_use()
+    deepnvme.save(state, later, blocking=False).wait()
+    assert deepnvme.pinned_bytes_in_use() == pinned
+    assert deepnvme.staging.kept_staging_bytes() == kept
+    assert_same_state(torch, state, torch.load(later), "second async save")
+    # Saves run in call order: the last one's state is the file's.
+    first = deepnvme.save({"n": torch.zeros(3 << 20)}, later, blocking=False)
+    second = deepnvme.save({"n": torch.ones(5)}, later, blocking=False)
+    first.wait()
+    second.wait()
+    assert torch.equal(torch.load(later)["n"], torch.ones(5))
+    assert deepnvme.release_staging_memory() >= kept
+    assert deepnvme.staging.kept_staging_bytes() == 0
+    with pytest.raises(ValueError, match="data_parallel"):
+        deepnvme.save(state, later, blocking=False, data_parallel=True)
+
+
+def test_async_save_errors_reach_wait(deepnvme, torch, scratch, small_tmpfs):
+    state = {"w": torch.ones(4 << 20, dtype=torch.uint8)}
+    full = os.path.join(small_tmpfs, "full.pt")
+    saving = deepnvme.save(state, full, blocking=False)
+    with pytest.raises(OSError) as e:
+        saving.wait()
+    assert e.value.errno == errno.ENOSPC and saving.done()
+    assert not os.path.exists(full), "a failed save leaves no partial archive"
+    with pytest.raises(FileNotFoundError):
+        deepnvme.save(state, os.path.join(scratch, "no", "dir", "x.pt"), blocking=False).wait()
+    with pytest.raises(OSError):  # again: wait() keeps answering
+        saving.wait()
+
+
+def run_python(code):
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stderr
+
+
+def test_async_save_errors_nobody_waited_for_are_logged(scratch):
+    """An asynchronous save's error is never lost: logged when its handle is dropped (once the
+    save is over) and at exit for handles still held; the program's exit waits for running
+    saves, so a save that returned is complete in the file."""
+    missing = os.path.join(scratch, "no", "dir")
+    common = ("import gc, torch, deepnvme\n"
+              "state = {'w': torch.arange(16 << 20, dtype=torch.int32)}\n")
+    stderr = run_python(common + "h = deepnvme.save(state, %r, blocking=False)\n"
+                        "del h\ngc.collect()\n" % os.path.join(missing, "dropped.pt"))
+    assert "failed and nobody called wait()" in stderr and "dropped.pt" in stderr, stderr
+    assert stderr.count("nobody called wait()") == 1, stderr
+    stderr = run_python(common + "h = deepnvme.save(state, %r, blocking=False)\n" %
+                        os.path.join(missing, "held.pt"))
+    assert "failed and nobody called wait()" in stderr and "held.pt" in stderr, stderr
+    # Taken by wait(): nothing logged.
+    stderr = run_python(common + "h = deepnvme.save(state, %r, blocking=False)\n"
+                        "try:\n    h.wait()\nexcept FileNotFoundError:\n    pass\n" %
+                        os.path.join(missing, "taken.pt"))
+    assert "nobody called wait()" not in stderr, stderr
+    # Exit right after the call: the save completes first.
+    done = os.path.join(scratch, "at-exit.pt")
+    run_python(common + "deepnvme.save(state, %r, blocking=False)\n" % done)
+    import torch
+    assert torch.equal(torch.load(done)["w"], torch.arange(16 << 20, dtype=torch.int32))
