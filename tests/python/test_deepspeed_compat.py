@@ -539,3 +539,54 @@ def test_py_file_writer_and_bad_configs(aio, torch, scratch):
         FastFileWriter(path, FastFileWriterConfig(h, torch.empty(1, dtype=torch.uint8)))
     with pytest.raises(FileNotFoundError):
         FastFileWriter(os.path.join(scratch, "no", "x.pt"), FastFileWriterConfig(h, staging))
+
+
+# --- DeepSpeed 0.19.6: DS_PIN_MEMORY_BACKEND=native and the accelerator's pin calls ---------------
+@pytest.mark.parametrize("op", ["pin_memory", "async_io"])
+def test_native_pin_memory_backend_pins_with_deepnvme(ds, deepnvme, torch, monkeypatch, op):
+    """With DS_PIN_MEMORY_BACKEND=native, DeepSpeed's accelerator pins host memory through the op
+    it loads (pin_handle, or an aio_handle in 0.19.6's first version): after activate() that is
+    deepnvme's registry, so the tensors are page-locked by deepnvme, known to every deepnvme
+    handle (slices too), freed at unpin_memory or when collected."""
+    import gc
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.utils import pin_memory as ds_pin
+    monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "native")
+    monkeypatch.setattr(ds_pin, "OP", op)
+    monkeypatch.setattr(ds_pin, "_manager", None)
+    accel, ours = get_accelerator(), deepnvme.pin_handle()
+    gc.collect()
+    before = deepnvme.pinned_bytes_in_use()
+
+    src = torch.randn(64, 33)
+    pinned = accel.pin_memory(src)
+    assert pinned.shape == src.shape and torch.equal(pinned, src)
+    assert accel.is_pinned(pinned) and ours.is_pinned(pinned)
+    assert accel.is_pinned(pinned[5:]) and ours.is_pinned(pinned[5:]), "slices of it too"
+    assert deepnvme.pinned_bytes_in_use() >= before + src.numel() * 4
+    flat = accel.pin_memory(src, make_copy=False, match_shape=False)
+    assert flat.shape == (src.numel(),) and ours.is_pinned(flat) and not flat.any()
+    scratch = accel.pin_empty((3, 4096), dtype=torch.bfloat16)
+    assert scratch.shape == (3, 4096) and scratch.dtype == torch.bfloat16
+    assert ours.is_pinned(scratch) and accel.is_pinned(scratch)
+    nothing = accel.pin_empty(0, 5, dtype=torch.float16)
+    assert nothing.shape == (0, 5) and accel.is_pinned(nothing)
+    assert not accel.is_pinned(torch.empty(10)) and not ours.is_pinned(torch.empty(10))
+
+    # unpin_memory unregisters at once; the memory goes with the last view of it.
+    assert accel.unpin_memory(pinned) is True
+    assert not ours.is_pinned(pinned) and not accel.is_pinned(pinned)
+    del pinned
+    if op == "async_io":  # that version frees only at unpin
+        for t in (flat, scratch, nothing):
+            accel.unpin_memory(t)
+    # Else never unpinned: freed when collected (DeepSpeed's finalizer frees by address).
+    del flat, scratch, nothing
+    gc.collect()
+    assert deepnvme.pinned_bytes_in_use() == before
+
+    # The default backend (torch) does not come here.
+    monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "torch")
+    plain = torch.ones(3)
+    assert accel.pin_memory(plain) is plain and not accel.is_pinned(plain)
+    assert deepnvme.pinned_bytes_in_use() == before

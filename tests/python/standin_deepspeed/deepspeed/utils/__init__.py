@@ -1,0 +1,1 @@
+"""Stand-in for deepspeed.utils (see ../../README.md): only pin_memory."""
