@@ -3,7 +3,12 @@
 # Debian's python3-torch is 2.6 (Python 3.13, numpy 2.2, GCC 14), and runs there the Python tests
 # (python_*) and the `dnvme run` / mount tests with torch cases (fs_preload).
 #
-# Usage (root): scripts/torch2-lane.sh [--tree DIR] [--mirror URL] [--jobs N] [-- CTEST_ARGS...]
+# Usage (root): scripts/torch2-lane.sh [--tree DIR] [--mirror URL] [--jobs N] [--bind DIR]...
+#                                      [--run COMMAND | -- CTEST_ARGS...]
+#
+# --bind DIR makes DIR (a benchmark's directory, say) visible at the same path in the tree;
+# --run COMMAND runs COMMAND (bash, in the repository at /src) in the tree instead of the tests,
+# after the build (bench/dcp.py's numbers were taken this way).
 #
 # The tree (default /var/tmp/dnvme-trixie) is made with `debootstrap --variant=minbase trixie`
 # and Debian's packages (the list below) the first time, and reused while its stamp file names the
@@ -23,8 +28,12 @@ TREE=/var/tmp/dnvme-trixie
 MIRROR=http://deb.debian.org/debian
 JOBS=$(nproc)
 CTEST_ARGS=()
+BINDS=()
+RUN=
 while [[ $# -gt 0 ]]; do
   case $1 in
+    --bind) BINDS+=("$(realpath -e "${2:?--bind needs a directory}")") || exit 2; shift 2 ;;
+    --run) RUN=${2:?--run needs a command}; shift 2 ;;
     --tree) TREE=${2:?--tree needs a directory}; shift 2 ;;
     --mirror) MIRROR=${2:?--mirror needs a URL}; shift 2 ;;
     --jobs) JOBS=${2:?--jobs needs a number}; shift 2 ;;
@@ -97,6 +106,9 @@ if ! { bind /proc "$TREE/proc" && bind /sys "$TREE/sys" && bind /dev "$TREE/dev"
   echo "torch2-lane: FAILED: bind mounts" >&2
   exit 1
 fi
+for dir in "${BINDS[@]}"; do
+  bind "$dir" "$TREE$dir" || { echo "torch2-lane: FAILED: binding $dir" >&2; exit 1; }
+done
 
 TORCH=$(chroot "$TREE" python3 -c "import torch; print(torch.__version__)" 2>/dev/null | tail -1)
 echo "=== torch2-lane: torch $TORCH, $(chroot "$TREE" python3 --version), $(chroot "$TREE" gcc --version | head -1) ==="
@@ -107,6 +119,10 @@ if ! chroot "$TREE" bash -c "cmake -S /src -B $BUILD -DCMAKE_BUILD_TYPE=RelWithD
     cmake --build $BUILD -j $JOBS --target dnvme dnvmefs dnvme_preload deepnvme_py"; then
   echo "torch2-lane: FAILED: build" >&2
   exit 1
+fi
+if [[ -n $RUN ]]; then
+  chroot "$TREE" bash -c "cd /src && $RUN"
+  exit $?
 fi
 [[ ${#CTEST_ARGS[@]} -gt 0 ]] || CTEST_ARGS=(-R '^(python_|fs_preload$)')
 if ! chroot "$TREE" bash -c "cd $BUILD && ctest --output-on-failure $(printf '%q ' "${CTEST_ARGS[@]}")"; then
