@@ -17,9 +17,16 @@ DeepSpeed file is changed; ``deactivate`` puts the originals back.
 GDSBuilder is redirected only where deepnvme.gds_handle can run (a CUDA device); elsewhere it is
 left alone and ``activate`` says why in its result.
 
+DeepSpeed's decoupled checkpoint engine (``DecoupledCheckpointEngine``) saves from a process it
+starts with the "spawn" method, a fresh interpreter where nothing of this process's patching
+exists: ``activate`` also replaces the engine module's ``init_decoupled_checkpoint`` (the
+process's target) with one that activates deepnvme with the same ops in that process first, so
+its FastCheckpointEngine's writers use deepnvme too (result key "decoupled_checkpoint").
+
 Thread safety: call activate/deactivate once, from the main thread, before DeepSpeed loads ops.
 """
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -150,7 +157,42 @@ def activate(ops=("async_io", "gds", "pin_memory", "utils")):
             if how == "deepnvme":
                 _compat_saved[name] = compat.get(name, _MISSING)
                 compat[name] = True
+    result["decoupled_checkpoint"] = _patch_decoupled(tuple(ops))
     return result
+
+
+_DECOUPLED = "deepspeed.runtime.checkpoint_engine.decoupled_checkpoint_engine"
+
+
+def _patch_decoupled(ops):
+    """Makes the decoupled checkpoint engine's process activate deepnvme (see the module
+    comment); "deepnvme" or why not."""
+    try:
+        module = importlib.import_module(_DECOUPLED)
+    except Exception as e:  # a DeepSpeed without it, or one whose import fails here
+        return "no decoupled checkpoint engine (%s: %s)" % (type(e).__name__, e)
+    if not callable(getattr(module, "init_decoupled_checkpoint", None)):
+        return "%s has no init_decoupled_checkpoint" % _DECOUPLED
+    # A partial of a module-level function: pickled by reference for the spawned process.
+    _patch(module, "init_decoupled_checkpoint", functools.partial(_decoupled_process, ops))
+    return "deepnvme"
+
+
+def _decoupled_process(ops, *args, **kwargs):
+    """The decoupled checkpoint process's target: deepnvme activated in this fresh interpreter,
+    then DeepSpeed's own init_decoupled_checkpoint (this process's import of it, unpatched)."""
+    original = importlib.import_module(_DECOUPLED).init_decoupled_checkpoint
+    if isinstance(original, functools.partial):  # (a fork: the parent's patch came along)
+        original = _saved_original(original)
+    activate(ops)
+    return original(*args, **kwargs)
+
+
+def _saved_original(patched):
+    for owner, attr, value in _saved:
+        if getattr(owner, attr, None) is patched and value is not _MISSING:
+            return value
+    raise RuntimeError("deepnvme.deepspeed: DeepSpeed's init_decoupled_checkpoint is lost")
 
 
 def deactivate():

@@ -14,6 +14,7 @@ where DeepSpeed asserts or leaves a short file).
 import ctypes
 import errno
 import filecmp
+import inspect
 import os
 import struct
 import sys
@@ -111,15 +112,42 @@ def test_deactivate_restores_deepspeed(ds, deepnvme):
     import deepnvme.deepspeed as dsmod
     from deepspeed.ops import __compatible_ops__
     from deepspeed.ops.op_builder import AsyncIOBuilder
+    from deepspeed.runtime.checkpoint_engine import decoupled_checkpoint_engine as decoupled
     dsmod.deactivate()
     try:
         assert not dsmod.active()
         with pytest.raises(RuntimeError, match="JIT load"):
             AsyncIOBuilder().load()
         assert __compatible_ops__["async_io"] is False
+        assert inspect.isfunction(decoupled.init_decoupled_checkpoint), "DeepSpeed's own again"
+        assert "decoupled_checkpoint" not in __compatible_ops__
     finally:
         dsmod.activate()
     assert AsyncIOBuilder().load() is deepnvme
+    assert not inspect.isfunction(decoupled.init_decoupled_checkpoint)
+
+
+def test_decoupled_checkpoint_process_writes_with_deepnvme(ds, deepnvme, torch, scratch):
+    """DeepSpeed's decoupled checkpoint engine saves from a process it spawns (a fresh
+    interpreter): activate() reaches into it, so the async_io op it loads there is deepnvme (the
+    stand-in's own build would fail), and what it writes is the state queued to it."""
+    assert ds["decoupled_checkpoint"] == "deepnvme"
+    from deepspeed.runtime.checkpoint_engine.decoupled_checkpoint_engine import \
+        DecoupledCheckpointEngine
+    state = {"a": torch.arange(1 << 20, dtype=torch.float32),
+             "b": torch.ones(3, 5, dtype=torch.float64)}
+    path = os.path.join(scratch, "decoupled.bin")
+    engine = DecoupledCheckpointEngine()
+    try:
+        engine.save(state, path)
+        assert engine.commit()
+    finally:
+        engine.cleanup()
+    assert engine.process.exitcode == 0
+    with open(path + ".op") as f:
+        assert f.read() == "deepnvme"
+    with open(path, "rb") as f:
+        assert f.read() == b"".join(t.numpy().tobytes() for t in state.values())
 
 
 # --- DeepSpeed's test_aio.py shapes -----------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Stand-in for deepspeed.runtime (see ../../README.md)."""

@@ -1,0 +1,1 @@
+"""Stand-in for deepspeed.runtime.checkpoint_engine (see ../../../README.md)."""
