@@ -207,52 +207,27 @@ def save(obj, path, handle=None, *, buffer_bytes=DEFAULT_BUFFER_BYTES,
     return size
 
 
-class _SnapshotZipWriter:
-    """The zip_file object torch's _save writes into for an asynchronous save: the pickle and
-    small records are kept as bytes, each storage is copied into staging memory at the same
-    offset within its page as the storage (so the archive written later has the layout of a
-    blocking save's). replay() then writes them all into a TorchZipWriter."""
-
-    def __init__(self, staged):
-        self._staged = staged
-        self._records = []  # (name, bytes or staged address or None for metadata only, nbytes)
-
-    def write_record(self, name, data, nbytes):
-        if isinstance(data, str):
-            data = data.encode()
-        if isinstance(data, (bytes, bytearray, memoryview)):
-            self._records.append((name, bytes(data), nbytes))
-            return
-        address = data if isinstance(data, int) else data.data_ptr()
-        self._records.append((name, self._staged.copy_bytes(address, nbytes) if nbytes else b"",
-                              nbytes))
-
-    def write_record_metadata(self, name, nbytes):
-        self._records.append((name, None, nbytes))
-
-    def replay(self, writer):
-        for name, data, nbytes in self._records:
-            if data is None:
-                writer.write_record_metadata(name, nbytes)
-            else:
-                writer.write_record(name, data, nbytes)
-
-
 class _SaveState:
     """One asynchronous save's outcome and whether someone has taken its error (wait()) or it has
-    been logged; shared by the AsyncSave and the save thread's done callback."""
+    been logged; shared by the AsyncSave, the save thread's done callback and the exit report.
+    report() takes only this state's own lock and changes no shared container: it runs from
+    AsyncSave.__del__, that is from the garbage collector, at any allocation of any thread."""
 
     def __init__(self, path, future):
         self.path, self.future = path, future
         self.collected = self.dropped = False
+        self._lock = threading.Lock()
+
+    def take(self):
+        with self._lock:
+            self.collected = True
 
     def report(self):
         """Logs the save's error if it failed and nobody has taken it; once."""
-        with _async_lock:
+        with self._lock:
             if self.collected or not self.future.done() or self.future.cancelled():
                 return
             self.collected = True
-            _async_states.discard(self)
         error = self.future.exception()
         if error is not None:
             logging.getLogger("deepnvme").error(
@@ -277,16 +252,11 @@ class AsyncSave:
     def wait(self, timeout=None):
         """The file size once the save is over (durable, as a blocking save's); raises its
         error, or concurrent.futures.TimeoutError after `timeout` seconds."""
-        import concurrent.futures
         try:
             return self._state.future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise
         finally:
             if self._state.future.done():
-                with _async_lock:
-                    self._state.collected = True
-                    _async_states.discard(self._state)
+                self._state.take()
 
     def __del__(self):
         state = getattr(self, "_state", None)
@@ -297,7 +267,19 @@ class AsyncSave:
 
 _async_lock = threading.Lock()
 _async_executor = None
-_async_states = set()  # saves whose outcome nobody has taken yet
+_async_states = []  # every save not yet known to be over and taken or reported (exit report)
+
+
+def _forget_async_saves_in_child():
+    # A forked child has the executor object but not its thread: it would queue saves forever.
+    global _async_lock, _async_executor, _async_states
+    _async_lock = threading.Lock()
+    _async_executor = None
+    _async_states = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_async_saves_in_child)
 
 
 def _async_exit_report():
@@ -315,7 +297,7 @@ def _save_async(obj, path, handle, fsync, pickle_protocol, buffer_bytes, num_buf
     staged = staging.Staged()
     try:
         if torchzip.supported() is None:
-            snapshot = _SnapshotZipWriter(staged)
+            snapshot = torchzip.SnapshotZipWriter(staged)
             torchzip.save(obj, snapshot, pickle, pickle_protocol)
         else:
             # An unknown torch: its public torch.save into memory, written out as it is.
@@ -343,16 +325,28 @@ def _save_async(obj, path, handle, fsync, pickle_protocol, buffer_bytes, num_buf
         finally:
             staged.release()
 
+    import concurrent.futures
     with _async_lock:
         if _async_executor is None:
             import atexit
-            import concurrent.futures
             _async_executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="deepnvme-save")
             atexit.register(_async_exit_report)
-        state = _SaveState(path, _async_executor.submit(write))
-        _async_states.add(state)
-    state.future.add_done_callback(lambda _: state.report() if state.dropped else None)
+        # Forget the saves already over and taken or reported (not from report(): see there).
+        _async_states[:] = [s for s in _async_states if not (s.collected and s.future.done())]
+        try:
+            future = _async_executor.submit(write)
+        except RuntimeError:
+            # The interpreter is shutting down (an atexit handler saving): no thread will take
+            # it, so this save is written now, before returning.
+            future = concurrent.futures.Future()
+            try:
+                future.set_result(write())
+            except BaseException as e:
+                future.set_exception(e)
+        state = _SaveState(path, future)
+        _async_states.append(state)
+    future.add_done_callback(lambda _: state.report() if state.dropped else None)
     return AsyncSave(state)
 
 
@@ -567,6 +561,18 @@ def _fast_load_pickle_module(torch, kwargs):
     return kwargs.pop("pickle_module", pickle)
 
 
+def _weights_only_refusal(error):
+    """Whether `error` is torch's weights-only unpickler refusing the pickle: an UnpicklingError
+    (torch 2.x) or a RuntimeError raised in torch._weights_only_unpickler (torch 1.13)."""
+    if isinstance(error, pickle.UnpicklingError):
+        return True
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and \
+        os.path.basename(tb.tb_frame.f_code.co_filename) == "_weights_only_unpickler.py"
+
+
 def load(path, map_location=None, handle=None, verify=True, **torch_load_kwargs):
     """torch.load of a torch.save file with every tensor's bytes read by the handle's parallel
     O_DIRECT requests into fresh page-aligned memory, then handed to torch as the storage (no
@@ -593,8 +599,8 @@ def load(path, map_location=None, handle=None, verify=True, **torch_load_kwargs)
         with torchzip.TorchZipReader(path, handle, verify) as reader:
             try:
                 return torch.serialization._load(reader, map_location, pickle_module, **kwargs)
-            except (pickle.UnpicklingError, RuntimeError):  # torch 2.x / torch 1.13
-                if not weights_only:
+            except (pickle.UnpicklingError, RuntimeError) as e:
+                if not (weights_only and _weights_only_refusal(e)):
                     raise
         # A weights-only refusal: torch.load words it around its own _load (the global that
         # was refused, and how to allow it or load with weights_only=False), so torch.load says

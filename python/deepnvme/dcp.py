@@ -23,8 +23,10 @@ the bytes move:
 - read: a large tensor's record is read by the engine straight into the tensor DCP loads into,
   when that tensor is a whole contiguous CPU tensor matching the saved one (the usual
   state_dict load), else into fresh memory then copied as DCP does (resharding, dtype or device
-  changes); every record's CRC-32 is checked (verify=True; DCP's reader does not check them), a
-  damaged record fails the load with OSError(EIO) instead of loading wrong weights.
+  changes); every record's CRC-32 is checked, small ones too (verify=True; DCP's reader does not
+  check them), a damaged record fails the load with OSError(EIO) instead of loading wrong
+  weights (on a torch whose private loader deepnvme does not know, tensors are read as DCP
+  reads them, unchecked).
 
 dcp.async_save: stage() copies every tensor (CPU ones too, which DCP's own writer does not) into
 staging memory before async_save returns, and the write runs on DCP's thread through the same
@@ -40,7 +42,7 @@ import os
 import pickle
 
 from . import _C, staging, torchzip
-from .checkpoint import _native, _torch, default_read_handle
+from .checkpoint import _native, _torch, _weights_only_refusal, default_read_handle
 
 try:
     from torch.distributed.checkpoint import filesystem as _fs
@@ -53,7 +55,7 @@ try:
         raise ImportError("torch.distributed.checkpoint.filesystem lacks %s" % ", ".join(_MISSING))
 except ImportError as _e:
     raise ImportError("deepnvme.dcp needs torch.distributed.checkpoint's FileSystemWriter and "
-                      "FileSystemReader (torch >= 2.3; this torch: %s)" % _e) from _e
+                      "FileSystemReader (torch >= 2.4; this torch: %s)" % _e) from _e
 
 try:
     from torch.distributed.tensor import DTensor as _DTensor
@@ -91,6 +93,37 @@ def _whole_storage(tensor):
     return tensor
 
 
+def _on_threads(calls):
+    """Runs the calls on one thread each (plain threads: a concurrent.futures pool refuses work
+    while the interpreter shuts down, and dcp.async_save's write may run then); their results in
+    order, or the first error."""
+    import threading
+    results, errors = [None] * len(calls), [None] * len(calls)
+
+    def run(i):
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # re-raised below, on the caller's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), name="deepnvme-dcp")
+               for i in range(len(calls))]
+    try:
+        for t in threads:
+            t.start()
+    except RuntimeError:  # Python >= 3.12 starts no thread while it exits: the rest here
+        for i, t in enumerate(threads):
+            if t.ident is None:
+                run(i)
+    for t in threads:
+        if t.ident is not None:
+            t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
 def _stage_tree(obj, staged):
     """A copy of a state dict's containers with every tensor (DTensor: its local shard) copied
     into `staged`."""
@@ -120,14 +153,15 @@ class FileSystemWriter(_fs.FileSystemWriter):
     def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=1,
                  per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=True,
                  handle=None):
+        if isinstance(thread_count, bool) or not isinstance(thread_count, int) or \
+                thread_count < 1:
+            raise ValueError("deepnvme.dcp.FileSystemWriter: thread_count must be an int >= 1, "
+                             "not %r" % (thread_count,))
         kwargs = dict(single_file_per_rank=single_file_per_rank, sync_files=sync_files,
                       thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead,
                       cache_staged_state_dict=cache_staged_state_dict, overwrite=overwrite)
         super().__init__(path, **kwargs)
-        if int(thread_count) < 1:
-            raise ValueError("thread_count must be at least 1, not %r" % (thread_count,))
         self._handle = _native(handle)
-        self._staged = []  # staging memory of stage() calls whose write_data has not run yet
 
     def stage(self, state_dict):
         """dcp.async_save's snapshot, taken before it returns: every tensor copied into staging
@@ -137,14 +171,10 @@ class FileSystemWriter(_fs.FileSystemWriter):
         checkpoint. Other objects are kept as they are, as by DCP (they are pickled by the
         write)."""
         self.per_thread_copy_ahead = 0
-        staged = staging.Staged()
-        try:
-            copy = _stage_tree(state_dict, staged)
-        except BaseException:
-            staged.release()
-            raise
-        self._staged.append(staged)
-        return copy
+        # The copies' memory stays in use while the staged tensors (or views of them) live, so
+        # for as long as DCP's save holds the staged state, whatever becomes of it; then the
+        # next snapshot reuses it (deepnvme.staging).
+        return _stage_tree(state_dict, staging.Staged())
 
     def prepare_local_plan(self, plan):
         with _logged("creating the checkpoint directory", self.path):
@@ -167,14 +197,10 @@ class FileSystemWriter(_fs.FileSystemWriter):
         files = [("%s%d%s" % (prefix, n, _fs.DEFAULT_SUFFIX), bucket)
                  for n, bucket in enumerate(buckets)]
         if self.thread_count > 1 and len(files) > 1:
-            import concurrent.futures
-            with concurrent.futures.ThreadPoolExecutor(
-                    min(self.thread_count, len(files)), thread_name_prefix="deepnvme-dcp") as pool:
-                done = list(pool.map(lambda f: self._write_file(f[0], f[1], planner), files))
+            done = _on_threads([lambda f=f: self._write_file(f[0], f[1], planner)
+                                for f in files])
         else:
             done = [self._write_file(name, items, planner) for name, items in files]
-        if self._staged:  # the oldest snapshot is the one this write read
-            self._staged.pop(0).release()
         fut = Future()
         fut.set_result([r for results in done for r in results])
         return fut
@@ -215,7 +241,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
             if self.sync_files:
                 os.fsync(fd)
         finally:
-            file = None  # the engine's reference to the fd goes before the fd
+            file = None  # the engine File (its own descriptor, reopened) first
             os.close(fd)
         return results
 
@@ -234,6 +260,7 @@ class FileSystemReader(_fs.FileSystemReader):
         super().__init__(path)
         self._handle = _native(handle if handle is not None else default_read_handle())
         self._verify = verify
+        self.records_into_target = 0  # tensors read straight into the tensor being loaded
 
     def read_metadata(self):
         with _logged("reading the metadata", self.path):
@@ -258,7 +285,7 @@ class FileSystemReader(_fs.FileSystemReader):
                 for req in reqs:
                     self._read_item(path, fd, file, req, planner)
             finally:
-                file = None  # the engine's reference to the fd goes before the fd
+                file = None  # the engine File (its own descriptor, reopened) first
                 os.close(fd)
         fut = Future()
         fut.set_result(None)
@@ -272,20 +299,25 @@ class FileSystemReader(_fs.FileSystemReader):
                                                                    path)))
             return
         target = planner.resolve_tensor(req).detach()
-        whole = (target.device.type == "cpu" and target.is_contiguous() and
-                 target.storage_offset() == 0 and
+        # Large records go straight into a target that is one whole plain CPU tensor (if the
+        # archive then holds anything else, or the read fails, the target has been written: a
+        # failed load leaves the state partly loaded, as DCP's own does).
+        whole = (info.length >= SMALL_TENSOR and target.device.type == "cpu" and
+                 target.is_contiguous() and target.storage_offset() == 0 and
+                 not target.is_conj() and not target.is_neg() and
                  target.untyped_storage().nbytes() == target.numel() * target.element_size() and
                  all(o == 0 for o in req.storage_offsets) and
                  tuple(req.lengths) == tuple(target.shape))
-        if info.length < SMALL_TENSOR or torchzip.supported() is not None:
+        if torchzip.supported() is not None:  # an unknown torch: DCP's own way, no CRC check
             data = torchzip._pread_all(fd, info.length, info.offset, path)
             tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         else:
             tensor = self._load_archive(path, fd, file, info, target if whole else None)
             if whole and self._shares(tensor, target):
+                self.records_into_target += 1
                 planner.commit_tensor(req, target)
                 return
-            if whole:  # the archive's tensor is not the target's shape: read it apart
+            if whole:  # the archive's tensor is not the target's: read it apart
                 tensor = self._load_archive(path, fd, file, info, None)
         from torch.distributed._shard._utils import narrow_tensor_by_index
         tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
@@ -305,9 +337,16 @@ class FileSystemReader(_fs.FileSystemReader):
         with reader:
             if target is not None:
                 reader.targets["data/0"] = target
-            return torch.serialization._load(reader, "cpu",
-                                             torch.serialization._weights_only_unpickler,
-                                             encoding="utf-8")
+            try:
+                return torch.serialization._load(reader, "cpu",
+                                                 torch.serialization._weights_only_unpickler,
+                                                 encoding="utf-8")
+            except (pickle.UnpicklingError, RuntimeError) as e:
+                if not _weights_only_refusal(e):
+                    raise
+        # A refused global: torch.load says so with its explanation (as DCP's reader would).
+        data = torchzip._pread_all(fd, info.length, info.offset, path)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
     @staticmethod
     def _shares(tensor, target):

@@ -150,7 +150,8 @@ def _check_signatures(torch):
     code = getattr(save, "__code__", None)
     if torch_writer is not None and code is not None:
         missing = sorted(n for n in set(code.co_names)
-                         if hasattr(torch_writer, n) and not hasattr(TorchZipWriter, n))
+                         if hasattr(torch_writer, n) and not (hasattr(TorchZipWriter, n) and
+                                                              hasattr(SnapshotZipWriter, n)))
         if missing:
             return "%s (its _save calls %s on the zip writer)" % (differ, ", ".join(missing)), None
     return None, save_kwargs
@@ -311,12 +312,19 @@ class TorchZipWriter:
             # The write runs on the helper thread (GIL released) while this one computes the
             # CRC of the same bytes (_C.crc32 releases the GIL too).
             if self._writer is None:
-                self._writer = _Helper("deepnvme-zip")
-            written = self._writer.submit(self._write_large, buf, address, nbytes, data_at)
-            try:
+                try:
+                    self._writer = _Helper("deepnvme-zip")
+                except RuntimeError:  # Python >= 3.12 starts no thread while it exits
+                    self._writer = False
+            if self._writer:
+                written = self._writer.submit(self._write_large, buf, address, nbytes, data_at)
+                try:
+                    crc = _C.crc32(buf)
+                finally:
+                    written.result()  # raises the write's OSError; buf stays alive until here
+            else:  # one after the other (a save run at exit)
+                self._write_large(buf, address, nbytes, data_at)
                 crc = _C.crc32(buf)
-            finally:
-                written.result()  # raises the write's OSError; buf stays alive until here
         else:
             crc = _C.crc32(buf)
             if nbytes:
@@ -381,7 +389,7 @@ class TorchZipWriter:
         return self._pos
 
     def _release(self):
-        if self._writer is not None:
+        if self._writer:
             self._writer.shutdown()
             self._writer = None
         self._file = None
@@ -430,7 +438,7 @@ class EmbeddedZipWriter(TorchZipWriter):
         raise TypeError("EmbeddedZipWriter: finish(), the file is the caller's")
 
     def _release(self):
-        if self._writer is not None:
+        if self._writer:
             self._writer.shutdown()
             self._writer = None
         self._file = None
@@ -516,6 +524,39 @@ class _FileView(io.RawIOBase):
         pread_into(self._fd, view, self._base + self._pos, self.name)
         self._pos += n
         return n
+
+
+class SnapshotZipWriter:
+    """The zip_file object torch's _save writes into for an asynchronous save
+    (deepnvme.save(blocking=False)): the pickle and small records are kept as bytes, each
+    storage is copied into `staged` (a deepnvme.staging.Staged) at the same offset within its
+    page as the storage, so the archive replayed later into a TorchZipWriter has the layout of a
+    blocking save's. Has every method of TorchZipWriter that torch's _save calls
+    (_check_signatures checks both)."""
+
+    def __init__(self, staged):
+        self._staged = staged
+        self._records = []  # (name, bytes or staged address or None for metadata only, nbytes)
+
+    def write_record(self, name, data, nbytes):
+        if isinstance(data, str):
+            data = data.encode()
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self._records.append((name, bytes(data), nbytes))
+            return
+        address = data if isinstance(data, int) else data.data_ptr()
+        self._records.append((name, self._staged.copy_bytes(address, nbytes) if nbytes else b"",
+                              nbytes))
+
+    def write_record_metadata(self, name, nbytes):
+        self._records.append((name, None, nbytes))
+
+    def replay(self, writer):
+        for name, data, nbytes in self._records:
+            if data is None:
+                writer.write_record_metadata(name, nbytes)
+            else:
+                writer.write_record(name, data, nbytes)
 
 
 def _pwritev_all(fd, parts, offset, path):
@@ -761,4 +802,5 @@ class TorchZipReader:
         return torch.frombuffer(memory, dtype=torch.uint8, count=size, offset=shift)
 
 
-__all__ = ["TorchZipWriter", "EmbeddedZipWriter", "TorchZipReader", "supported"]
+__all__ = ["TorchZipWriter", "EmbeddedZipWriter", "SnapshotZipWriter", "TorchZipReader",
+           "supported"]

@@ -12,9 +12,13 @@ DTensor, plain objects), and checks, writing each finding to RESULT_JSON:
   dcp_to_ours   saved by DCP's own FileSystemWriter, loaded by deepnvme's reader;
   async         dcp.async_save with deepnvme's writer, the state changed as soon as it
                 returned, then loaded: the state at the call;
+  variants      a transposed tensor saved, loaded into a contiguous one; a float32 tensor loaded
+                into a float64 one (records read apart, then copied as DCP does);
   damaged       one byte of a large record changed: deepnvme's reader fails the load (CRC-32);
+  damaged_small one byte of a small tensor's record changed: the same;
   bad_path      a checkpoint directory that is a file: the save fails on every rank;
-  log           what deepnvme.dcp logged at ERROR on this rank (its own errors).
+  log           what deepnvme.dcp logged at ERROR on this rank (its own errors);
+  into_target   how many tensors ours_to_ours read straight into the tensor being loaded.
 plus the bytes each rank's handles moved and the fsyncs its writer made.
 """
 
@@ -93,6 +97,7 @@ def main():
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     state = build_state(mesh)
+    original = build_state(mesh)  # the same values, never changed (async_save changes state)
     result = {"rank": rank, "log": []}
     # deepnvme.dcp logs each rank's own error (DCP's collection of it may fail, see dcp.py).
     collect = logging.Handler(logging.ERROR)
@@ -128,8 +133,10 @@ def main():
 
     attempt(result, "ours_to_dcp", lambda: load(dcp.FileSystemReader(ours)))
     before = reads.stats()["bytes_read"]
-    attempt(result, "ours_to_ours", lambda: load(deepnvme.dcp.FileSystemReader(ours, reads)))
+    reader = deepnvme.dcp.FileSystemReader(ours, reads)
+    attempt(result, "ours_to_ours", lambda: load(reader))
     result["bytes_read"] = reads.stats()["bytes_read"] - before
+    result["into_target"] = reader.records_into_target
 
     def reshard():
         whole = zeros_like_state(state)
@@ -163,20 +170,61 @@ def main():
 
     attempt(result, "async", async_save)
 
+    def variants():
+        path = os.path.join(top, "variants")
+        torch.manual_seed(99)
+        saved = {"t": torch.randn(1024, 768).t(), "f": torch.randn(1 << 19)}  # 3 MiB, 2 MiB
+        dcp.save(saved, storage_writer=deepnvme.dcp.FileSystemWriter(path))
+        into = {"t": torch.zeros(768, 1024), "f": torch.zeros(1 << 19, dtype=torch.float64)}
+        dcp.load(into, storage_reader=deepnvme.dcp.FileSystemReader(path))
+        ok = torch.equal(into["t"], saved["t"]) and torch.equal(into["f"], saved["f"].double())
+        return "equal" if ok else "differ"
+
+    attempt(result, "variants", variants)
+
+    def flip(path, at):
+        with open(path, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
     def damaged():
         dist.barrier()
-        if rank == 0:
+        if rank == 0:  # inside the largest record: the middle of the file
             path = os.path.join(ours, "__0_0.distcp")
-            size = os.path.getsize(path)
-            with open(path, "r+b") as f:  # inside the largest record: the middle of the file
-                f.seek(size // 2)
-                byte = f.read(1)
-                f.seek(size // 2)
-                f.write(bytes([byte[0] ^ 0xFF]))
+            flip(path, os.path.getsize(path) // 2)
         dist.barrier()
-        return load(deepnvme.dcp.FileSystemReader(ours, reads))
+        return load(deepnvme.dcp.FileSystemReader(ours, reads), expect=original)
 
     attempt(result, "damaged", damaged)
+
+    def damaged_small():
+        # The LayerNorm's bias (2 KiB): its record inside its archive, from the metadata.
+        path = os.path.join(top, "small")
+        dcp.save(original, storage_writer=deepnvme.dcp.FileSystemWriter(path))
+        dist.barrier()
+        if rank == 0:
+            import io
+            import pickle
+            import zipfile
+            with open(os.path.join(path, ".metadata"), "rb") as f:
+                meta = pickle.load(f)
+            (info,) = [v for k, v in meta.storage_data.items() if k.fqn == "model.2.bias"]
+            file = os.path.join(path, info.relative_path)
+            with open(file, "rb") as f:
+                f.seek(info.offset)
+                archive = f.read(info.length)
+            entry = [i for i in zipfile.ZipFile(io.BytesIO(archive)).infolist()
+                     if i.filename.endswith("data/0")][0]
+            name_len, extra_len = int.from_bytes(archive[entry.header_offset + 26:][:2],
+                                                 "little"), \
+                int.from_bytes(archive[entry.header_offset + 28:][:2], "little")
+            flip(file, info.offset + entry.header_offset + 30 + name_len + extra_len + 5)
+        dist.barrier()
+        return load(deepnvme.dcp.FileSystemReader(path, reads), expect=original)
+
+    attempt(result, "damaged_small", damaged_small)
 
     def bad_path():
         blocker = os.path.join(top, "a-file")

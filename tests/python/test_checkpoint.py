@@ -736,3 +736,51 @@ def test_async_save_errors_nobody_waited_for_are_logged(scratch):
     run_python(common + "deepnvme.save(state, %r, blocking=False)\n" % done)
     import torch
     assert torch.equal(torch.load(done)["w"], torch.arange(16 << 20, dtype=torch.int32))
+
+
+def test_staging_memory_is_reused_only_when_nothing_uses_it(deepnvme, torch):
+    """A staged tensor (dcp.async_save's snapshot) keeps its staging memory in use for as long as
+    it or any view of it lives; then the next snapshot reuses it."""
+    from deepnvme import staging
+    staging.release_staging_memory()
+    src = torch.arange(1 << 20, dtype=torch.float32)
+    staged = staging.Staged().copy_tensor(src)
+    assert torch.equal(staged, src)
+    assert staging.kept_staging_bytes() == 0, "in use while the staged tensor lives"
+    view = staged[10:20]
+    address = staged.data_ptr()
+    del staged
+    assert staging.kept_staging_bytes() == 0, "and while a view of it lives"
+    assert view[0].item() == 10.0
+    del view
+    assert staging.kept_staging_bytes() >= src.numel() * 4
+    again = staging.Staged().copy_tensor(src + 1)
+    assert again.data_ptr() == address, "the next snapshot reuses it"
+    assert staging.kept_staging_bytes() == 0
+    del again
+    if os.geteuid() == 0:  # root: the staging memory is page-locked
+        assert deepnvme.pinned_bytes_in_use() >= src.numel() * 4
+    assert staging.release_staging_memory() >= src.numel() * 4
+    assert staging.kept_staging_bytes() == 0
+
+
+def test_async_save_after_fork_and_during_exit(scratch):
+    """A forked child's save(blocking=False) runs (the parent's save thread is not the child's),
+    and one called while the interpreter exits (an atexit handler) is written before exit."""
+    child = os.path.join(scratch, "child.pt")
+    at_exit = os.path.join(scratch, "atexit.pt")
+    run_python(
+        "import atexit, os, torch, deepnvme\n"
+        "state = {'w': torch.arange(1 << 20)}\n"
+        "deepnvme.save(state, %r, blocking=False).wait()  # the parent's save thread exists\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    deepnvme.save(state, %r, blocking=False).wait(timeout=60)\n"
+        "    os._exit(0)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0, status\n"
+        "atexit.register(lambda: deepnvme.save(state, %r, blocking=False))\n" %
+        (os.path.join(scratch, "parent.pt"), child, at_exit))
+    import torch
+    for path in (child, at_exit):
+        assert torch.equal(torch.load(path)["w"], torch.arange(1 << 20)), path

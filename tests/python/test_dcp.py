@@ -64,6 +64,15 @@ def test_reshard_and_dcps_own_files(dcp_results):
     for r in results:
         assert r["reshard"] == "equal", r
         assert r["dcp_to_ours"] == "equal", r
+        assert r["variants"] == "equal", r
+
+
+def test_large_records_are_read_into_the_tensors_being_loaded(dcp_results):
+    # Each rank loads the embedding (8 MiB), the Linear's weight (1 MiB: its archive is larger),
+    # "big" (12 MiB) and its own shard (4 MiB) that way; the LayerNorm's and the biases are small.
+    _, results = dcp_results
+    for r in results:
+        assert r["into_target"] == 4, r
 
 
 def test_async_save_snapshots_the_state(dcp_results):
@@ -81,10 +90,21 @@ def said(r, name):
 
 def test_damaged_record_fails_the_load(dcp_results):
     _, results = dcp_results
-    for r in results:
-        assert r["damaged"] != "equal", r
-    # The rank that read the record says why (a shard is read by its own rank only).
-    assert any("CRC-32" in said(r, "damaged") for r in results), results
+    for case in ("damaged", "damaged_small"):
+        for r in results:
+            assert r[case] != "equal", (case, r)
+        # The rank that read the record says why (a shard is read by its own rank only).
+        assert any("CRC-32" in said(r, case) for r in results), (case, results)
+
+
+def test_bad_thread_count(torch):
+    try:
+        import deepnvme.dcp
+    except ImportError as e:
+        pytest.skip(str(e))
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="thread_count"):
+            deepnvme.dcp.FileSystemWriter("/nonexistent/ckpt", thread_count=bad)
 
 
 def test_bad_path_fails_on_every_rank(dcp_results):
