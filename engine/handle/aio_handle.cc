@@ -62,9 +62,16 @@ std::string HandleStats::ToJson() const {
 class HandleImpl {
  public:
   HandleImpl(const HandleConfig& config, std::shared_ptr<AioBackendFactory> factory)
-      : config_(config), factory_(std::move(factory)) {}
+      : config_(config), factory_(std::move(factory)), owner_pid_(::getpid()) {}
 
   ~HandleImpl() {
+    if (::getpid() != owner_pid_) {
+      // A forked child's copy: the workers (and the operations they owed) are the parent's, and
+      // joining a thread that does not exist here would never return. The workers' memory is
+      // left; the operations' state goes with pending_ (nothing here waits on it).
+      for (auto& w : workers_) static_cast<void>(w.release());
+      return;
+    }
     for (auto& op : pending_) op->WaitDone();
     workers_.clear();  // joins; queues are empty by now
   }
@@ -113,6 +120,14 @@ class HandleImpl {
                                          Submitted on_submitted = nullptr) {
     const std::string label = target.Label();
     const char* verb = OpTypeName(type);
+    // A forked child inherits this object but not the worker threads (nor the aio contexts):
+    // an operation queued here would wait forever. Refuse it instead.
+    if (::getpid() != owner_pid_) {
+      return Status::Unsupported(
+          ECHILD, std::string(verb) + " of '" + label +
+                      "': this I/O handle was created by process " + std::to_string(owner_pid_) +
+                      "; a forked child has none of its threads: create a handle in the child");
+    }
     if (num_bytes < 0) {
       return Status::InvalidArgument(std::string(verb) + " of '" + label +
                                      "': negative byte count " + std::to_string(num_bytes));
@@ -252,6 +267,7 @@ class HandleImpl {
  private:
   const HandleConfig config_;
   const std::shared_ptr<AioBackendFactory> factory_;
+  const pid_t owner_pid_;  // the process whose threads these are (fork: see Start)
   HandleCounters counters_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::shared_ptr<OpState>> pending_;

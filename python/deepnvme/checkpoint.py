@@ -270,16 +270,23 @@ _async_executor = None
 _async_states = []  # every save not yet known to be over and taken or reported (exit report)
 
 
-def _forget_async_saves_in_child():
-    # A forked child has the executor object but not its thread: it would queue saves forever.
-    global _async_lock, _async_executor, _async_states
+def _after_fork_in_child():
+    # A forked child has the parent's objects but none of their threads: the save executor would
+    # queue saves forever and the engine refuses the parent's handles there (ECHILD). The child
+    # makes its own on first use; the pools go too (a buffer the parent had in flight would stay
+    # taken).
+    global _async_lock, _async_executor, _async_states, _default, _default_read, _default_lock
+    global _pools
     _async_lock = threading.Lock()
     _async_executor = None
     _async_states = []
+    _default_lock = threading.Lock()
+    _default = _default_read = None
+    _pools = {}
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_async_saves_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _async_exit_report():

@@ -578,6 +578,36 @@ TEST_F(HandleTest, DestroyingHandleWaitsForPendingOps) {
   EXPECT_TRUE(test::MatchesPattern(file.data(), file.size(), 0, 6));
 }
 
+TEST_F(HandleTest, ForkedChildGetsAnErrorNotAHangAndLeavesTheParentsThreads) {
+  // A child inherits the handle object but none of its worker threads: an operation there must
+  // fail at once (it used to queue forever), and destroying the copy must not join threads that
+  // do not exist there. The parent's handle keeps working.
+  ASSERT_NO_FATAL_FAILURE(Open());
+  AlignedBuffer buf(64 * kKiB, 0);
+  buf.Fill(0, 7);
+  DNVME_ASSERT_OK(handle_->sync_pwrite(buf.data(), buf.ssize(), Path("before")));
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(20);  // a hang becomes SIGALRM, which the parent sees
+    Status st = handle_->sync_pwrite(buf.data(), buf.ssize(), Path("child"));
+    const bool refused = st.code() == Code::kUnsupported && st.error_number() == ECHILD &&
+                         st.message().find("forked child") != std::string::npos;
+    auto async = handle_->async_pread(buf.data(), buf.ssize(), Path("before"));
+    const bool async_refused = !async.ok() && handle_->pending() == 0;
+    handle_.reset();  // must return
+    ::_exit(refused && async_refused ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's operations were not refused as expected";
+  EXPECT_FALSE(test::FileExists(Path("child")));
+  DNVME_ASSERT_OK(handle_->sync_pwrite(buf.data(), buf.ssize(), Path("after")));
+  const std::vector<uint8_t> file = test::ReadWholeFile(Path("after"));
+  EXPECT_TRUE(test::MatchesPattern(file.data(), file.size(), 0, 7));
+}
+
 // ---- Errors
 // --------------------------------------------------------------------------------------
 

@@ -765,22 +765,39 @@ def test_staging_memory_is_reused_only_when_nothing_uses_it(deepnvme, torch):
 
 
 def test_async_save_after_fork_and_during_exit(scratch):
-    """A forked child's save(blocking=False) runs (the parent's save thread is not the child's),
-    and one called while the interpreter exits (an atexit handler) is written before exit."""
+    """A forked child's saves run (the parent's save thread and default handle are not the
+    child's: the child makes its own), a handle the parent made fails there with ECHILD instead
+    of hanging, and a save called while the interpreter exits (an atexit handler) is written
+    before exit."""
     child = os.path.join(scratch, "child.pt")
     at_exit = os.path.join(scratch, "atexit.pt")
     run_python(
-        "import atexit, os, torch, deepnvme\n"
+        "import atexit, errno, os, torch, deepnvme\n"
         "state = {'w': torch.arange(1 << 20)}\n"
         "deepnvme.save(state, %r, blocking=False).wait()  # the parent's save thread exists\n"
+        "deepnvme.save(state, %r)  # and its default handle\n"
+        "parent_handle = deepnvme.aio_handle()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
+        "    import signal; signal.alarm(60)  # a hang fails the test instead of stalling it\n"
+        "    # torch's own parallel ops hang in a forked child once the parent has used its OpenMP\n"
+        "    # pool (torch 2.6); one thread, as torch's DataLoader workers run.\n"
+        "    torch.set_num_threads(1)\n"
         "    deepnvme.save(state, %r, blocking=False).wait(timeout=60)\n"
+        "    deepnvme.save(state, %r + '.blocking')  # the default handle is the child's own\n"
+        "    try:\n"
+        "        parent_handle.sync_pwrite(torch.ones(4096), %r + '.x')\n"
+        "    except OSError as e:\n"
+        "        assert e.errno == errno.ECHILD and 'forked child' in str(e), e\n"
+        "    else:\n"
+        "        os._exit(4)\n"
         "    os._exit(0)\n"
         "_, status = os.waitpid(pid, 0)\n"
         "assert os.waitstatus_to_exitcode(status) == 0, status\n"
         "atexit.register(lambda: deepnvme.save(state, %r, blocking=False))\n" %
-        (os.path.join(scratch, "parent.pt"), child, at_exit))
+        (os.path.join(scratch, "parent.pt"), os.path.join(scratch, "parent2.pt"), child, child,
+         child, at_exit))
     import torch
-    for path in (child, at_exit):
+    assert not os.path.exists(child + ".x")
+    for path in (child, child + ".blocking", at_exit):
         assert torch.equal(torch.load(path)["w"], torch.arange(1 << 20)), path
