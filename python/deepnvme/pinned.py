@@ -17,22 +17,12 @@ Thread safety: every function may be called from any thread (one lock guards the
 
 import bisect
 import sys
-import os
 import threading
 
-from . import _C
+from . import _C, _fork
 
 _lock = threading.Lock()
-
-
-def _new_lock_in_child():
-    # A lock another thread held at fork() would stay held in the child forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+_fork.renew_lock_in_child(globals(), "_lock")
 _starts = []  # sorted base addresses of the registered regions
 _regions = {}  # base address -> (nbytes, _C.HostBuffer)
 

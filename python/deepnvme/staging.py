@@ -18,23 +18,13 @@ threads never get the same one.
 import ctypes
 import logging
 import sys
-import os
 import threading
 
-from . import _C
+from . import _C, _fork
 
 _log = logging.getLogger("deepnvme")
 _lock = threading.Lock()
-
-
-def _new_lock_in_child():
-    # A lock another thread held at fork() would stay held in the child forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+_fork.renew_lock_in_child(globals(), "_lock")
 _pool = []  # every HostBuffer kept for snapshots, in use or not
 _warned_unpinned = False
 PAGE = 4096
