@@ -13,6 +13,15 @@ export ASAN_OPTIONS=detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 failed=()
+timings=()  # "part: N s", printed at the end (the README quotes them)
+timed() {  # name command...: runs the command, records how long it took
+  local name=$1 start=$SECONDS
+  shift
+  "$@"
+  local rc=$?
+  timings+=("$name $((SECONDS - start)) s")
+  return $rc
+}
 
 run_suite() {  # name build_dir cmake args...
   local name=$1 dir=$2
@@ -35,14 +44,15 @@ run_suite() {  # name build_dir cmake args...
 source "$ROOT/scripts/pipe-max.sh"
 trap pipe_max_restore EXIT
 pipe_max_raise
-run_suite release "$ROOT/build" -DDNVME_BUILD_TESTS=ON
+timed release run_suite release "$ROOT/build" -DDNVME_BUILD_TESTS=ON
 pipe_max_restore
-run_suite asan "$ROOT/build-asan" -DDNVME_BUILD_TESTS=ON -DDNVME_SANITIZE=ON -DDNVME_WITH_CUDA=OFF
+timed asan run_suite asan "$ROOT/build-asan" -DDNVME_BUILD_TESTS=ON -DDNVME_SANITIZE=ON \
+  -DDNVME_WITH_CUDA=OFF
 
 # torch 2.6 (Debian 13 tree by debootstrap): the Python tests and `dnvme run`'s; 77: cannot run here
 # (no root, no /dev/fuse), said by the script, not a failure.
 echo "=== torch 2.x lane (scripts/torch2-lane.sh) ==="
-scripts/torch2-lane.sh
+timed torch2-lane scripts/torch2-lane.sh
 lane=$?
 if [[ $lane -eq 77 ]]; then
   echo "torch2-lane: skipped (reason above)"
@@ -51,7 +61,7 @@ elif [[ $lane -ne 0 ]]; then
 fi
 
 echo "=== fuzz: control-file request parser (60 s) ==="
-if ! tests/fuzz/run.sh 60 "$ROOT/build-fuzz" >"$ROOT/build-fuzz.log" 2>&1; then
+if ! timed fuzz tests/fuzz/run.sh 60 "$ROOT/build-fuzz" >"$ROOT/build-fuzz.log" 2>&1; then
   tail -40 "$ROOT/build-fuzz.log"
   failed+=("fuzz")
 else
@@ -66,6 +76,7 @@ else
   echo "clang-format: ${#sources[@]} files clean"
 fi
 
+echo "run-tests: times (build and tests): ${timings[*]/%/,} total $SECONDS s"
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "run-tests: FAILED: ${failed[*]}" >&2
   exit 1
