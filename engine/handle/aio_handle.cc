@@ -228,7 +228,16 @@ class HandleImpl {
   int Wait() {
     completed_.clear();
     completed_.reserve(pending_.size());
+    const bool forked = ::getpid() != owner_pid_;
     for (auto& op : pending_) {
+      if (forked) {  // the parent's operations: this process will never see them end
+        OpResult r = op->result;
+        r.status = Status::Unsupported(ECHILD, "operation queued by process " +
+                                                   std::to_string(owner_pid_) +
+                                                   " before fork(): its outcome is that process's");
+        completed_.push_back(std::move(r));
+        continue;
+      }
       op->WaitDone();
       completed_.push_back(op->result);
     }

@@ -586,6 +586,11 @@ TEST_F(HandleTest, ForkedChildGetsAnErrorNotAHangAndLeavesTheParentsThreads) {
   AlignedBuffer buf(64 * kKiB, 0);
   buf.Fill(0, 7);
   DNVME_ASSERT_OK(handle_->sync_pwrite(buf.data(), buf.ssize(), Path("before")));
+  // One operation queued before the fork and not waited for: the child's wait() must not wait
+  // for it (the parent's workers finish it, in the parent).
+  AlignedBuffer big(8 * kMiB, 0);
+  DNVME_ASSERT_OK_AND_ASSIGN(OpId queued,
+                             handle_->async_pwrite(big.data(), big.ssize(), Path("queued")));
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -594,15 +599,20 @@ TEST_F(HandleTest, ForkedChildGetsAnErrorNotAHangAndLeavesTheParentsThreads) {
     const bool refused = st.code() == Code::kUnsupported && st.error_number() == ECHILD &&
                          st.message().find("forked child") != std::string::npos;
     auto async = handle_->async_pread(buf.data(), buf.ssize(), Path("before"));
-    const bool async_refused = !async.ok() && handle_->pending() == 0;
+    const bool async_refused = !async.ok() && handle_->pending() == 1;
+    const bool waited = handle_->wait() == 1 && handle_->completed()[0].id == queued &&
+                        handle_->completed()[0].status.error_number() == ECHILD;
     handle_.reset();  // must return
-    ::_exit(refused && async_refused ? 0 : 3);
+    ::_exit(refused && async_refused && waited ? 0 : 3);
   }
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's operations were not refused as expected";
   EXPECT_FALSE(test::FileExists(Path("child")));
+  ASSERT_EQ(handle_->wait(), 1);
+  DNVME_EXPECT_OK(handle_->completed()[0].status);
+  EXPECT_EQ(test::FileSize(Path("queued")), big.ssize());
   DNVME_ASSERT_OK(handle_->sync_pwrite(buf.data(), buf.ssize(), Path("after")));
   const std::vector<uint8_t> file = test::ReadWholeFile(Path("after"));
   EXPECT_TRUE(test::MatchesPattern(file.data(), file.size(), 0, 7));
