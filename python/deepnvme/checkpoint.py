@@ -192,19 +192,25 @@ def save(obj, path, handle=None, *, buffer_bytes=DEFAULT_BUFFER_BYTES,
         return _save_data_parallel(obj, path, handle, buffer_bytes, num_buffers, fsync, group,
                                    stripe_bytes or buffer_bytes, pickle_protocol)
     if torchzip.supported() is None:
-        path = _path(path)
-        writer = torchzip.TorchZipWriter(path, _native(handle), fsync)
-        try:
-            torchzip.save(obj, writer, pickle, pickle_protocol)
-            return writer.close()
-        except BaseException:
-            writer.abort()
-            _unlink_quietly(path)  # a partial archive must not pass for a checkpoint
-            raise
+        return _write_archive(_path(path), _native(handle), fsync,
+                              lambda writer: torchzip.save(obj, writer, pickle, pickle_protocol))
     with FastFileWriter(path, handle, buffer_bytes, num_buffers, True, fsync) as f:
         torch.save(obj, f, pickle_protocol=pickle_protocol)
         size = f.tell()
     return size
+
+
+def _write_archive(path, handle, fsync, fill):
+    """`path` written by a TorchZipWriter that fill(writer) gives the records; its size. A
+    failure removes the file: a partial archive must not pass for a checkpoint."""
+    writer = torchzip.TorchZipWriter(path, handle, fsync)
+    try:
+        fill(writer)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        _unlink_quietly(path)
+        raise
 
 
 class _SaveState:
@@ -321,14 +327,7 @@ def _save_async(obj, path, handle, fsync, pickle_protocol, buffer_bytes, num_buf
                 with FastFileWriter(path, handle, buffer_bytes, num_buffers, True, fsync) as f:
                     f.write(snapshot)
                     return f.tell()
-            writer = torchzip.TorchZipWriter(path, handle, fsync)
-            try:
-                snapshot.replay(writer)
-                return writer.close()
-            except BaseException:
-                writer.abort()
-                _unlink_quietly(path)  # a partial archive must not pass for a checkpoint
-                raise
+            return _write_archive(path, handle, fsync, snapshot.replay)
         finally:
             staged.release()
 
@@ -343,15 +342,18 @@ def _save_async(obj, path, handle, fsync, pickle_protocol, buffer_bytes, num_buf
         _async_states[:] = [s for s in _async_states if not (s.collected and s.future.done())]
         try:
             future = _async_executor.submit(write)
-        except RuntimeError:
-            # The interpreter is shutting down (an atexit handler saving): no thread will take
-            # it, so this save is written now, before returning.
-            future = concurrent.futures.Future()
-            try:
-                future.set_result(write())
-            except BaseException as e:
-                future.set_exception(e)
-        state = _SaveState(path, future)
+        except RuntimeError:  # the interpreter is shutting down (an atexit handler saving)
+            future = None
+    if future is None:
+        # No thread will take it: this save is written now, before returning (not under the
+        # lock, which other threads' saves need meanwhile).
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(write())
+        except BaseException as e:
+            future.set_exception(e)
+    state = _SaveState(path, future)
+    with _async_lock:
         _async_states.append(state)
     future.add_done_callback(lambda _: state.report() if state.dropped else None)
     return AsyncSave(state)

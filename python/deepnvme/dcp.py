@@ -80,10 +80,6 @@ def _logged(what, path):
         raise
 
 
-def _pwrite_all(fd, data, offset, path):
-    torchzip._pwrite_all(fd, data, offset, path)
-
-
 def _whole_storage(tensor):
     """The tensor DCP's writer serializes: on the CPU, and alone in its storage (a view of a
     larger storage is copied, or torch.save would write all of it)."""
@@ -135,8 +131,7 @@ def _stage_tree(obj, staged):
     if isinstance(obj, torch.Tensor):
         return staged.copy_tensor(obj)
     if isinstance(obj, dict):
-        return type(obj)((k, _stage_tree(v, staged)) for k, v in obj.items()) \
-            if type(obj) is not dict else {k: _stage_tree(v, staged) for k, v in obj.items()}
+        return type(obj)((k, _stage_tree(v, staged)) for k, v in obj.items())
     if isinstance(obj, list):
         return [_stage_tree(v, staged) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
@@ -196,36 +191,40 @@ class FileSystemWriter(_fs.FileSystemWriter):
             buckets = [[item] for item in plan.items]
         files = [("%s%d%s" % (prefix, n, _fs.DEFAULT_SUFFIX), bucket)
                  for n, bucket in enumerate(buckets)]
+        reason, save_kwargs = torchzip.save_arguments()  # once, not per tensor
+        fast = save_kwargs if reason is None else None
         if self.thread_count > 1 and len(files) > 1:
-            done = _on_threads([lambda f=f: self._write_file(f[0], f[1], planner)
+            done = _on_threads([lambda f=f: self._write_file(f[0], f[1], planner, fast)
                                 for f in files])
         else:
-            done = [self._write_file(name, items, planner) for name, items in files]
+            done = [self._write_file(name, items, planner, fast) for name, items in files]
         fut = Future()
         fut.set_result([r for results in done for r in results])
         return fut
 
-    def _write_file(self, file_name, items, planner):
+    def _write_file(self, file_name, items, planner, save_kwargs):
+        """One DCP file; save_kwargs: torchzip.save_arguments()'s, None where the fast path
+        cannot be used (then every tensor is torch.save'd into memory, as by DCP)."""
         torch = _torch()
         path = os.path.join(self.path, file_name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         file = None
         try:
             file = _C.File(self._handle._h, fd, True)
-            fast = torchzip.supported() is None
             results, pos = [], 0
             # DCP's order: the pickled objects, then the tensors.
             for item in [i for i in items if i.type == WriteItemType.BYTE_IO]:
                 data = planner.resolve_data(item).getbuffer()
-                _pwrite_all(fd, data, pos, path)
+                torchzip._pwrite_all(fd, data, pos, path)
                 results.append(self._result(item, file_name, pos, len(data)))
                 pos += len(data)
             for item in [i for i in items if i.type != WriteItemType.BYTE_IO]:
                 tensor = _whole_storage(planner.resolve_data(item))
-                if fast and tensor.nbytes >= SMALL_TENSOR:
+                if save_kwargs is not None and tensor.nbytes >= SMALL_TENSOR:
                     writer = torchzip.EmbeddedZipWriter(fd, file, path, pos)
                     try:
-                        torchzip.save(tensor, writer, pickle, 2)  # torch.save's protocol
+                        torchzip.save(tensor, writer, pickle, 2,  # torch.save's protocol
+                                      save_kwargs)
                     except BaseException:
                         writer.abort()
                         raise
@@ -234,7 +233,7 @@ class FileSystemWriter(_fs.FileSystemWriter):
                     buf = io.BytesIO()
                     torch.save(tensor, buf)
                     data = buf.getbuffer()
-                    _pwrite_all(fd, data, pos, path)
+                    torchzip._pwrite_all(fd, data, pos, path)
                     length = len(data)
                 results.append(self._result(item, file_name, pos, length))
                 pos += length
@@ -271,6 +270,7 @@ class FileSystemReader(_fs.FileSystemReader):
             return self._read_data(plan, planner)
 
     def _read_data(self, plan, planner):
+        fast = torchzip.supported() is None  # once, not per tensor
         per_file = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path,
@@ -283,7 +283,7 @@ class FileSystemReader(_fs.FileSystemReader):
                 file = _C.File(self._handle._h, fd, False)
                 reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
                 for req in reqs:
-                    self._read_item(path, fd, file, req, planner)
+                    self._read_item(path, fd, file, req, planner, fast)
             finally:
                 file = None  # the engine File (its own descriptor, reopened) first
                 os.close(fd)
@@ -291,7 +291,7 @@ class FileSystemReader(_fs.FileSystemReader):
         fut.set_result(None)
         return fut
 
-    def _read_item(self, path, fd, file, req, planner):
+    def _read_item(self, path, fd, file, req, planner, fast):
         torch = _torch()
         info = self.storage_data[req.storage_index]
         if req.type == LoadItemType.BYTE_IO:
@@ -308,7 +308,7 @@ class FileSystemReader(_fs.FileSystemReader):
                  target.untyped_storage().nbytes() == target.numel() * target.element_size() and
                  all(o == 0 for o in req.storage_offsets) and
                  tuple(req.lengths) == tuple(target.shape))
-        if torchzip.supported() is not None:  # an unknown torch: DCP's own way, no CRC check
+        if not fast:  # an unknown torch: DCP's own way, no CRC check
             data = torchzip._pread_all(fd, info.length, info.offset, path)
             tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         else:

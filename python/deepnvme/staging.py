@@ -100,11 +100,11 @@ class Staged:
     def __init__(self):
         self._buffers = []
 
-    def copy_bytes(self, address, nbytes, residue=None):
+    def copy_bytes(self, address, nbytes):
         """Copies nbytes at `address` (CPU memory) into staging memory that starts at the same
-        offset within its page (or at `residue`); returns the copy's address."""
+        offset within its page; returns the copy's address."""
         import torch
-        shift = (address if residue is None else residue) % PAGE
+        shift = address % PAGE
         buf = _take(nbytes + shift)
         self._buffers.append(buf)
         dst = buf.address + shift
@@ -123,10 +123,6 @@ class Staged:
         out = out.view(tensor.dtype).view(tensor.shape)
         out.copy_(tensor.detach())
         return out
-
-    @property
-    def nbytes(self):
-        return sum(b.nbytes for b in self._buffers)
 
     def release(self):
         """The memory copy_bytes() filled is free for the next snapshot."""

@@ -159,18 +159,26 @@ def _check_signatures(torch):
 
 def supported():
     """Why the fast path cannot be used with this torch (a sentence), or None when it can."""
+    return save_arguments()[0]
+
+
+def save_arguments():
+    """(reason, save_kwargs) for this torch (see _check_signatures): for a caller that saves
+    many objects (deepnvme.dcp: one archive per tensor) and checks once."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return "torch is not imported"
-    return _check_signatures(torch)[0]
+        return "torch is not imported", None
+    return _check_signatures(torch)
 
 
-def save(obj, zip_file, pickle_module, pickle_protocol):
-    """torch.serialization._save with the extra arguments this torch's version takes."""
+def save(obj, zip_file, pickle_module, pickle_protocol, save_kwargs=None):
+    """torch.serialization._save with the extra arguments this torch's version takes
+    (save_kwargs: save_arguments()'s, when the caller has checked already)."""
     torch = sys.modules["torch"]
-    reason, save_kwargs = _check_signatures(torch)
-    if reason is not None:
-        raise RuntimeError(reason)
+    if save_kwargs is None:
+        reason, save_kwargs = _check_signatures(torch)
+        if reason is not None:
+            raise RuntimeError(reason)
     torch.serialization._save(obj, zip_file, pickle_module, pickle_protocol, **save_kwargs)
 
 
@@ -240,14 +248,19 @@ class TorchZipWriter:
 
     def _start(self, path, fsync):
         """The archive's state, and `path` created or emptied."""
+        self._init_state(path, fsync, os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666))
+
+    def _init_state(self, path, fsync, fd, file=None, base=0, owns_fd=True):
         self.path = path
         self._fsync = fsync
         self._entries = []  # (name bytes, offset, size, crc)
-        self._base = 0  # where the archive starts in the file (EmbeddedZipWriter)
+        self._base = base  # where the archive starts in the file (EmbeddedZipWriter)
         self._pos = 0  # the archive's end, from its start
         self._writer = None  # one helper thread: writes a record while this one computes its CRC
-        self._file = None
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        self._file = file
+        self._fd = fd
+        self._owns_fd = owns_fd  # closed by _release (else the caller's)
 
     def _memory(self, data, nbytes):
         """A buffer over `nbytes` of what torch's _save passes: bytes (the pickle), a str (torch
@@ -375,10 +388,7 @@ class TorchZipWriter:
         if self._fd < 0:
             return self._pos
         try:
-            self.write_record("version", b"3\n", 2)
-            tail = self._central_directory()
-            self._write_small(tail, self._pos)
-            self._pos += len(tail)
+            self._write_tail()
             self._write_held()
             if self._fsync:
                 os.fsync(self._fd)
@@ -388,6 +398,13 @@ class TorchZipWriter:
         self._release()
         return self._pos
 
+    def _write_tail(self):
+        """The version record and the central directory: the archive is complete."""
+        self.write_record("version", b"3\n", 2)
+        tail = self._central_directory()
+        self._write_small(tail, self._pos)
+        self._pos += len(tail)
+
     def _release(self):
         if self._writer:
             self._writer.shutdown()
@@ -395,7 +412,8 @@ class TorchZipWriter:
         self._file = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
-            os.close(fd)  # may raise: under `dnvme run` a write-behind error arrives here
+            if self._owns_fd:
+                os.close(fd)  # may raise: under `dnvme run` a write-behind error arrives here
 
     def abort(self):
         """Closes without finishing the archive (a failed save: the caller removes the file)."""
@@ -412,37 +430,17 @@ class EmbeddedZipWriter(TorchZipWriter):
     file stays open and unsynced (the caller's)."""
 
     def __init__(self, fd, file, path, base):
-        self._start_embedded(fd, file, path, base)
-
-    def _start_embedded(self, fd, file, path, base):
-        self.path = path
-        self._fsync = False
-        self._entries = []
-        self._base = base
-        self._pos = 0
-        self._writer = None
-        self._fd = fd
-        self._file = file
+        self._init_state(path, False, fd, file, base, owns_fd=False)
 
     def finish(self):
         try:
-            self.write_record("version", b"3\n", 2)
-            tail = self._central_directory()
-            self._write_small(tail, self._pos)
-            self._pos += len(tail)
+            self._write_tail()
         finally:
             self.abort()
         return self._pos
 
     def close(self):
         raise TypeError("EmbeddedZipWriter: finish(), the file is the caller's")
-
-    def _release(self):
-        if self._writer:
-            self._writer.shutdown()
-            self._writer = None
-        self._file = None
-        self._fd = -1  # the caller's to close
 
 
 class MountZipWriter(TorchZipWriter):
@@ -587,6 +585,7 @@ class TorchZipReader:
 
     READ_AHEAD = 512 << 20
     AHEAD_MIN = 1 << 20
+    IMAGE_MAX = 1 << 20  # an embedded archive below this is read whole, with one pread
 
     def __init__(self, path, handle, verify=True, embedded=None):
         """embedded=(fd, file, base, length): the archive is bytes [base, base + length) of the
@@ -595,16 +594,22 @@ class TorchZipReader:
         self.path = path
         self._verify = verify
         self._owns_fd = embedded is None
+        self._image = None  # a small embedded archive's bytes: every read is served from them
         if embedded is None:
             self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             base, length = 0, None
         else:
             self._fd, self._file, base, length = embedded
+        self._base = base
         self.targets = {}  # record name -> a tensor to read it into (get_storage_from_record)
         try:
             if embedded is None:
                 self._file = _C.File(handle._h, self._fd, False)
                 f = open(self._fd, "rb", closefd=False)
+            elif length < self.IMAGE_MAX:
+                # A small tensor's archive (DCP keeps thousands): one read, not one per header.
+                self._image = _pread_all(self._fd, length, base, path)
+                f = io.BytesIO(self._image)
             else:
                 f = _FileView(self._fd, path, base, length)
             with f:
@@ -614,7 +619,7 @@ class TorchZipReader:
                 if info.compress_type != zipfile.ZIP_STORED:
                     raise ValueError("'%s': record %s is compressed; torch's records are stored" %
                                      (path, info.filename))
-                local = _pread_all(self._fd, _LOCAL.size, base + info.header_offset, path)
+                local = self._pread(_LOCAL.size, base + info.header_offset)
                 sig, *_, name_len, extra_len = _LOCAL.unpack(local)
                 if sig != 0x04034B50:
                     raise ValueError("'%s': no local header at %d" %
@@ -653,6 +658,24 @@ class TorchZipReader:
         self.close()
         return False
 
+    def _pread(self, nbytes, offset):
+        """nbytes at file offset `offset`: from the image of a small archive, else by pread."""
+        if self._image is None:
+            return _pread_all(self._fd, nbytes, offset, self.path)
+        start = offset - self._base
+        if start < 0 or start + nbytes > len(self._image):
+            raise OSError(errno.ENODATA, "'%s': %d bytes at %d lie outside the archive" %
+                          (self.path, nbytes, offset), self.path)
+        return self._image[start:start + nbytes]
+
+    def _read_into(self, address, nbytes, offset):
+        """A record's bytes into memory at `address`: the engine's O_DIRECT requests, or a copy
+        from the image of a small archive."""
+        if self._image is None:
+            self._file.pread(address, nbytes, offset)
+        else:
+            ctypes.memmove(address, self._pread(nbytes, offset), nbytes)
+
     def _record(self, name):
         try:
             return self._records[name]
@@ -671,7 +694,7 @@ class TorchZipReader:
         64-byte aligned; save() writes them that way too)."""
         shift = _page_residue(at)
         memory = _C.HostBuffer(size + shift, False)
-        self._file.pread(memory.address + shift, size, at)
+        self._read_into(memory.address + shift, size, at)
         self._check(name, memoryview(memory)[shift:], crc)
         return memory, shift
 
@@ -776,7 +799,7 @@ class TorchZipReader:
 
     def get_record(self, name):
         at, size, crc = self._record(name)
-        data = _pread_all(self._fd, size, at, self.path)
+        data = self._pread(size, at)
         self._check(name, data, crc)
         return data
 
@@ -791,7 +814,7 @@ class TorchZipReader:
         target = self.targets.get(name)
         if target is not None and target.untyped_storage().nbytes() == size:
             storage = target.untyped_storage()
-            self._file.pread(storage.data_ptr(), size, at)
+            self._read_into(storage.data_ptr(), size, at)
             whole = torch.empty(0, dtype=torch.uint8).set_(storage)
             self._check(name, memoryview(whole.numpy()), crc)
             return whole
