@@ -1,8 +1,12 @@
 #include "datapath/write_behind.h"
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -18,6 +22,63 @@ constexpr int64_t kAlign = 4096;
 // half the speed adopted (79 against 173 MiB/s), 64 KiB ones too (569 against 1032); from 256
 // KiB on, adopting costs nothing (docs/performance-journal.md).
 constexpr size_t kAdoptMinBytes = 256 << 10;
+
+// The flush errors that KeepWhatFits answers: the file system is out of space (or the writer out
+// of quota), and a buffered write may still fit part of what the direct one could not.
+bool OutOfSpace(const Status& st) {
+  return st.error_number() == ENOSPC || st.error_number() == EDQUOT;
+}
+
+// A flush's O_DIRECT request either fits whole or leaves nothing (ext4 allocates the request's
+// range, and when that fails the whole request fails and the blocks it got are freed), so with
+// 680 KiB free a 1 MiB request kept none of it. A buffered write keeps what fits, page by page,
+// as ext4 keeps the part of a writer's data that fit. So the bytes of a flush from its first
+// request that failed for want of space, `n` bytes at `data` for file offset `at`, are written
+// again through the page cache (the file's buffered descriptor, as the writer: its quota and
+// ext4's reserved blocks apply as to the direct write), in pieces halved down to a page at each
+// refusal: what fits stays, the file's size covers it. Ok when every byte landed (space came
+// back: nothing was lost, so no error); otherwise the error of the first piece that did not fit,
+// or `why` when the write could not be tried. Blocks the calling thread (an engine or splice
+// thread, on this error path only).
+Status KeepWhatFits(const FileRef& file, const char* data, int64_t n, int64_t at,
+                    const Status& why) {
+  if (n <= 0 || file.buffered_fd() < 0) return why;
+  // Scoped, not SwitchThreadFsIdentity: whichever thread completes the flush goes on as itself.
+  std::optional<ScopedFsIdentity> as;
+  if (const FsIdentity* who = file.write_identity()) {
+    auto entered = ScopedFsIdentity::Enter(*who);
+    if (!entered.ok()) return why;
+    as.emplace(std::move(entered).value());
+  }
+  int64_t piece = n;
+  while (n > 0) {
+    const int64_t want = std::min(piece, n);
+    const ssize_t got = pwrite(file.buffered_fd(), data, static_cast<size_t>(want), at);
+    if (got > 0) {
+      data += got;
+      at += got;
+      n -= got;
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    const int err = got < 0 ? errno : EIO;
+    if ((err == ENOSPC || err == EDQUOT) && want > kAlign) {
+      piece = std::max<int64_t>(kAlign, want / 2 / kAlign * kAlign);
+      continue;
+    }
+    return Status::FromErrno(err, "write-behind data at offset " + std::to_string(at) +
+                                      " written again through the page cache (" +
+                                      std::to_string(n) + " bytes did not fit)");
+  }
+  Logger().warn("write-behind flush: {}; its bytes fit through the page cache", why.ToString());
+  return Status::Ok();
+}
+
+// Where KeepWhatFits starts for an engine write of [start, start + len) that completed with `r`:
+// its first failing request, or the whole write when the engine did not say.
+int64_t FirstUnwritten(const OpResult& r, int64_t start, int64_t len) {
+  return r.error_offset >= start && r.error_offset < start + len ? r.error_offset : start;
+}
 
 }  // namespace
 
@@ -142,8 +203,13 @@ void WriteBehind::FlushAdoptedLocked(Extent e, const Latch& latch) {
   for (size_t i = 0; i < parts->bufs.size(); ++i) {
     const char* data = parts->bufs[i]->data();
     const auto n = static_cast<int64_t>(parts->bufs[i]->size());
-    Completion done = [this, parts, i, part_done](const OpResult& r) {
-      if (part_done(*parts, i, r.status)) FinishFlush(parts->first, /*adopted=*/true);
+    Completion done = [this, parts, i, part_done, file = e.file, at, n](const OpResult& r) {
+      Status st = r.status;
+      if (OutOfSpace(st)) {
+        const int64_t from = FirstUnwritten(r, at, n);
+        st = KeepWhatFits(file, parts->bufs[i]->data() + (from - at), at + n - from, from, st);
+      }
+      if (part_done(*parts, i, st)) FinishFlush(parts->first, /*adopted=*/true);
     };
     Status st = SubmitFlushWrite(*engine, data, n, e.file, at, std::move(done), latch);
     // Not queued: its completion will not come, so count it here, where m_ is held.
@@ -181,12 +247,26 @@ void WriteBehind::FlushLocked(const Latch& latch) {
         // The splice is the write: it allocates under this thread's identity, so it takes the
         // writer's as the engine's threads do (include/dnvme/identity.h).
         SpliceWriteResult r;
+        bool fell_back = false;  // the pipe was read out for the engine (SpliceFallback)
         r.status = SwitchThreadFsIdentity(file.write_identity());
         if (r.status.ok()) {
           r = SpliceToFile(*held->pipe, file.direct_fd(), held->start, held->len,
-                           [this, &file](const char* data, int64_t n, int64_t at) {
-                             return shared_->engine()->sync_pwrite(data, n, file, at);
+                           [this, &file, &fell_back](const char* data, int64_t n, int64_t at) {
+                             fell_back = true;
+                             Status st = shared_->engine()->sync_pwrite(data, n, file, at);
+                             return OutOfSpace(st) ? KeepWhatFits(file, data, n, at, st) : st;
                            });
+        }
+        if (OutOfSpace(r.status) && !fell_back) {
+          // The splice that failed took nothing from the pipe: what it holds is the rest.
+          int held_bytes = 0;
+          const int64_t rest = held->len - r.spliced;
+          if (ioctl(held->pipe->read_fd(), FIONREAD, &held_bytes) == 0 && held_bytes == rest) {
+            std::unique_ptr<char[]> buf(new (std::nothrow) char[static_cast<size_t>(rest)]);
+            if (buf && held->pipe->ReadExactly(buf.get(), static_cast<size_t>(rest)).ok()) {
+              r.status = KeepWhatFits(file, buf.get(), rest, held->start + r.spliced, r.status);
+            }
+          }
         }
         shared_->counters->bytes_written_spliced.fetch_add(static_cast<uint64_t>(r.spliced),
                                                            std::memory_order_relaxed);
@@ -200,9 +280,16 @@ void WriteBehind::FlushLocked(const Latch& latch) {
     }
     case Kind::kChunk: {
       auto chunk = e.chunk;
-      Completion done = [this, chunk](const OpResult& r) mutable {
+      Completion done = [this, chunk, file = e.file, start = e.start, len = e.len,
+                         lead = e.lead](const OpResult& r) mutable {
+        Status st = r.status;
+        if (OutOfSpace(st)) {
+          const int64_t from = FirstUnwritten(r, start, len);
+          st = KeepWhatFits(file, chunk->data() + lead + (from - start), start + len - from, from,
+                            st);
+        }
         chunk.reset();  // back to the pool first
-        FinishFlush(r.status, /*adopted=*/false);
+        FinishFlush(st, /*adopted=*/false);
       };
       const char* data = chunk->data() + e.lead;
       Status st = SubmitFlushWrite(*shared_->engine(), data, e.len, e.file, e.start,

@@ -11,6 +11,14 @@
 // through the ErrorCursor the description holds; one description hearing of it never hides it
 // from another, and a reader's close hears nothing.
 //
+// Out of space (ENOSPC, EDQUOT): an O_DIRECT request fits whole or leaves nothing, where ext4
+// keeps the part of buffered data that fit. So a flush refused for space writes its bytes again,
+// from its first failing request on, through the file's page cache (as the writer, in pieces
+// halved down to a page): the part that fits stays in the file, which grows to cover it, and the
+// flush reports ENOSPC only when some of its bytes did not fit (none lost: no error). This runs
+// on the completing engine or splice thread before the flush counts as done, so no flush of the
+// same pages can overtake it.
+//
 // When a write is acknowledged (WriteBehindShared::ack) is the one difference between the users:
 //   kGathered   the mount: the daemon, not the writer, holds the data, so a write returns once its
 //               bytes are in an extent (the writer may exit; the daemon flushes).

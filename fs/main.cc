@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -314,7 +315,15 @@ int main(int argc, char** argv) {
           loop_st = created.status();
         }
       }
-      if (loop_st.ok()) fs->mount().set_transport(transport.get());
+      if (loop_st.ok()) {
+        fs->mount().set_transport(transport.get());
+        // A quarter of the loop threads stays free of any one uid's requests: the rest of that
+        // uid's run on its own lane (docs/security.md, "Nobody waits for another user").
+        dnvme::fs::Fs* const core = fs.get();
+        transport->ShareLoopThreads(t.threads / 4, [core](uid_t uid, std::function<void()> job) {
+          return core->ctl_lanes().Submit(uid, std::move(job)).ok();
+        });
+      }
     }
     if (!daemonized) {
       Logger().error("daemonize failed");

@@ -100,6 +100,13 @@ std::string UsageText() {
       "  max_files_per_uid=N          files the daemon holds open for a uid\n"
       "                               (max(1024, RLIMIT_NOFILE hard limit/16))\n"
       "  broker_max_conns_per_uid=N   `dnvme run` broker connections, 0..4096 (128)\n"
+      "  max_inodes_per_uid=N         inodes a uid's lookups make the daemon hold (an O_PATH fd\n"
+      "                               each) (max(4096, RLIMIT_NOFILE hard limit/4))\n"
+      "  ctl_max_opens=N              open files of .dnvme (ctl, stats, config), 1..1048576 "
+      "(1024)\n"
+      "  ctl_max_workers=N            engine threads of control handles, 0..65536 (64)\n"
+      "  ctl_max_aio_events=N         libaio events of control handles (workers x queue_depth),\n"
+      "                               0..1073741824 (8192)\n"
       "  log_level=LEVEL log_file=PATH nonempty\n"
       "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
   return text;
@@ -160,6 +167,8 @@ int64_t DefaultMaxFilesPerUid() {
   }
   return std::max<int64_t>(1024, hard / 16);
 }
+
+int64_t DefaultMaxInodesPerUid() { return DefaultMaxFilesPerUid() * 4; }
 
 const char* DirectIoName(DirectIo d) { return NameOf(d, kDirectIoNames); }
 
@@ -300,10 +309,31 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       if (o.max_files_per_uid < 1 || o.max_files_per_uid > (int64_t{1} << 30)) {
         return Status::InvalidArgument("option 'max_files_per_uid' must be 1..1073741824");
       }
+    } else if (k == "max_inodes_per_uid") {
+      DNVME_ASSIGN_OR_RETURN(o.max_inodes_per_uid, ParseIntOption(k, v));
+      if (o.max_inodes_per_uid < 1 || o.max_inodes_per_uid > (int64_t{1} << 30)) {
+        return Status::InvalidArgument("option 'max_inodes_per_uid' must be 1..1073741824");
+      }
     } else if (k == "broker_max_conns_per_uid") {
       DNVME_ASSIGN_OR_RETURN(o.broker_max_conns_per_uid, ParseIntOption(k, v));
       if (o.broker_max_conns_per_uid < 0 || o.broker_max_conns_per_uid > 4096) {
         return Status::InvalidArgument("option 'broker_max_conns_per_uid' must be 0..4096");
+      }
+    } else if (k == "ctl_max_opens") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_opens, ParseIntOption(k, v));
+      // At least one: root must always be able to open config and stats.
+      if (o.ctl_max_opens < 1 || o.ctl_max_opens > (int64_t{1} << 20)) {
+        return Status::InvalidArgument("option 'ctl_max_opens' must be 1..1048576");
+      }
+    } else if (k == "ctl_max_workers") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_workers, ParseIntOption(k, v));
+      if (o.ctl_max_workers < 0 || o.ctl_max_workers > 65536) {
+        return Status::InvalidArgument("option 'ctl_max_workers' must be 0..65536");
+      }
+    } else if (k == "ctl_max_aio_events") {
+      DNVME_ASSIGN_OR_RETURN(o.ctl_max_aio_events, ParseIntOption(k, v));
+      if (o.ctl_max_aio_events < 0 || o.ctl_max_aio_events > (int64_t{1} << 30)) {
+        return Status::InvalidArgument("option 'ctl_max_aio_events' must be 0..1073741824");
       }
     } else if (k == "max_request") {
       DNVME_ASSIGN_OR_RETURN(o.max_request, ParseSizeOption(k, v));

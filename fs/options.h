@@ -66,6 +66,9 @@ int64_t MachineRamBytes();
 int64_t DefaultCtlMaxBytes();
 int64_t DefaultCtlMaxPinned();
 int64_t DefaultMaxFilesPerUid();
+// max_inodes_per_uid's default: four times max_files_per_uid's (a lookup pins one O_PATH
+// descriptor; a user lists far more files than it opens).
+int64_t DefaultMaxInodesPerUid();
 
 struct MountOptions {
   std::string backing;     // absolute path
@@ -159,6 +162,23 @@ struct MountOptions {
   int ctl_threads_per_uid = 4;                          // control requests running at once
   int64_t max_files_per_uid = DefaultMaxFilesPerUid();  // files the daemon holds for the uid
   int64_t broker_max_conns_per_uid = 128;               // broker connections (a thread each)
+  // Inodes the kernel holds through a uid's lookups: the daemon keeps an O_PATH descriptor for
+  // each until the kernel forgets it (fs/core/inode_table.h).
+  int64_t max_inodes_per_uid = DefaultMaxInodesPerUid();
+  // Open files of .dnvme/: each holds a ctl session (its queue, its answer) or a stats/config
+  // snapshot in the daemon's memory, not a descriptor, so they are not max_files_per_uid's
+  // (which scales with RLIMIT_NOFILE, 65536 under the systemd unit: as many sessions would be
+  // hundreds of MiB). A client keeps one session per process; tools open stats and close it.
+  int64_t ctl_max_opens = 1024;
+  // Engine threads of a uid's control handles (each with an eventfd and a libaio context):
+  // 64 is the handles' default (8, ctl_max_handles) times 8 workers each, more than a DeepSpeed
+  // job's handles use (intra_op_parallelism 1-8), a fraction of a thread limit of a few
+  // thousand, and it stops one user from making 2048 threads with 8 handles of 256 workers.
+  int64_t ctl_max_workers = 64;
+  // libaio events of those workers (each io_setup(queue_depth) takes queue_depth of the
+  // machine-wide fs.aio-max-nr): 8192 is ctl_max_workers at the default queue_depth (128), an
+  // eighth of the kernel's default aio-max-nr (65536), so no one user exhausts it.
+  int64_t ctl_max_aio_events = 8192;
   std::string log_level = "info";
   std::string log_file;
 

@@ -57,6 +57,24 @@ Status OpenAtBroker(BrokerConnection& conn, const std::string& rel, ino_t ino, i
   if (s.ok() && *nfds != ((rep->flags & broker::kHasDirect) ? 2 : 1)) {
     s = Status::IoError(EPROTO, "broker sent " + std::to_string(*nfds) + " descriptors");
   }
+  // The slot indexes the lease page (kMaxLeases words): one past it would make every later
+  // coherence check of the file read, and every write count into, memory that is not the page.
+  // A bad slot is a daemon that does not speak our protocol: the file stays on the mount, and
+  // the lease it granted is given back so its table does not keep it.
+  if (s.ok() && rep->slot >= broker::kMaxLeases) {
+    s = Status::IoError(EPROTO, "broker sent lease slot " + std::to_string(rep->slot) +
+                                    ", past the " + std::to_string(broker::kMaxLeases) +
+                                    " words of its lease page");
+    broker::Request close_req;
+    close_req.op = static_cast<uint32_t>(broker::Op::kClose);
+    close_req.lease = rep->lease;
+    close_req.length = -1;  // nothing written
+    broker::Reply close_rep;
+    std::lock_guard lock(conn.mu);
+    if (Status c = CallBroker(conn, close_req, &close_rep, nullptr, 0, nullptr); !c.ok()) {
+      dnvme::Logger().debug("dnvme run: giving back a lease: {}", c.ToString());
+    }
+  }
   if (!s.ok()) {
     for (int i = 0; i < *nfds; ++i) Libc().close(fds[i]);
   }
@@ -112,7 +130,8 @@ std::shared_ptr<AdoptedFile> Adopt(int fd) {
   int nfds = 0;
   if (Status s = OpenAtBroker(*conn, rel, st.st_ino, flags, &rep, fds, &nfds); !s.ok()) {
     ProcessCounters().refused.fetch_add(1, std::memory_order_relaxed);
-    dnvme::Logger().debug("dnvme run: '{}' stays on the mount: {}", path, s.ToString());
+    dnvme::Logger().debug("dnvme run: '{}' stays on the mount: {}", dnvme::LogEscape(path),
+                          dnvme::LogEscape(s.ToString()));
     SetState(fd, kNotOurs);
     return nullptr;
   }
@@ -130,8 +149,9 @@ std::shared_ptr<AdoptedFile> Adopt(int fd) {
   f->witness = Libc().fcntl(fd, F_DUPFD_CLOEXEC, 0);
   SetState(f->witness, kNotOurs);
   if (!file.ok() || f->witness < 0) {
-    dnvme::Logger().warn("dnvme run: '{}' stays on the mount: {}", path,
-                         file.ok() ? std::string(std::strerror(errno)) : file.status().ToString());
+    dnvme::Logger().warn(
+        "dnvme run: '{}' stays on the mount: {}", dnvme::LogEscape(path),
+        dnvme::LogEscape(file.ok() ? std::string(std::strerror(errno)) : file.status().ToString()));
     EndLease(*f);
     SetState(fd, kNotOurs);
     return nullptr;

@@ -2,6 +2,7 @@
 #include "preload/broker_client.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -57,6 +58,27 @@ Status CallBroker(BrokerConnection& c, const broker::Request& req, broker::Reply
     return Status::IoError(rep->error, std::string(rep->message));
   }
   return Status::Ok();
+}
+
+bool BrokerGone(BrokerConnection& c) {
+  if (c.gone.load(std::memory_order_relaxed)) return true;
+  // The daemon's end closes when it exits however it ends (kill -9 included), and its broker
+  // shuts every connection down when it stops: the socket then polls as hung up (POLLRDHUP, and
+  // POLLHUP once both directions are shut). The protocol has no unsolicited message, so nothing
+  // is ever waiting to be read here.
+  pollfd p{c.sock, POLLRDHUP, 0};
+  int n;
+  do {
+    n = poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0 || (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) == 0) return false;
+  if (!c.gone.exchange(true)) {
+    dnvme::Logger().warn(
+        "dnvme run: the broker of {} hung up (daemon gone?): writes to its files "
+        "fail with ENOTCONN",
+        c.mountpoint);
+  }
+  return true;
 }
 
 std::shared_ptr<BrokerConnection> ConnectToBroker(const std::string& point) {

@@ -10,6 +10,7 @@
 #ifndef DNVME_PRELOAD_BROKER_CLIENT_H_
 #define DNVME_PRELOAD_BROKER_CLIENT_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,6 +28,9 @@ struct BrokerConnection {
   // AdoptedFiles point into it.
   broker::LeaseWord* page = nullptr;
   std::string mountpoint;
+  // The broker hung up: the daemon died (or ended this connection, and with it its leases).
+  // Set once by BrokerGone, never cleared.
+  std::atomic<bool> gone{false};
 };
 
 // Connects to the broker of the mount at `point` (its socket's name is in .dnvme/broker) and
@@ -36,6 +40,12 @@ std::shared_ptr<BrokerConnection> ConnectToBroker(const std::string& point);
 
 // Closes the socket and unmaps the page of a connection that was never used (lost a race).
 void CloseBrokerConnection(BrokerConnection& c);
+
+// Whether the broker has hung up on `c` (the daemon is gone): a poll of the socket for its hangup,
+// which never waits and takes no lock (any thread); once seen, remembered. A direct write asks
+// before it starts, so that a program writing around a dead mount hears ENOTCONN at its next
+// write as it would through the mount, not at close (docs/preload.md, Durability).
+bool BrokerGone(BrokerConnection& c);
 
 // One request and its reply on `c` (caller holds c.mu). Descriptors that came with the reply
 // (SCM_RIGHTS, close-on-exec) are put in fds[0..max_fds) and counted in *nfds; any beyond are

@@ -57,6 +57,13 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
   } else if (int err = TakeFirstError(f); err != 0) {
     errno = err;
     return -1;
+  } else if (BrokerGone(*f.conn)) {
+    // The daemon is gone: its mount answers ENOTCONN, and so does this write rather than go on
+    // around a dead mount and be contradicted at close. What earlier writes returned is in the
+    // backing file (docs/preload.md, Durability).
+    ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
+    errno = ENOTCONN;
+    return -1;
   }
   const bool mount_dirty = f.word->mount_dirty.load(std::memory_order_seq_cst) != 0;
   // What was read ahead may be older than the file after this write, or once someone wrote
@@ -192,6 +199,10 @@ bool DirectAtOffset(int fd, bool write, void* buf, size_t n, ssize_t* got) {
 int FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off, off_t len) {
   if (!f->can_write) {
     errno = EBADF;
+    return -1;
+  }
+  if (BrokerGone(*f->conn)) {
+    errno = ENOTCONN;  // as a write (DirectIo): the daemon is gone
     return -1;
   }
   DrainWrites(*f);

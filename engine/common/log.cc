@@ -1,5 +1,6 @@
 #include "engine/common/log.h"
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -11,14 +12,128 @@ namespace {
 std::mutex g_mu;
 std::shared_ptr<spdlog::logger> g_logger;  // guarded by g_mu for replacement
 
+// Length of the valid UTF-8 sequence at the start of `s` (2 to 4), 0 when it is not one: the
+// ranges of RFC 3629, so overlong forms, surrogates and code points past U+10FFFF are invalid.
+size_t Utf8Length(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const auto cont = [&](size_t i) { return i < s.size() && (b(i) & 0xC0) == 0x80; };
+  const unsigned char c = b(0);
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!cont(1) || !cont(2)) return 0;
+    if ((c == 0xE0 && b(1) < 0xA0) || (c == 0xED && b(1) > 0x9F)) return 0;
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if ((c == 0xF0 && b(1) < 0x90) || (c == 0xF4 && b(1) > 0x8F)) return 0;
+    return 4;
+  }
+  return 0;
+}
+
+// Whether the valid sequence `seq` is a C1 control (U+0080..U+009F) or U+2028/U+2029.
+bool BreaksLines(std::string_view seq) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(seq[i]); };
+  if (seq.size() == 2) return b(0) == 0xC2 && b(1) <= 0x9F;
+  return seq.size() == 3 && b(0) == 0xE2 && b(1) == 0x80 && (b(2) == 0xA8 || b(2) == 0xA9);
+}
+
+void AppendHex(std::string& out, unsigned char c) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += "\\x";
+  out += kHex[c >> 4];
+  out += kHex[c & 0xF];
+}
+
+// The backstop (log.h): the message part of every record, escaped for control characters and
+// invalid UTF-8. A record with none of those (nearly every one) is copied as it is.
+class EscapedPayload final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm& /*tm*/,
+              spdlog::memory_buf_t& dest) override {
+    const std::string_view text(msg.payload.data(), msg.payload.size());
+    bool plain = true;
+    for (char ch : text) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c < 0x20 || c >= 0x7F) {
+        plain = false;
+        break;
+      }
+    }
+    if (plain) {
+      dest.append(text.data(), text.data() + text.size());
+      return;
+    }
+    const std::string escaped = LogEscape(text, LogEscapeMode::kControlOnly);
+    dest.append(escaped.data(), escaped.data() + escaped.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<EscapedPayload>();
+  }
+};
+
+// `pattern` with %* for the escaped message (instead of spdlog's %v).
+std::unique_ptr<spdlog::formatter> Formatter(const std::string& pattern) {
+  auto f = std::make_unique<spdlog::pattern_formatter>();
+  f->add_flag<EscapedPayload>('*').set_pattern(pattern);
+  return f;
+}
+
 std::shared_ptr<spdlog::logger> MakeDefault() {
   auto logger = spdlog::stderr_color_mt("dnvme");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
+  logger->set_formatter(Formatter("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %*"));
   logger->set_level(spdlog::level::info);
   return logger;
 }
 
 }  // namespace
+
+std::string LogEscape(std::string_view text, LogEscapeMode mode) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x80) {
+      const size_t n = Utf8Length(text.substr(i));
+      if (n == 0) {
+        AppendHex(out, c);  // not UTF-8: the byte itself
+        ++i;
+        continue;
+      }
+      const std::string_view seq = text.substr(i, n);
+      if (BreaksLines(seq)) {
+        for (char b : seq) AppendHex(out, static_cast<unsigned char>(b));
+      } else {
+        out += seq;
+      }
+      i += n;
+      continue;
+    }
+    switch (c) {
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\\':
+        out += mode == LogEscapeMode::kAll ? "\\\\" : "\\";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          AppendHex(out, c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+    ++i;
+  }
+  return out;
+}
 
 spdlog::logger& Logger() {
   std::lock_guard lock(g_mu);
@@ -48,7 +163,7 @@ Status SetLogFile(const std::string& path) {
     std::lock_guard lock(g_mu);
     spdlog::drop("dnvme");
     g_logger = std::make_shared<spdlog::logger>("dnvme", sink);
-    g_logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] [%t] %v");
+    g_logger->set_formatter(Formatter("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] [%t] %*"));
     g_logger->set_level(level);
     // A daemon's log file must be readable while it runs, not only at exit.
     g_logger->flush_on(spdlog::level::info);

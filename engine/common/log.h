@@ -1,13 +1,21 @@
 // The engine's logger: one spdlog logger named "dnvme", writing to stderr by default.
 //
+// Log lines and untrusted text: a daemon log is read line by line (by people, journald, grep), so
+// a user who can put a newline in a logged string could forge a whole line of any level. Every
+// string a request supplies (a path, a name, a label, the message of a Status that quotes one)
+// goes through LogEscape at the log call. As a backstop, the logger's own format escapes the
+// control characters and invalid UTF-8 of every record (LogEscapeMode::kControlOnly), so one
+// record is always one line even where a call site forgot.
+//
 // Thread safety: spdlog loggers are thread-safe (the _mt sinks); Logger() may be called from any
-// thread. SetLogLevel/SetLogFile are meant for start-up.
+// thread. SetLogLevel/SetLogFile are meant for start-up. LogEscape is a pure function.
 #pragma once
 
 #include <spdlog/spdlog.h>
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "dnvme/log.h"
 #include "dnvme/status.h"
@@ -15,5 +23,17 @@
 namespace dnvme {
 
 spdlog::logger& Logger();
+
+enum class LogEscapeMode {
+  kAll,          // untrusted text at a call site: a backslash is escaped too (unambiguous)
+  kControlOnly,  // the backstop over a whole record: leaves a backslash alone, so text escaped at
+                 // the call site reads the same, and escaping twice changes nothing
+};
+
+// `text` made safe for one log line: \n, \r, \t for those; \xNN for every other C0 control byte,
+// DEL, a byte that is not part of valid UTF-8 (overlong forms, surrogates and code points past
+// U+10FFFF included), and each byte of a C1 control (U+0080..U+009F: some terminals act on them)
+// or of U+2028/U+2029 (line breaks to some viewers). Valid printable UTF-8 is kept as it is.
+std::string LogEscape(std::string_view text, LogEscapeMode mode = LogEscapeMode::kAll);
 
 }  // namespace dnvme

@@ -77,7 +77,8 @@ Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, FileAccess a
 
 // The same for a caller's fd: the fd is reopened through /proc/self/fd (new open file descriptions,
 // so the caller's flags such as O_APPEND or its lack of O_DIRECT do not matter); the caller keeps
-// ownership of `fd` and must keep it open until the operation completes.
+// ownership of `fd` and must keep it open until the operation completes. The reopens never wait
+// for a file lease on the file (EWOULDBLOCK instead: the daemon reopens on threads others need).
 Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolicy policy,
                                           bool want_read_fd);
 

@@ -55,6 +55,22 @@ Status CheckPath(const std::string& rel) {
   }
   return Status::Ok();
 }
+
+// The daemon's write open that keeps file leases off a leased file (PreloadLeases::EnsureGuard),
+// made from the client's descriptor `fd` as the daemon. O_APPEND: an append-only file opens for
+// writing only so (nothing is ever written through it); O_NONBLOCK: a lease someone already holds
+// is answered, not waited for. A read-only file system needs no guard (no open there can break
+// a lease: they fail EROFS first), so none is made.
+Result<UniqueFd> OpenLeaseGuard(int fd, const std::string& rel) {
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  UniqueFd g(open(proc.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (g.valid()) return g;
+  if (errno == EROFS) return UniqueFd();
+  const int err = errno;
+  return Status::FromErrno(err, "'" + rel + "' cannot be held open for writing by the daemon" +
+                                    (err == EWOULDBLOCK ? " (a file lease is held on it)" : "") +
+                                    ", which keeps file leases off the descriptors it hands out");
+}
 }  // namespace
 
 Status SendReply(int sock, const broker::Reply& r, const int* fds, int nfds) {
@@ -212,6 +228,11 @@ void Broker::Serve(Conn* c) {
         // kernel's pages and attributes) go back to the file: from now on bytes may reach it
         // around the mount. Attributes are then answered uncached while the lease lives.
         st = core_.DrainForExternal(*in);
+        // No file lease can be taken on the descriptors about to be sent (PreloadLeases).
+        if (st.ok()) {
+          st = core_.LeasesOf(*in).EnsureGuard(
+              [fd = buffered.get(), &rel] { return OpenLeaseGuard(fd, rel); });
+        }
         if (st.ok()) {
           PreloadLeases& leases = core_.LeasesOf(*in);
           broker::LeaseWord& w = c->page[slot];
@@ -222,8 +243,8 @@ void Broker::Serve(Conn* c) {
           // Another client's writes that returned to its program land before this one reads
           // the file (Add marked the holders shared first: include/dnvme/broker.h).
           if (other_client && !leases.WaitForWrites(/*share_if_busy=*/false)) {
-            Logger().warn("broker: another client's writes of '{}' did not land in {} ms", rel,
-                          PreloadLeases::kWriteWait.count());
+            Logger().warn("broker: another client's writes of '{}' did not land in {} ms",
+                          LogEscape(rel), PreloadLeases::kWriteWait.count());
           }
           // Opens through the mount beyond this client's leases: someone else has it open.
           if (!other_client && core_.OpenCount(*in) > leases.count()) w.shared.store(1);
@@ -270,7 +291,8 @@ void Broker::Serve(Conn* c) {
       rep = ErrorReply(st);
       nfds = 0;
       counters_.refused.fetch_add(1);
-      Logger().debug("broker: pid {} uid {}: {}", c->peer.pid, c->peer.uid, st.ToString());
+      Logger().debug("broker: pid {} uid {}: {}", c->peer.pid, c->peer.uid,
+                     LogEscape(st.ToString()));
     }
     if (Status s = SendReply(c->sock.get(), rep, fds, nfds); !s.ok()) {
       Logger().debug("broker: pid {}: {}", c->peer.pid, s.ToString());

@@ -16,12 +16,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "dnvme/broker.h"
+#include "engine/posix/file.h"
 
 namespace dnvme::fs {
 
@@ -49,6 +51,31 @@ class PreloadLeases {
     if (it == entries_.end()) return;
     entries_.erase(it);
     count_.fetch_sub(1, std::memory_order_release);
+    if (entries_.empty()) {
+      guard_.Reset();
+      guard_skipped_ = false;
+    }
+  }
+  // The kernel grants a file lease (fcntl F_SETLEASE) to its owner on any descriptor of the file,
+  // and every open that conflicts with it -- the daemon's, on a loop thread -- then waits for the
+  // holder (lease-break-time, 45 s). The descriptors the broker hands out must not carry one, so
+  // while a lease of ours lives the daemon holds the file open for writing: a read lease is
+  // refused while anyone has the file open for writing, a write lease while anyone else has it
+  // open at all (both EAGAIN). `open_guard` (called once, under the mutex: it must not block)
+  // opens it; an error from it refuses the broker's open. The daemon's own opens are
+  // non-blocking as well (docs/security.md): this keeps a client from making them fail.
+  Status EnsureGuard(const std::function<Result<UniqueFd>()>& open_guard) {
+    std::lock_guard lock(mu_);
+    if (guard_.valid() || guard_skipped_) return Status::Ok();
+    auto g = open_guard();
+    if (!g.ok()) return g.status();
+    guard_ = std::move(g).value();
+    guard_skipped_ = !guard_.valid();  // nothing to guard (a read-only file system)
+    return Status::Ok();
+  }
+  bool guarded() {
+    std::lock_guard lock(mu_);
+    return guard_.valid();
   }
   // Someone else opened the file through the mount: every holder invalidates after each write.
   void MarkShared() {
@@ -65,8 +92,9 @@ class PreloadLeases {
   // `limit`, and a client's writes are in the kernel when its write() returns (docs/preload.md),
   // so an honest one never needs that long. Polls: the wait is rare (an open, truncate or utimes
   // of a file whose holder's write(2) returned a moment ago) and short (the writes in flight).
-  // Callers keep it off the FUSE loop threads where they can (fs/fuse/ops_common.h,
-  // DeferForLeases): it then delays only the request that must see the holder's writes.
+  // The FUSE ops never wait here on a loop thread: they poll through OffLoop (fs/core/off_loop.h),
+  // which delays only the request that must see the holder's writes, never behind anything the
+  // holder queued (docs/security.md).
   //
   // `share_if_busy` (a truncate or utimes, which open nothing and so did not mark the leases
   // shared): when a holder has writes in flight, the leases are marked shared before the wait.
@@ -80,31 +108,29 @@ class PreloadLeases {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     auto nap = std::chrono::microseconds(20);
     for (;;) {
-      const bool late = std::chrono::steady_clock::now() >= deadline;
-      {
-        std::lock_guard lock(mu_);
-        bool busy = false;
-        for (Entry& e : entries_) {
-          if (!Flying(e)) continue;
-          busy = true;
-          if (late) e.untrusted = true;
-        }
-        if (!busy) return true;
-        if (late) return false;
-        if (share_if_busy) MarkSharedLocked();
-      }
+      const Poll p = PollWrites(share_if_busy, std::chrono::steady_clock::now() >= deadline);
+      if (p != Poll::kBusy) return p == Poll::kLanded;
       std::this_thread::sleep_for(nap);
       nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(2));
     }
   }
-  // Whether WaitForWrites would wait now, and for whose writes: the uid of a holder with writes
-  // in flight (the one whose lane the wait is charged to), or nullopt.
-  std::optional<uid_t> BusyHolder() {
+  // One look of WaitForWrites, for a waiter that polls many inodes without sleeping on any
+  // (fs/core/off_loop.h): kLanded when no trusted writable holder has writes in flight; kBusy
+  // while one has (marking the leases shared first when `share_if_busy`); `late` (the waiter's
+  // limit passed) turns kBusy into kGaveUp and marks the busy holders untrusted.
+  enum class Poll { kLanded, kBusy, kGaveUp };
+  Poll PollWrites(bool share_if_busy, bool late) {
     std::lock_guard lock(mu_);
-    for (const Entry& e : entries_) {
-      if (Flying(e)) return e.uid;
+    bool busy = false;
+    for (Entry& e : entries_) {
+      if (!Flying(e)) continue;
+      busy = true;
+      if (late) e.untrusted = true;
     }
-    return std::nullopt;
+    if (!busy) return Poll::kLanded;
+    if (late) return Poll::kGaveUp;
+    if (share_if_busy) MarkSharedLocked();
+    return Poll::kBusy;
   }
   // A WRITE reached write-behind: holders drain before their next direct transfer.
   void MarkMountDirty() {
@@ -131,6 +157,8 @@ class PreloadLeases {
   std::atomic<int> count_{0};
   std::mutex mu_;
   std::vector<Entry> entries_;  // guarded by mu_
+  UniqueFd guard_;              // guarded by mu_: held while entries_ is not empty (EnsureGuard)
+  bool guard_skipped_ = false;  // guarded by mu_
 };
 
 }  // namespace dnvme::fs

@@ -119,7 +119,7 @@ void CtlSession::ReleaseBuffer(int64_t id, int64_t size) {
 
 Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& caller) {
   BufferCharges charges;
-  DNVME_ASSIGN_OR_RETURN(charges.count, fs_.uid_limits().Charge(owner_, UidResource::kBuffers));
+  DNVME_ASSIGN_OR_RETURN(charges.count, fs_.uid_limits().Charge(owner(), UidResource::kBuffers));
   if (!r.cuda_ipc.empty()) return RegisterCuda(r, std::move(charges));
   std::string source = r.shm.empty() ? r.source : "/dev/shm/" + r.shm;
   // Only shared-memory objects, named in one of two shapes; anything else (a file of this mount,
@@ -146,9 +146,9 @@ Result<std::string> CtlSession::Register(const CtlRequest& r, const Caller& call
   }
   // The daemon-wide table of mappings keeps its last slots for root (client_memory.h).
   DNVME_ASSIGN_OR_RETURN(auto map, ClientMapping::Map(fd.get(), r.region_offset, r.region_size,
-                                                      writable, source, owner_ == 0));
+                                                      writable, source, owner() == 0));
   DNVME_ASSIGN_OR_RETURN(
-      charges.bytes, fs_.uid_limits().Charge(owner_, UidResource::kRegisteredBytes, map->size()));
+      charges.bytes, fs_.uid_limits().Charge(owner(), UidResource::kRegisteredBytes, map->size()));
   const int64_t size = map->size();
   const bool sealed = map->sealed();
   const int64_t id = KeepBuffer(std::move(charges), size);
@@ -182,7 +182,7 @@ Result<std::string> CtlSession::RegisterCuda(const CtlRequest& r, BufferCharges 
   g->size = r.region_size > 0 ? r.region_size : total - r.region_offset;
   g->device = static_cast<int>(r.cuda_device);
   DNVME_ASSIGN_OR_RETURN(charges.bytes,
-                         fs_.uid_limits().Charge(owner_, UidResource::kRegisteredBytes, g->size));
+                         fs_.uid_limits().Charge(owner(), UidResource::kRegisteredBytes, g->size));
   const int64_t size = g->size;
   const int64_t id = KeepBuffer(std::move(charges), size);
   gpu_buffers_[id] = std::move(g);

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,8 +31,17 @@ static_assert(std::atomic<int>::is_always_lock_free, "the SIGBUS handler needs l
 
 Slot g_slots[ClientMapping::kMaxMappings];
 long g_page = 4096;
+std::atomic<bool> g_fail_page_repair{false};  // FailPageRepairForTesting
+
+// Private zero pages over [from, end), in place of the client's lost ones.
+bool MapZeros(uintptr_t from, uintptr_t end) {
+  void* p = mmap(reinterpret_cast<void*>(from), end - from, PROT_READ | PROT_WRITE,
+                 MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p != MAP_FAILED;
+}
 
 void OnSigbus(int sig, siginfo_t* info, void* /*ucontext*/) {
+  const int saved_errno = errno;  // the interrupted code may be about to read it
   const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
   for (Slot& s : g_slots) {
     if (s.state.load(std::memory_order_acquire) != 2) continue;
@@ -40,17 +50,26 @@ void OnSigbus(int sig, siginfo_t* info, void* /*ucontext*/) {
     if (addr < start || addr >= end) continue;
     // The client shrank its object: put private zero pages over the rest of the mapping so the
     // faulting copy (and any later one) completes; the transfer is then reported as failed.
+    // First from the faulting page on, which keeps the pages before it (a split of the mapping:
+    // it needs a new VMA, so it fails with ENOMEM at vm.max_map_count). Failing that, the whole
+    // registered range, which is one mapping (or the two of an earlier repair) replaced by one:
+    // no split, no new VMA. A fault in client memory never takes the default action: if even
+    // that fails (no memory for the page tables), the access faults again on return and lands
+    // here again, after a pause: one thread waits for memory rather than the daemon dying.
     const uintptr_t page = addr & ~static_cast<uintptr_t>(g_page - 1);
-    void* p = mmap(reinterpret_cast<void*>(page), end - page, PROT_READ | PROT_WRITE,
-                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p != MAP_FAILED) {
+    if ((!g_fail_page_repair.load(std::memory_order_relaxed) && MapZeros(page, end)) ||
+        MapZeros(start, end)) {
       s.revoked.store(true, std::memory_order_release);
-      return;
+    } else {
+      const timespec pause{0, 1000 * 1000};
+      nanosleep(&pause, nullptr);
     }
-    break;
+    errno = saved_errno;
+    return;
   }
-  // Not ours (or the repair failed): the default action, so a real bug still dumps core.
+  // Not ours: the default action, so a real bug still dumps core.
   signal(sig, SIG_DFL);
+  errno = saved_errno;
 }
 
 void InstallHandlerOnce() {
@@ -98,11 +117,20 @@ Result<std::unique_ptr<ClientMapping>> ClientMapping::Map(int fd, int64_t offset
   }
   struct statfs sf {};
   if (fstatfs(fd, &sf) != 0) return Status::FromErrno(errno, "fstatfs " + label);
-  // Only memory objects: mapping a file of a real filesystem (or of this very mount, which would
-  // deadlock on its own page faults) is refused.
-  if (sf.f_type != TMPFS_MAGIC && sf.f_type != static_cast<decltype(sf.f_type)>(HUGETLBFS_MAGIC)) {
+  // Only tmpfs objects (/dev/shm, memfds): mapping a file of a real filesystem (or of this very
+  // mount, which would deadlock on its own page faults) is refused. So is hugetlbfs
+  // (MFD_HUGETLB, a hugetlbfs file): its faults raise SIGBUS that no repair of ours can undo --
+  // when the huge page pool is empty, and when the owner shrinks it (it cannot be sealed, and a
+  // 4 KiB page cannot be mapped inside a huge page mapping).
+  if (sf.f_type == static_cast<decltype(sf.f_type)>(HUGETLBFS_MAGIC)) {
     return Status::InvalidArgument(
-        label + " is not on tmpfs or hugetlbfs (not a /dev/shm object or memfd)");
+        label +
+        " is a hugetlbfs object (MFD_HUGETLB or a hugetlbfs file): the daemon cannot make its "
+        "faults safe (an empty huge page pool or a shrunk object raises SIGBUS): register a "
+        "/dev/shm object or a memfd without MFD_HUGETLB");
+  }
+  if (sf.f_type != TMPFS_MAGIC) {
+    return Status::InvalidArgument(label + " is not on tmpfs (not a /dev/shm object or a memfd)");
   }
   if (offset % g_page != 0) {
     return Status::InvalidArgument("'offset' " + std::to_string(offset) +
@@ -139,16 +167,23 @@ Result<std::unique_ptr<ClientMapping>> ClientMapping::Map(int fd, int64_t offset
   // Fault the page tables in now, once, at registration (like DeepNVMe pinning its buffers at
   // allocation): otherwise the first O_DIRECT transfer pays a page fault per 4 KiB page inside
   // get_user_pages (~250k for 1 GiB). Best effort: older kernels lack the advice (EINVAL), and a
-  // part the client already truncated fails here (EFAULT) and later in the transfer. Not for an
-  // object with holes in the range: populating would allocate them all at once (a 1 GiB sparse
-  // object became 1 GiB of the machine's memory at registration); unpopulated, a hole is filled
-  // only where a transfer actually lands (and registered bytes are bounded by ctl_max_bytes).
-  const bool sparse = static_cast<int64_t>(st.st_blocks) * 512 < offset + size;
+  // part the client already truncated fails here (EFAULT) and later in the transfer.
+  // Never over a hole of the registered range: populating a tmpfs hole allocates it, in the
+  // daemon and on its account, for a client that may never touch it (a 1 GiB sparse object
+  // became 1 GiB of the machine's memory at registration). The holes are looked up over the
+  // range itself (SEEK_HOLE), not guessed from the object's allocated size: a range that is all
+  // hole in an object that is half data is still all hole. A range with any hole is not
+  // pre-faulted at all, rather than extent by extent: a client decides how many extents there
+  // are (every other page), and registration should not cost the daemon one call per extent.
+  // Unpopulated, a hole is filled only where a transfer actually lands (bounded, like a hole
+  // punched after this check, by the registered bytes: ctl_max_bytes).
   const int advice = writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
-  if (sparse) {
-    Logger().debug("client buffer {} has holes: not pre-faulted", label);
+  const off_t hole = lseek(fd, static_cast<off_t>(offset), SEEK_HOLE);
+  if (hole < 0 || hole < offset + size) {
+    Logger().debug("client buffer {} has holes: not pre-faulted", LogEscape(label));
   } else if (madvise(p, m->map_len_, advice) != 0) {
-    Logger().debug("pre-faulting client buffer {} skipped: {}", label, std::strerror(errno));
+    Logger().debug("pre-faulting client buffer {} skipped: {}", LogEscape(label),
+                   std::strerror(errno));
   }
   const auto start = reinterpret_cast<uintptr_t>(p);
   m->slot_ = TakeSlot(start, start + m->map_len_, for_root);
@@ -167,9 +202,14 @@ ClientMapping::~ClientMapping() {
     g_slots[slot_].state.store(1, std::memory_order_release);  // the handler ignores it now
   }
   if (base_ != nullptr && munmap(base_, map_len_) != 0) {
-    Logger().error("munmap of client buffer {} failed: {}", label_, std::strerror(errno));
+    Logger().error("munmap of client buffer {} failed: {}", LogEscape(label_),
+                   std::strerror(errno));
   }
   if (slot_ >= 0) g_slots[slot_].state.store(0, std::memory_order_release);
+}
+
+void ClientMapping::FailPageRepairForTesting(bool fail) {
+  g_fail_page_repair.store(fail, std::memory_order_relaxed);
 }
 
 bool ClientMapping::revoked() const {

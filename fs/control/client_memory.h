@@ -6,9 +6,13 @@
 //   - memfds that allow sealing get F_SEAL_SHRINK at registration, so they cannot shrink at all;
 //   - every mapping is listed in a fixed, lock-free table read by a SIGBUS handler. A fault inside
 //     a listed mapping is repaired by mapping anonymous zero pages over the lost range (the same
-//     thing Wayland compositors do for client shm pools) and marking the mapping revoked; the
-//     transfer then completes harmlessly and is reported as failed (EFAULT). A fault anywhere
-//     else is re-raised with the default action: a real bug still crashes with a core.
+//     thing Wayland compositors do for client shm pools; the whole mapping when the pages alone
+//     cannot be replaced) and marking the mapping revoked; the transfer then completes harmlessly
+//     and is reported as failed (EFAULT). A fault in a listed mapping never kills the daemon; a
+//     fault anywhere else is re-raised with the default action: a real bug still crashes with a
+//     core.
+// hugetlbfs objects (MFD_HUGETLB) are refused: they cannot be sealed, 4 KiB zero pages cannot
+// patch a huge page mapping, and their faults raise SIGBUS whenever the huge page pool is empty.
 // Kernel-side accesses (O_DIRECT requests, pread/pwrite into the mapping) fail with EFAULT on
 // their own and never raise a signal.
 //
@@ -31,9 +35,10 @@ class ClientMapping {
   // Maps [offset, offset + size) of the open object `fd` (size 0: to the end of the object).
   // `writable` maps it read-write (a pread target) as well as readable. `for_root`: the mapping
   // may take one of the slots kept for root. Installs the SIGBUS handler on first use. The fd
-  // may be closed afterwards. The pages are faulted in at once (MADV_POPULATE) only when the
-  // object has them allocated: populating a sparse object would allocate it in the daemon, on
-  // the daemon's account, for a client that may never touch it.
+  // may be closed afterwards. Only tmpfs objects (EINVAL for anything else, hugetlbfs included).
+  // The pages are faulted in at once (MADV_POPULATE) only when the registered range has no hole
+  // (SEEK_HOLE): populating a hole would allocate it in the daemon, on the daemon's account, for
+  // a client that may never touch it.
   static Result<std::unique_ptr<ClientMapping>> Map(int fd, int64_t offset, int64_t size,
                                                     bool writable, const std::string& label,
                                                     bool for_root);
@@ -48,6 +53,10 @@ class ClientMapping {
   const std::string& label() const { return label_; }
   // True once the owner shrank the object under us and the SIGBUS handler patched the mapping.
   bool revoked() const;
+
+  // Tests only: the SIGBUS handler's first repair (zero pages from the faulting page on) fails,
+  // as it does at vm.max_map_count, so the fallback over the whole mapping is what runs.
+  static void FailPageRepairForTesting(bool fail);
 
   // How many mappings the daemon-wide table holds, and how many of them only root may take: the
   // per-uid limit (ctl_max_buffers) keeps one user from most of the table, and the reserve

@@ -65,7 +65,18 @@ int64_t PinnedEstimate(const HandleConfig& c) {
   return per_worker * request * c.intra_op_parallelism;
 }
 
-CtlSession::CtlSession(ControlCore& core, uid_t owner) : fs_(core), owner_(owner) {
+WorkerCost EngineWorkerCost(const HandleConfig& c) {
+  return WorkerCost{c.intra_op_parallelism,
+                    int64_t{c.intra_op_parallelism} * std::max(1, c.queue_depth)};
+}
+
+WorkerCost GdsWorkerCost(const HandleConfig& c) {
+  const WorkerCost aio = EngineWorkerCost(c);
+  // + the dispatcher and the cuFile slice threads of the operation it runs (one at a time).
+  return WorkerCost{aio.threads + 1 + (c.intra_op_parallelism - 1), aio.aio_events};
+}
+
+CtlSession::CtlSession(ControlCore& core, Caller opener) : fs_(core), opener_(std::move(opener)) {
   fs_.ctl_counters().sessions_open.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -80,8 +91,27 @@ CtlSession::~CtlSession() {
   fs_.ctl_counters().sessions_open.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void CtlSession::Request(std::string_view text, const Caller& caller) {
-  Run(text, text.size(), caller);
+Result<Caller> CtlSession::Acting(const Caller& writer) const {
+  // Run as the writer, a set-user-ID program writing to a ctl descriptor it inherited would act
+  // as root for whoever opened it; run as the opener whoever writes, a process that opened ctl as
+  // root and then dropped privileges (or passed the descriptor on) would keep root's powers in
+  // every request. Refusing other uids is safe both ways: a request can do no more than both its
+  // opener and its writer could. Same uid: the opener's gid and groups, as captured at OPEN (a
+  // set-group-ID program writing to its caller's descriptor gains nothing either).
+  if (writer.uid != opener_.uid) {
+    return Err(EPERM, "this ctl session was opened by uid " + std::to_string(opener_.uid) +
+                          "; a write by uid " + std::to_string(writer.uid) +
+                          " is refused (requests run as the session's opener: open ctl yourself)");
+  }
+  Caller acting = opener_;
+  acting.pid = writer.pid;
+  return acting;
+}
+
+Status CtlSession::Request(std::string_view text, const Caller& writer) {
+  DNVME_ASSIGN_OR_RETURN(Caller acting, Acting(writer));
+  Run(text, text.size(), acting);
+  return Status::Ok();
 }
 
 void CtlSession::Run(std::string_view text, size_t bytes, const Caller& caller) {
@@ -98,7 +128,7 @@ void CtlSession::Run(std::string_view text, size_t bytes, const Caller& caller) 
   } else {
     fs_.ctl_counters().request_errors.fetch_add(1, std::memory_order_relaxed);
     Logger().info("control request from pid {} uid {} refused: {}", caller.pid, caller.uid,
-                  body.status().ToString());
+                  LogEscape(body.status().ToString()));
     answer = CtlErrorResponse(id, body.status());
   }
   std::lock_guard ql(queue_mu_);
@@ -106,7 +136,8 @@ void CtlSession::Run(std::string_view text, size_t bytes, const Caller& caller) 
   answer_pos_ = 0;
 }
 
-Status CtlSession::Enqueue(std::string text, Caller caller, const Starter& start) {
+Status CtlSession::Enqueue(std::string text, const Caller& writer, const Starter& start) {
+  DNVME_ASSIGN_OR_RETURN(Caller caller, Acting(writer));
   // A request too long to be taken is refused by its size alone: its text is not kept (a write
   // over max_write arrives as several of them, each refused on its own).
   const size_t bytes = text.size();
@@ -186,6 +217,9 @@ Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& call
                   {"max_buffers", l.Max(UidResource::kBuffers)},
                   {"max_pinned_bytes", l.Max(UidResource::kPinnedBytes)},
                   {"max_pending", l.Max(UidResource::kPending)},
+                  {"max_opens", l.Max(UidResource::kControlOpens)},
+                  {"max_workers", l.Max(UidResource::kWorkers)},
+                  {"max_aio_events", l.Max(UidResource::kAioEvents)},
                   {"max_block_size", kCtlMaxBlockSize},
                   {"max_bounce_bytes_per_worker", kCtlMaxBounceBytesPerWorker},
                   {"max_request_bytes", kMaxRequestBytes}}}};
@@ -238,9 +272,16 @@ Result<std::string> CtlSession::OpenHandle(const CtlRequest& r) {
   }
   UidLimits& limits = fs_.uid_limits();
   auto h = std::make_unique<CtlHandle>();
-  DNVME_ASSIGN_OR_RETURN(h->handle_charge, limits.Charge(owner_, UidResource::kHandles));
+  DNVME_ASSIGN_OR_RETURN(h->handle_charge, limits.Charge(owner(), UidResource::kHandles));
   DNVME_ASSIGN_OR_RETURN(h->pinned_charge,
-                         limits.Charge(owner_, UidResource::kPinnedBytes, PinnedEstimate(cfg)));
+                         limits.Charge(owner(), UidResource::kPinnedBytes, PinnedEstimate(cfg)));
+  // Its threads, eventfds and libaio contexts: bounded per handle by the configuration's ranges
+  // (256 workers of queue depth 4096), so counted per uid too, before any is made.
+  const WorkerCost cost = EngineWorkerCost(cfg);
+  DNVME_ASSIGN_OR_RETURN(h->workers_charge,
+                         limits.Charge(owner(), UidResource::kWorkers, cost.threads));
+  DNVME_ASSIGN_OR_RETURN(h->aio_charge,
+                         limits.Charge(owner(), UidResource::kAioEvents, cost.aio_events));
   auto engine = AioHandle::Create(cfg);
   if (!engine.ok()) return engine.status().WithContext("handle.open");
   h->engine = std::move(engine).value();
@@ -264,9 +305,17 @@ size_t CtlSession::ReleaseHandle(CtlHandle& h) {
   std::vector<std::shared_ptr<CtlOpRecord>> done = TakeFinished(h);
   for (auto& rec : done) FinishRecord(*rec);
   fs_.RemoveCtlEngine(h.engine.get());
+  // The engines go first (nothing is in flight: TakeFinished waited), so the uid is charged for
+  // their threads and pinned memory until they are gone.
+  h.gds.reset();
+  h.engine.reset();
   h.handle_charge.Reset();
   h.pinned_charge.Reset();
   h.gds_pinned_charge.Reset();
+  h.workers_charge.Reset();
+  h.aio_charge.Reset();
+  h.gds_workers_charge.Reset();
+  h.gds_aio_charge.Reset();
   fs_.ctl_counters().handles_open.fetch_sub(1, std::memory_order_relaxed);
   return done.size();
 }
@@ -285,12 +334,21 @@ Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device, const Caller&
   // (transfer.cc); the handle's first GPU transfer says whose (a session is its opener's).
   if (caller.uid != 0 && geteuid() == 0)
     o.write_as = std::make_shared<const FsIdentity>(IdentityOf(caller));
-  DNVME_ASSIGN_OR_RETURN(h.gds_pinned_charge,
-                         fs_.uid_limits().Charge(owner_, UidResource::kPinnedBytes,
-                                                 GdsPinnedEstimate(h.engine->config(), o)));
+  // The GPU engine's staging, threads and libaio events are charged like the handle's own
+  // (OpenHandle); all or nothing.
+  UidLimits& limits = fs_.uid_limits();
+  const WorkerCost cost = GdsWorkerCost(h.engine->config());
+  DNVME_ASSIGN_OR_RETURN(UidCharge pinned, limits.Charge(owner(), UidResource::kPinnedBytes,
+                                                         GdsPinnedEstimate(h.engine->config(), o)));
+  DNVME_ASSIGN_OR_RETURN(UidCharge workers,
+                         limits.Charge(owner(), UidResource::kWorkers, cost.threads));
+  DNVME_ASSIGN_OR_RETURN(UidCharge aio,
+                         limits.Charge(owner(), UidResource::kAioEvents, cost.aio_events));
   auto made = GdsHandle::Create(h.engine->config(), o);
-  if (!made.ok()) h.gds_pinned_charge.Reset();
   if (!made.ok()) return made.status().WithContext("GPU engine for this handle");
+  h.gds_pinned_charge = std::move(pinned);
+  h.gds_workers_charge = std::move(workers);
+  h.gds_aio_charge = std::move(aio);
   h.gds = std::move(made).value();
   h.gds_device = device;
   Logger().info("control file: GPU transfers on device {} use {} ({})", device,

@@ -12,14 +12,19 @@
 // registered client buffers belong to the session and go away with it (release waits for its queued
 // requests and in-flight operations first, on a lane).
 //
-// Identity: every request acts as the process that sent it (the FUSE request's uid, gid and
-// supplementary groups): paths are opened inside BACKING_DIR with openat2(RESOLVE_BENEATH) under
-// that identity (setfsuid/setfsgid/setgroups on the serving thread only), so the kernel makes the
-// same permission decision open(2) would, ACLs included. Shared-memory objects are opened the same
-// way (docs/security.md for which /dev/shm and /proc names). Everything a session makes the daemon
-// hold -- handles, their pinned bounce memory, registered buffers and bytes, uncollected async
-// transfers and the files they keep open -- is charged to the session owner's uid in the core's
-// UidLimits (fs/limits/uid_limits.h), so a user at a limit is refused alone.
+// Identity: every request acts as the session's opener (the uid, gid and supplementary groups of
+// the FUSE OPEN of ctl, bound when the session is made), and only a writer of the opener's uid may
+// send requests (EPERM for any other): a descriptor of ctl is a capability of the process that
+// opened it, as an open file is, so neither a set-user-ID program writing to a ctl descriptor it
+// inherited (it would act as root) nor a process that dropped privileges after opening ctl (it
+// would act as the opener) reaches more than the opener could. Paths are opened inside BACKING_DIR
+// with openat2(RESOLVE_BENEATH) under that identity (setfsuid/setfsgid/setgroups on the serving
+// thread only), so the kernel makes the same permission decision open(2) would, ACLs included.
+// Shared-memory objects are opened the same way (docs/security.md for which /dev/shm and /proc
+// names). Everything a session makes the daemon hold -- handles, their pinned bounce memory,
+// registered buffers and bytes, uncollected async transfers and the files they keep open -- is
+// charged to the session owner's uid in the core's UidLimits (fs/limits/uid_limits.h), so a user at
+// a limit is refused alone.
 //
 // Thread contract: a session runs its requests one at a time, in the order they were queued (mu_);
 // different sessions run in parallel. Enqueue, Read and RunQueued take only queue_mu_, never for
@@ -86,6 +91,17 @@ inline constexpr int64_t kCtlMaxBounceBytesPerWorker = int64_t{1} << 30;
 // request), max(2, queue depth)) bounce buffers of the block size rounded up to 4 KiB
 // (engine/handle/worker.cc, Worker::BouncePool).
 int64_t PinnedEstimate(const HandleConfig& c);
+// What an engine with configuration `c` makes in the daemon: threads (AioHandle: one worker per
+// intra_op_parallelism, each with an eventfd and a libaio context) and libaio events (each
+// worker's io_setup(queue_depth) takes queue_depth of the machine-wide fs.aio-max-nr).
+struct WorkerCost {
+  int64_t threads = 0;
+  int64_t aio_events = 0;
+};
+WorkerCost EngineWorkerCost(const HandleConfig& c);
+// A GPU engine (GdsHandle) with configuration `c`: its own AioHandle's workers, its dispatcher
+// thread and up to intra_op_parallelism - 1 cuFile slice threads while an operation runs.
+WorkerCost GdsWorkerCost(const HandleConfig& c);
 
 // A client's GPU memory, opened from its CUDA IPC handle (buffer.register with cuda_ipc): the
 // range [data, data + size) of the exported allocation. Closed with the last reference.
@@ -129,6 +145,10 @@ struct CtlHandle {
   // Its place in the owner's ctl_max_handles, and its pinned estimate in ctl_max_pinned (once
   // more for the GPU engine, which sizes its own bounce buffers from the same configuration).
   UidCharge handle_charge, pinned_charge, gds_pinned_charge;
+  // Its engine's threads in ctl_max_workers and their libaio events in ctl_max_aio_events
+  // (WorkerCost), and the GPU engine's the same (GdsWorkerCost), taken before the engine is made
+  // and given back after it is destroyed, so the uid is charged whenever the threads exist.
+  UidCharge workers_charge, aio_charge, gds_workers_charge, gds_aio_charge;
 };
 
 // What the control plane needs from the filesystem core, and nothing more: pinning an inode the
@@ -184,14 +204,17 @@ class CtlSession {
   // Answers a read: the bytes of the answer (errors are for the edge to turn into errno).
   using ReadReply = std::function<void(const Result<std::string>&)>;
 
-  CtlSession(ControlCore& core, uid_t owner);
+  // `opener`: who opened ctl (its uid, gid and groups at the OPEN): every request runs as it.
+  CtlSession(ControlCore& core, Caller opener);
   ~CtlSession();  // waits for in-flight transfers, unmaps buffers, gives the limits back
 
-  // Queues one request (the bytes of one write()) behind the session's others. When the session
+  // Queues one request (the bytes of one write()) behind the session's others; `writer` is the
+  // process that wrote it (EPERM, nothing queued, when its uid is not the opener's; otherwise the
+  // request runs as the opener, the writer's pid only names it in the log). When the session
   // is idle (nothing queued or running), `start` is called, with queue_mu_ held (it must only hand
   // the job over), and its refusal is returned with nothing queued. EAGAIN when kMaxQueued
   // requests or kMaxQueuedBytes wait already.
-  Status Enqueue(std::string text, Caller caller, const Starter& start);
+  Status Enqueue(std::string text, const Caller& writer, const Starter& start);
   // The job `start` handed over: runs the queued requests in order until none is left, then
   // answers the reads parked meanwhile, in their order.
   void RunQueued();
@@ -200,10 +223,13 @@ class CtlSession {
   // is empty (with the last request's answer). `reply` is called exactly once.
   void Read(size_t size, ReadReply reply);
   // Processes one request on this thread, outside the queue (where a reply cannot come from
-  // another thread: FUSE over io_uring); the answer replaces the pending one.
-  void Request(std::string_view text, const Caller& caller);
+  // another thread: FUSE over io_uring); the answer replaces the pending one. A writer of
+  // another uid than the opener's is refused (EPERM) as by Enqueue, and nothing runs.
+  Status Request(std::string_view text, const Caller& writer);
   // The uid that opened the session: its limits are charged.
-  uid_t owner() const { return owner_; }
+  uid_t owner() const { return opener_.uid; }
+  // Who opened the session: every request acts as it.
+  const Caller& opener() const { return opener_; }
 
  private:
   // What a registered buffer holds of its owner's limits (ctl_max_buffers, ctl_max_bytes).
@@ -218,6 +244,9 @@ class CtlSession {
   Result<std::string> Unregister(int64_t id);
   Result<std::string> Transfer(const CtlRequest& r, const Caller& caller);
   Result<std::string> Wait(int64_t id);
+  // The identity a request of `writer` runs with: the opener's (with the writer's pid, for the
+  // log), or EPERM when `writer` is another uid.
+  Result<Caller> Acting(const Caller& writer) const;
   Result<std::string> Fsync(const CtlRequest& r, const Caller& caller);
   // Collects finished records of `h`: coherence work and unpinning; returns their JSON.
   std::string Collect(std::vector<std::shared_ptr<CtlOpRecord>> done);
@@ -248,7 +277,7 @@ class CtlSession {
   std::string TakeAnswerLocked(size_t size);
 
   ControlCore& fs_;  // the core, through the interface above only
-  const uid_t owner_;
+  const Caller opener_;
   std::mutex queue_mu_;  // guards the queue, the parked reads and the answer (never held for long)
   std::deque<QueuedRequest> queue_;
   size_t queued_bytes_ = 0;

@@ -62,8 +62,8 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   UidCharge pending, file_charge;
   if (r.async) {
     UidLimits& limits = fs_.uid_limits();
-    DNVME_ASSIGN_OR_RETURN(pending, limits.Charge(owner_, UidResource::kPending));
-    DNVME_ASSIGN_OR_RETURN(file_charge, limits.Charge(owner_, UidResource::kFiles));
+    DNVME_ASSIGN_OR_RETURN(pending, limits.Charge(owner(), UidResource::kPending));
+    DNVME_ASSIGN_OR_RETURN(file_charge, limits.Charge(owner(), UidResource::kFiles));
   }
 
   // Open the file as the caller: the same permission decision as open(2) on the mount.

@@ -40,6 +40,9 @@ Status Fs::DrainForExternal(Inode& in) {
   return Status::Ok();
 }
 
+// Notifies the kernel: never on a FUSE loop thread (its invalidation waits for READs of the
+// inode in flight, which need one): the broker's connection threads, the control lanes and the
+// OffLoop notifier call it (fs/core/off_loop.h).
 void Fs::AfterExternalWrite(Inode& in) {
   in.ra.Invalidate();
   fuse_session* const se = mount_.session();
@@ -57,10 +60,12 @@ void Fs::AfterExternalWrite(Inode& in) {
   // written around it. (Files shrink only through the mount, whose SETATTR updates the size.)
   struct stat st {};
   if (!S_ISREG(in.type) || fstat(in.fd, &st) != 0 || st.st_size == 0) return;
-  UniqueFd rd(
-      open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME));
-  if (!rd.valid())
-    rd.Reset(open(("/proc/self/fd/" + std::to_string(in.fd)).c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a lease on the file is answered EWOULDBLOCK (the size is then not pushed; the
+  // next stat fetches it), never waited for (docs/security.md).
+  const std::string proc = "/proc/self/fd/" + std::to_string(in.fd);
+  UniqueFd rd(open(proc.c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME | O_NONBLOCK));
+  if (!rd.valid() && errno == EPERM)
+    rd.Reset(open(proc.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   char last = 0;
   if (!rd.valid() || pread(rd.get(), &last, 1, st.st_size - 1) != 1) {
     Logger().warn("reading the last byte of inode {}: {}", in.ino, std::strerror(errno));

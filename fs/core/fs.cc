@@ -8,17 +8,20 @@ namespace dnvme::fs {
 
 Fs::Fs(MountOptions opts)
     : mount_(std::move(opts)),
-      uid_limits_(UidLimits::Maxima{mount_.opts().ctl_max_handles, mount_.opts().ctl_max_bytes,
-                                    mount_.opts().ctl_max_buffers, mount_.opts().ctl_max_pinned,
-                                    mount_.opts().ctl_max_pending, mount_.opts().max_files_per_uid,
-                                    mount_.opts().broker_max_conns_per_uid}),
+      uid_limits_(UidLimits::Maxima{
+          mount_.opts().ctl_max_handles, mount_.opts().ctl_max_bytes, mount_.opts().ctl_max_buffers,
+          mount_.opts().ctl_max_pinned, mount_.opts().ctl_max_pending,
+          mount_.opts().max_files_per_uid, mount_.opts().broker_max_conns_per_uid,
+          mount_.opts().ctl_max_opens, mount_.opts().ctl_max_workers,
+          mount_.opts().ctl_max_aio_events, mount_.opts().max_inodes_per_uid}),
       ctl_lanes_(UidLanes::Options{.threads_per_key = mount_.opts().ctl_threads_per_uid,
                                    .max_queued = 256,
                                    .idle = std::chrono::milliseconds(2000),
                                    .option = "ctl_threads_per_uid"}),
-      inodes_(mount_.write_behind_shared(), mount_.read_ahead_shared()) {}
+      inodes_(mount_.write_behind_shared(), mount_.read_ahead_shared(), &uid_limits_) {}
 
 Fs::~Fs() {
+  off_loop_.Shutdown();   // its work answers requests and uses inodes
   ctl_lanes_.Shutdown();  // control requests still queued use the sessions deleted below
   DrainAll();
   // Files still open when the session ended: the kernel will never release them.
@@ -58,6 +61,9 @@ void Fs::Stop() {
   // Control requests answer from their lanes: they finish while the session can still take the
   // replies, and before the engines they use go.
   ctl_lanes_.Shutdown();
+  // Opens and truncates waiting for a `dnvme run` client's writes are answered now (the broker
+  // below ends the leases anyway).
+  off_loop_.Shutdown();
   broker_.reset();  // ends the clients' leases (their inodes stay pinned until then)
   DrainAll();
   mount_.Stop();

@@ -30,7 +30,7 @@
 //   5. leaves, nothing taken under them: Engines::config_mu_, InodeTable::mu_ (an Inode is
 //      destroyed after it is released, InodeTable::Forget), Engines::sessions_mu_, CtlHandle::m,
 //      UidLimits/UidLanes, PreloadLeases and Broker mutexes, the Pinned/Pipe/RequestBuffer pools,
-//      SessionLoop::mu_.
+//      SessionLoop::mu_, OffLoop::mu_ (its gate polls PreloadLeases with it released).
 // Engine and splice-writer completion callbacks take only a level-4 mutex (or CtlHandle::m);
 // nothing holds one while waiting for the engine except through a condition variable wait
 // (which releases it), so a callback can always make progress. The exception is a submit that
@@ -50,6 +50,7 @@
 #include "fs/core/inode.h"
 #include "fs/core/inode_table.h"
 #include "fs/core/mount.h"
+#include "fs/core/off_loop.h"
 #include "fs/core/open_handles.h"
 #include "fs/limits/uid_lanes.h"
 #include "fs/limits/uid_limits.h"
@@ -67,6 +68,9 @@ class Fs : public ControlCore, public BrokerCore {
   OpenHandles& handles() { return handles_; }
   // The lanes control requests run on, one per uid (fs/limits/uid_lanes.h); shut down by Stop.
   UidLanes& ctl_lanes() { return ctl_lanes_; }
+  // Lease waits and kernel notifications, off the loop threads (fs/core/off_loop.h); shut down
+  // by Stop.
+  OffLoop& off_loop() { return off_loop_; }
 
   // Opens the backing directory and starts the mount (engine, pools); called in the daemon after
   // it forked.
@@ -115,6 +119,7 @@ class Fs : public ControlCore, public BrokerCore {
   // Declared before everything that holds charges of it (sessions, the broker) and the lanes.
   UidLimits uid_limits_;
   UidLanes ctl_lanes_;
+  OffLoop off_loop_;
   InodeTable inodes_;
   OpenHandles handles_;
   // Declared after every Inode (destroyed before them: its connections unpin inodes); Stop()

@@ -57,6 +57,9 @@ struct Inode {
   datapath::ReadAhead ra;
   OpenModes modes;       // regular files
   PreloadLeases leases;  // descriptors the broker handed to `dnvme run` clients (fs/broker/)
+  // The share of max_inodes_per_uid of the uid whose lookup made this inode (InodeTable::Lookup):
+  // the O_PATH descriptor above is held for it until the kernel forgets the inode.
+  UidCharge lookups_charge;
 
   Inode(const datapath::WriteBehindShared* w, const datapath::ReadAheadShared* r) : wb(w), ra(r) {}
   ~Inode();
@@ -77,6 +80,9 @@ struct VirtualFile : OpenHandle {
   std::mutex m;
   std::string snapshot;                 // stats/config: the document being read (guarded by m)
   std::shared_ptr<CtlSession> session;  // ctl only; lane jobs running its queue hold it too
+  // The opener's share of ctl_max_opens (docs/security.md): a session or a snapshot lives in the
+  // daemon's memory until RELEASE (a session's, until its release job ran on the lane).
+  UidCharge opens;
 };
 
 struct FileHandle : OpenHandle {

@@ -1,10 +1,13 @@
 #include "fs/core/inode_table.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <string>
 #include <vector>
 
 #include "engine/common/log.h"
@@ -15,9 +18,11 @@ Inode::~Inode() {
   if (fd >= 0) close(fd);
 }
 
-InodeTable::InodeTable(const datapath::WriteBehindShared* wb, const datapath::ReadAheadShared* ra)
+InodeTable::InodeTable(const datapath::WriteBehindShared* wb, const datapath::ReadAheadShared* ra,
+                       UidLimits* limits)
     : wb_(wb),
       ra_(ra),
+      limits_(limits),
       ctl_dir_(wb, ra),
       ctl_node_(wb, ra),
       stats_node_(wb, ra),
@@ -90,15 +95,45 @@ Inode& InodeTable::Get(fuse_ino_t ino) {
   return *reinterpret_cast<Inode*>(ino);
 }
 
-int InodeTable::Lookup(fuse_ino_t parent, const char* name, fuse_entry_param* e) {
+int64_t InodeTable::UsersShare() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return int64_t{1} << 30;
+  return static_cast<int64_t>(rl.rlim_cur) / 2;
+}
+
+Status InodeTable::ChargeNew(uid_t looker, UidCharge* out) {
+  if (looker == 0 || limits_ == nullptr) return Status::Ok();
+  const int64_t share = UsersShare();
+  if (users_inodes_.load(std::memory_order_relaxed) >= share) {
+    return Status::ResourceExhausted(
+        ENFILE, "users' lookups hold " + std::to_string(users_inodes_.load()) +
+                    " inodes, half of the daemon's descriptor limit (RLIMIT_NOFILE " +
+                    std::to_string(share * 2) + "): the rest is root's");
+  }
+  DNVME_ASSIGN_OR_RETURN(*out, limits_->Charge(looker, UidResource::kInodes));
+  return Status::Ok();
+}
+
+int InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_entry_param* e) {
   Inode& dir = Get(parent);
   int fd = openat(dir.fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return errno;
+  UniqueFd owned(fd);
   struct stat st {};
-  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
-    int err = errno;
-    close(fd);
-    return err;
+  if (fstatat(fd, "", &st, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0) return errno;
+  // Whether the kernel already holds this inode is known only under mu_, which takes nothing
+  // under it (fs/core/fs.h): a new inode's charge is taken before, and given back if unused.
+  UidCharge charge;
+  bool known;
+  {
+    std::lock_guard lock(mu_);
+    known = inodes_.count(std::make_pair(st.st_dev, st.st_ino)) != 0;
+  }
+  if (!known) {
+    if (Status c = ChargeNew(looker, &charge); !c.ok()) {
+      RefusedLookup(looker, c);
+      return c.ErrnoOr();
+    }
   }
   Inode* in;
   {
@@ -106,14 +141,17 @@ int InodeTable::Lookup(fuse_ino_t parent, const char* name, fuse_entry_param* e)
     auto key = std::make_pair(st.st_dev, st.st_ino);
     auto it = inodes_.find(key);
     if (it != inodes_.end()) {
-      in = it->second.get();
-      close(fd);  // the inode already holds one
+      in = it->second.get();  // it holds a descriptor already; ours closes, the charge goes back
     } else {
       auto fresh = std::make_unique<Inode>(wb_, ra_);
-      fresh->fd = fd;
+      fresh->fd = owned.Release();
       fresh->dev = st.st_dev;
       fresh->ino = st.st_ino;
       fresh->type = st.st_mode & S_IFMT;
+      if (charge.held()) {
+        fresh->lookups_charge = std::move(charge);
+        users_inodes_.fetch_add(1, std::memory_order_relaxed);
+      }
       in = fresh.get();
       inodes_.emplace(key, std::move(fresh));
     }
@@ -145,8 +183,19 @@ void InodeTable::Forget(fuse_ino_t ino, uint64_t n) {
     if (it != inodes_.end() && it->second.get() == in) {
       dead = std::move(it->second);
       inodes_.erase(it);
+      if (dead->lookups_charge.held()) users_inodes_.fetch_sub(1, std::memory_order_relaxed);
     }
   }
+}
+
+void InodeTable::RefusedLookup(uid_t looker, const Status& why) {
+  // At most one line a second: the refusals come as fast as the user can look names up.
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = last_refusal_log_.load(std::memory_order_relaxed);
+  if (now == last || !last_refusal_log_.compare_exchange_strong(last, now)) return;
+  Logger().warn("lookup by uid {} refused: {}", looker, why.ToString());
 }
 
 Inode* InodeTable::Pin(dev_t dev, ino_t ino) {

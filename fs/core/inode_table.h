@@ -20,6 +20,7 @@
 #include <fuse_lowlevel.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 
 #include "dnvme/status.h"
 #include "fs/core/inode.h"
+#include "fs/limits/uid_limits.h"
 
 namespace dnvme::fs {
 
@@ -35,7 +37,9 @@ class InodeTable {
  public:
   // Every inode is made with the mount's shared write-behind and read-ahead state, which must
   // outlive the table.
-  InodeTable(const datapath::WriteBehindShared* wb, const datapath::ReadAheadShared* ra);
+  // `limits` (may be null: nothing charged) holds the uids' shares of the inodes (kInodes).
+  InodeTable(const datapath::WriteBehindShared* wb, const datapath::ReadAheadShared* ra,
+             UidLimits* limits = nullptr);
   InodeTable(const InodeTable&) = delete;
   InodeTable& operator=(const InodeTable&) = delete;
 
@@ -48,8 +52,12 @@ class InodeTable {
 
   Inode& Get(fuse_ino_t ino);
   // Looks `name` up under `parent`, filling `e`; adds one lookup reference. Returns an errno (0
-  // on success).
-  int Lookup(fuse_ino_t parent, const char* name, fuse_entry_param* e);
+  // on success). An inode the kernel did not hold yet keeps an O_PATH descriptor until the
+  // kernel forgets it, charged to `looker` (not root): max_inodes_per_uid each, and all users
+  // together at most half of the daemon's RLIMIT_NOFILE, so that no user -- nor all of them --
+  // can fill the daemon's descriptor table and stop root's requests (docs/security.md). Over
+  // either, the lookup fails with ENFILE (logged once a second at most).
+  int Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_entry_param* e);
   void Forget(fuse_ino_t ino, uint64_t n);
   // Takes a reference on the inode the kernel knows for (dev, ino), so it cannot be forgotten
   // while someone works on it; null when the kernel has never looked the file up.
@@ -61,8 +69,17 @@ class InodeTable {
   void DrainAll();
 
  private:
+  Status ChargeNew(uid_t looker, UidCharge* out);
+  void RefusedLookup(uid_t looker, const Status& why);
+  // The inodes all users' lookups may hold together: half of RLIMIT_NOFILE (read each time: the
+  // daemon raises it at start, an administrator may change it with prlimit).
+  static int64_t UsersShare();
+
   const datapath::WriteBehindShared* const wb_;
   const datapath::ReadAheadShared* const ra_;
+  UidLimits* const limits_;
+  std::atomic<int64_t> users_inodes_{0};       // inodes holding a lookups_charge
+  std::atomic<int64_t> last_refusal_log_{-1};  // steady seconds of the last refusal logged
   Inode ctl_dir_, ctl_node_, stats_node_, config_node_, broker_node_;
   std::mutex mu_;
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes_;  // guarded by mu_

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -90,10 +92,40 @@ std::string Snapshot(Fs& fs, VirtualNode kind) {
   return json::parse(fs.EngineConfig().ToJson()).dump(2) + "\n";
 }
 
+// A refused open of a control file is logged, but at most one line a second for the whole daemon
+// (with how many were left out since): a user who opens in a loop must not fill the log.
+void LogRefusedOpen(const char* name, uid_t uid, const Status& st) {
+  static std::atomic<int64_t> last_ns{0};
+  static std::atomic<uint64_t> unlogged{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = last_ns.load(std::memory_order_relaxed);
+  if (now - last < 1'000'000'000 ||
+      !last_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+    unlogged.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  Logger().info("open of {}/{} by uid {} refused: {} ({} more refusals not logged)", kCtlDirName,
+                name, uid, st.ToString(), unlogged.exchange(0, std::memory_order_relaxed));
+}
+
+const char* NameOf(VirtualNode kind) {
+  for (const NodeInfo& f : kFiles) {
+    if (f.kind == kind) return f.name;
+  }
+  return "?";
+}
+
 // Only root and the mount's owner may change the live configuration (Fs::MayReconfigure).
 Status ConfigRefused(uid_t uid) {
   return CtlError(EACCES,
                   "uid " + std::to_string(uid) + " may not write " + kCtlDirName + "/config");
+}
+
+// A ctl open whose session was never made (VirtualBindOpener not called): nothing to run as.
+Status Unbound() {
+  return CtlError(EBADF, std::string(kCtlDirName) + "/ctl: this open has no session");
 }
 
 }  // namespace
@@ -139,7 +171,9 @@ std::optional<Result<struct stat>> VirtualSetattr(fuse_ino_t ino, int valid) {
   return VirtualGetattr(ino);
 }
 
-std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse_file_info* fi) {
+std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, const Caller& opener,
+                                  fuse_file_info* fi) {
+  const uid_t caller_uid = opener.uid;
   const VirtualNode kind = KindOf(ino);
   if (kind == VirtualNode::kNone) return std::nullopt;
   const int acc = fi->flags & O_ACCMODE;
@@ -157,10 +191,18 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
   if (kind == VirtualNode::kCtl && (fi->flags & O_APPEND)) {
     return CtlError(EINVAL, std::string(kCtlDirName) + "/ctl takes no O_APPEND");
   }
+  // Every open holds memory until RELEASE (a session: its queue and answer; a snapshot): charged
+  // to the opener, root too, as every ctl_* limit (docs/security.md).
+  auto charge = fs.uid_limits().Charge(caller_uid, UidResource::kControlOpens);
+  if (!charge.ok()) {
+    LogRefusedOpen(NameOf(kind), caller_uid, charge.status());
+    return charge.status();
+  }
   auto vf = std::make_unique<VirtualFile>();
   vf->kind = kind;
+  vf->opens = std::move(charge).value();
   if (kind == VirtualNode::kCtl) {
-    vf->session = std::make_shared<CtlSession>(fs, caller_uid);
+    vf->session = std::make_shared<CtlSession>(fs, opener);
   } else {
     vf->snapshot = Snapshot(fs, kind);
   }
@@ -175,7 +217,8 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse
   return Status::Ok();
 }
 
-void VirtualRead(Fs& fs, size_t size, off_t off, fuse_file_info* fi, VirtualReadReply reply) {
+void VirtualRead(Fs& fs, uid_t reader, size_t size, off_t off, fuse_file_info* fi,
+                 VirtualReadReply reply) {
   auto* vf = reinterpret_cast<VirtualFile*>(fi->fh);
   if (vf->kind == VirtualNode::kCtl) {
     // The kernel names the reader's file table in every direct read (FUSE_READ_LOCKOWNER); a
@@ -185,6 +228,12 @@ void VirtualRead(Fs& fs, size_t size, off_t off, fuse_file_info* fi, VirtualRead
     // inode's lock exclusively (past EOF), and the page stays locked until answered (a write to
     // ctl in the kernel's caching mode waits for it).
     if (fi->lock_owner == 0) return reply(std::string(size, '\0'));
+    if (vf->session == nullptr) return reply(Unbound());
+    if (reader != vf->session->opener().uid) {
+      return reply(CtlError(EPERM, "this " + std::string(kCtlDirName) + "/ctl session is uid " +
+                                       std::to_string(vf->session->opener().uid) + "'s: uid " +
+                                       std::to_string(reader) + " may not read its answers"));
+    }
     return vf->session->Read(size, std::move(reply));
   }
   std::string bytes;
@@ -229,8 +278,12 @@ void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_inf
       return reply(CtlError(EINVAL, std::string(kCtlDirName) + "/ctl takes no O_APPEND"));
     }
     const std::shared_ptr<CtlSession>& session = vf->session;
+    if (session == nullptr) return reply(Unbound());
+    // The session runs every request as its opener and refuses writers of another uid (EPERM):
+    // CtlSession::Acting says why.
     if (!fs.mount().RepliesMayBeDeferred()) {
-      session->Request(text, caller);
+      Status run = session->Request(text, caller);
+      if (!run.ok()) return reply(run);
       return reply(size);
     }
     // Answered once queued, never after the request ran: the kernel holds the ctl inode's lock
@@ -251,7 +304,8 @@ void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_inf
   if (!fs.MayReconfigure(caller.uid)) return reply(ConfigRefused(caller.uid));
   auto applied = fs.SetEngineConfig(text);
   if (!applied.ok()) {
-    Logger().warn("write to {}/config refused: {}", kCtlDirName, applied.status().ToString());
+    Logger().warn("write to {}/config refused: {}", kCtlDirName,
+                  LogEscape(applied.status().ToString()));
     // EINVAL whatever the cause (a bad document, or an engine the new values could not create):
     // the old configuration stays in force.
     return reply(CtlError(EINVAL, "config refused: " + applied.status().message()));
@@ -273,13 +327,20 @@ std::optional<Status> VirtualRelease(Fs& fs, fuse_ino_t ino, fuse_file_info* fi)
   // lane, so neither this FUSE thread nor another user waits for that user's transfers. (Held
   // through a shared_ptr: lane jobs are copyable callables.)
   std::shared_ptr<CtlSession> session(std::move(vf->session));
+  // The opener's ctl_max_opens unit goes with the session (or now, for a snapshot).
+  auto opens = std::make_shared<UidCharge>(std::move(vf->opens));
   fs.handles().Dispose(vf);
   if (session != nullptr && fs.mount().RepliesMayBeDeferred()) {
     const uid_t owner = session->owner();
     // Never refused for a full queue: the session must go. After shutdown (not taken) it goes
     // here, with the last reference.
     (void)fs.ctl_lanes().Submit(
-        owner, [session]() mutable { session.reset(); }, UidLanes::IfFull::kQueue);
+        owner,
+        [session, opens]() mutable {
+          session.reset();
+          opens->Reset();
+        },
+        UidLanes::IfFull::kQueue);
   }
   return Status::Ok();
 }

@@ -52,10 +52,16 @@ std::optional<Result<struct stat>> VirtualSetattr(fuse_ino_t ino, int valid);
 
 // On success `fi` is filled in (fh is a VirtualFile tracked by `fs`, direct_io, ...) and the op
 // answers with it; if that reply fails, VirtualRelease(fs, ino, fi) undoes the open.
-// `caller_uid` decides who may write config and owns a ctl session.
+// `opener` (ops::CallerOf: uid, gid, supplementary groups) decides who may write config and owns
+// a ctl session: every request of the session runs as its opener, and reads and writes by
+// another uid are refused (EPERM; CtlSession). Made here, before the open is answered, so no
+// write of the open can come first.
 // A ctl open with O_APPEND is refused (EINVAL): the kernel serialises appends on the inode, so
 // one user's long request would hold every other user's write.
-std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, uid_t caller_uid, fuse_file_info* fi);
+// Every open of a file (not of the directory) is charged to the opener (ctl_max_opens,
+// UidResource::kControlOpens) until its RELEASE: over the limit the open fails with EMFILE
+// (logged, at most one line a second).
+std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, const Caller& opener, fuse_file_info* fi);
 // FOPEN_* flags an open of `ino` needs beyond what fuse_file_info can say (libfuse 3.14): for
 // ctl, FOPEN_PARALLEL_DIRECT_WRITES and FOPEN_STREAM, so writes by different users take the
 // kernel's inode lock shared and run in parallel (fs/fuse/ops_common.cc, ReplyVirtualOpen). 0 for
@@ -69,9 +75,11 @@ uint32_t VirtualOpenFlags(fuse_ino_t ino);
 //     a mapping of ctl: no lock owner in `fi`) gets `size` zero bytes at once.
 //   stats/config: up to `size` bytes of the snapshot at `off` (refreshed when reading from 0),
 //     before this returns.
-// `reply` is called exactly once, on any thread.
+// A read of ctl by another uid than the session's opener is refused (EPERM): the answer is the
+// opener's. `reply` is called exactly once, on any thread.
 using VirtualReadReply = std::function<void(const Result<std::string>&)>;
-void VirtualRead(Fs& fs, size_t size, off_t off, fuse_file_info* fi, VirtualReadReply reply);
+void VirtualRead(Fs& fs, uid_t reader, size_t size, off_t off, fuse_file_info* fi,
+                 VirtualReadReply reply);
 // A write to an open control file (call only when IsVirtual(ino): gathering the caller's groups
 // reads /proc, which no data write should pay for), answered through `reply` with the byte count
 // to acknowledge (all of `bufv`: a refused ctl request still counts, its error is the answer

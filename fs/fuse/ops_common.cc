@@ -28,21 +28,24 @@
 
 namespace dnvme::fs::ops {
 
-void WaitForLeaseWrites(Inode& in, const char* before, bool share_if_busy) {
-  if (in.leases.count() == 0) return;
-  if (!in.leases.WaitForWrites(share_if_busy)) {
+void AfterLeaseWrites(Fs& fs, Inode& in, bool share_if_busy, const char* before,
+                      std::function<void()> op) {
+  if (in.leases.count() == 0) return op();
+  auto warn = [&in, before](bool landed) {
+    if (landed) return;
     Logger().warn("inode {}: a `dnvme run` client's writes did not land in {} ms; going on with {}",
                   in.ino, PreloadLeases::kWriteWait.count(), before);
+  };
+  if (!fs.mount().RepliesMayBeDeferred()) {
+    // FUSE over io_uring: the reply must leave from this thread (docs/security.md, known gap).
+    warn(in.leases.WaitForWrites(share_if_busy));
+    return op();
   }
-}
-
-void RunAfterLeaseWrites(Fs& fs, Inode& in, std::function<void()> op) {
-  const std::optional<uid_t> holder = in.leases.count() > 0 ? in.leases.BusyHolder() : std::nullopt;
-  if (!holder || !fs.mount().RepliesMayBeDeferred()) return op();
-  auto job = std::make_shared<std::function<void()>>(std::move(op));
-  Status st = fs.ctl_lanes().Submit(
-      *holder, [job] { (*job)(); }, UidLanes::IfFull::kQueue);
-  if (!st.ok()) (*job)();  // shutting down: wait here, as before there were lanes
+  fs.off_loop().AfterLeaseWrites(&in.leases, share_if_busy,
+                                 [warn, op = std::move(op)](bool landed) {
+                                   warn(landed);
+                                   op();
+                                 });
 }
 
 Caller CallerOf(fuse_req_t req) {
@@ -144,7 +147,7 @@ std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req) {
 
 void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
   fuse_entry_param e{};
-  int err = FsOf(req).inodes().Lookup(parent, name, &e);
+  int err = FsOf(req).inodes().Lookup(parent, name, fuse_req_ctx(req)->uid, &e);
   if (err) {
     fuse_reply_err(req, err);
   } else {

@@ -61,19 +61,18 @@ bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int 
 // (its write-behind, include/dnvme/broker.h writes_inflight). Before the mount lets someone else
 // open the file, or truncates it or sets its times, they must land, as they would have on ext4
 // (found by the model test: an in-flight write re-extended a file an O_TRUNC open had emptied).
-// Waits at most PreloadLeases::kWriteWait (a stopped or lying client), then goes on with a
-// warning; callers on FUSE loop threads go through RunAfterLeaseWrites first.
-// `share_if_busy`: see PreloadLeases::WaitForWrites (an open marks the leases shared itself).
-void WaitForLeaseWrites(Inode& in, const char* before, bool share_if_busy);
-
-// Runs `op` at once when no `dnvme run` client holding a lease on `in` has writes in flight;
-// otherwise on that client's lane (fs/limits/uid_lanes.h), where `op`'s own wait for those writes
-// (WaitForLeaseWrites, at most PreloadLeases::kWriteWait) holds no FUSE loop thread. So a
-// client's counter -- its to write, honest or not -- delays only the requests that must see its
-// writes, and nothing else of the mount (docs/security.md). `op` must own copies of what the
-// request handed in. Where a reply cannot leave the thread that received the request (FUSE over
-// io_uring), `op` runs at once and waits there.
-void RunAfterLeaseWrites(Fs& fs, Inode& in, std::function<void()> op);
+// Runs `op` at once when no `dnvme run` client holds a lease on `in`; otherwise once the holders'
+// writes in flight landed, or after PreloadLeases::kWriteWait (a stopped or lying client: logged
+// with `before`, the holder never waited for again), on the OffLoop notifier thread
+// (fs/core/off_loop.h): the counter -- the client's to write, honest or not -- delays only the
+// request that must see its writes, never a loop thread, and never behind other waits
+// (docs/security.md). `op` runs after the wait, so it never waits again, and it may notify the
+// kernel (it is not on a loop thread). `op` must own copies of what the request handed in.
+// Where a reply cannot leave the thread that received the request (FUSE over io_uring), waits
+// and runs here. `share_if_busy`: see PreloadLeases::WaitForWrites (an open marks the leases
+// shared itself, before).
+void AfterLeaseWrites(Fs& fs, Inode& in, bool share_if_busy, const char* before,
+                      std::function<void()> op);
 
 // FUSE_CAP_DONT_MASK (asked for in init) makes the kernel send create/mkdir/mknod modes without
 // the caller's umask and the umask beside them (fuse_ctx::umask). The backing create then runs

@@ -109,7 +109,15 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
         e.attr.st_ino = d->d_ino;
         e.attr.st_mode = static_cast<mode_t>(d->d_type) << 12;
       } else {
-        int lerr = fs.inodes().Lookup(ino, d->d_name, &e);
+        int lerr = fs.inodes().Lookup(ino, d->d_name, fuse_req_ctx(req)->uid, &e);
+        if (lerr == ENFILE) {
+          // The reader's share of inodes is used up (max_inodes_per_uid): the name without a
+          // lookup (node id 0), as for "." and "..". Its own LOOKUP will answer ENFILE.
+          e = fuse_entry_param{};
+          e.attr.st_ino = d->d_ino;
+          e.attr.st_mode = static_cast<mode_t>(d->d_type) << 12;
+          lerr = 0;
+        }
         if (lerr) {
           if (lerr == ENOENT) continue;  // removed while listing
           err = lerr;

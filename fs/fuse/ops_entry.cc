@@ -71,18 +71,29 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fus
                     FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW;
   if (!(valid & waits) || in.leases.count() == 0) return SetattrNow(req, ino, attr, valid, fi);
   // A truncate or a time change waits for a `dnvme run` client's writes in flight: off the loop
-  // thread (RunAfterLeaseWrites), with copies of what the request handed in.
+  // thread (AfterLeaseWrites), with copies of what the request handed in.
   struct Args {
     struct stat attr;
     std::optional<fuse_file_info> fi;
   };
   auto args = std::make_shared<Args>(Args{*attr, fi ? std::optional(*fi) : std::nullopt});
-  RunAfterLeaseWrites(fs, in, [req, ino, valid, args] {
+  const char* what = (valid & FUSE_SET_ATTR_SIZE) ? "the truncate" : "setting the times";
+  AfterLeaseWrites(fs, in, /*share_if_busy=*/true, what, [req, ino, valid, args] {
     SetattrNow(req, ino, &args->attr, valid, args->fi ? &*args->fi : nullptr);
   });
 }
 
 namespace {
+
+// truncate(2) of the backing file without a name and without waiting: truncate(2) of a path
+// breaks a lease on the file and sleeps until its holder lets go (lease-break-time, 45 s, on a
+// loop thread); an O_NONBLOCK open answers EWOULDBLOCK instead (docs/security.md). The kernel
+// checked the caller's right to truncate (default_permissions) before the SETATTR was sent.
+int TruncateNoWait(Inode& in, off_t size) {
+  UniqueFd fd(open(ProcPath(in.fd).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (!fd.valid()) return errno;
+  return ftruncate(fd.get(), size) == 0 ? 0 : errno;
+}
 
 void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fuse_file_info* fi) {
   Fs& fs = FsOf(req);
@@ -102,16 +113,13 @@ void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fu
     // A truncate by a user clears set-user-ID/set-group-ID as a write does. The kernel sent the
     // mode it cleared already (applied above) but not the rest of ext4's rule (KillPrivs).
     if (fuse_req_ctx(req)->uid != 0) err = KillPrivs(req, in);
-    // Pending write-behind data -- the mount's, and a `dnvme run` client's -- must not land
-    // after (and undo) the truncation.
-    WaitForLeaseWrites(in, "the truncate", /*share_if_busy=*/true);
+    // Pending write-behind data -- the mount's, and a `dnvme run` client's (OpSetattr waited
+    // for those) -- must not land after (and undo) the truncation.
     if (!err) err = in.wb.Drain(nullptr).ErrnoOr();
     in.ra.Invalidate();
-    if (!err) {
-      int rc =
-          fi ? ftruncate(Fh(fi).fd.get(), attr->st_size) : truncate(proc.c_str(), attr->st_size);
-      if (rc != 0) err = errno;
-    }
+    if (!err)
+      err = fi ? (ftruncate(Fh(fi).fd.get(), attr->st_size) == 0 ? 0 : errno)
+               : TruncateNoWait(in, attr->st_size);
     in.ra.Invalidate();  // after the change too (datapath/read_ahead.h, Generation)
   }
   if (!err && (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
@@ -130,11 +138,9 @@ void SetattrNow(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int valid, fu
     } else if (valid & FUSE_SET_ATTR_MTIME) {
       tv[1] = attr->st_mtim;
     }
-    // Write-behind flushes would move mtime after we set it: land them first.
-    if (S_ISREG(in.type)) {
-      WaitForLeaseWrites(in, "setting the times", /*share_if_busy=*/true);
-      err = in.wb.Drain(nullptr).ErrnoOr();
-    }
+    // Write-behind flushes would move mtime after we set it: land them first (and a `dnvme run`
+    // client's: OpSetattr waited for those).
+    if (S_ISREG(in.type)) err = in.wb.Drain(nullptr).ErrnoOr();
     if (!err) {
       int rc = fi ? futimens(Fh(fi).fd.get(), tv) : utimensat(AT_FDCWD, proc.c_str(), tv, 0);
       if (rc != 0) err = errno;
@@ -176,7 +182,8 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, d
   if (S_ISBLK(mode) || S_ISCHR(mode)) {
     mknod_cap.emplace(ScopedCapability::Raise(CAP_MKNOD));
     if (!mknod_cap->ok()) {
-      Logger().info("device mknod of '{}' refused: {}", name, mknod_cap->status().ToString());
+      Logger().info("device mknod of '{}' refused: {}", LogEscape(name),
+                    mknod_cap->status().ToString());
       fuse_reply_err(req, EPERM);
       return;
     }

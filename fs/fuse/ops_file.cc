@@ -34,12 +34,19 @@ namespace dnvme::fs::ops {
 
 // Opens the backing object of `in` with the client's flags, minus those the engine handles
 // itself (O_DIRECT: the engine decides per request; O_APPEND: the kernel already turned it into
-// offsets) and those that only make sense at create time.
+// offsets) and those that only make sense at create time. Never blocks (O_NONBLOCK, cleared
+// after unless the client asked for it): an open that would wait for a lease to be broken -- a
+// user's lease on its own file, which its holder may keep for lease-break-time, 45 s -- is
+// answered EWOULDBLOCK at once instead of holding this loop thread (docs/security.md).
 int OpenBacking(Inode& in, int flags, UniqueFd* out) {
   const int strip = O_DIRECT | O_APPEND | O_CREAT | O_EXCL | O_NOCTTY;
-  int fd = open(ProcPath(in.fd).c_str(), (flags & ~strip) | O_CLOEXEC);
+  int fd = open(ProcPath(in.fd).c_str(), (flags & ~strip) | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return errno;
   out->Reset(fd);
+  if (!(flags & O_NONBLOCK)) {
+    const int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) return errno;
+  }
   return 0;
 }
 
@@ -96,32 +103,27 @@ void AbandonOpen(Fs& fs, FileHandle* fh) {
   fs.handles().Dispose(fh);
 }
 
-// A `dnvme run` client writes this file around the mount (fs/broker/): a new opener must see its
-// bytes, so every holder now invalidates after each write, the writes it has in flight land, and
-// what the kernel or the read-ahead cached until now goes (before the open is answered; an
-// O_TRUNC open's SETATTR follows it). Shared first, then the wait: a write either is counted in
-// flight or sees `shared` and is announced before it returns (include/dnvme/broker.h).
-void TellLeaseHolders(Fs& fs, Inode& in) {
-  if (in.leases.count() == 0) return;
-  in.leases.MarkShared();
-  WaitForLeaseWrites(in, "the open", /*share_if_busy=*/false);  // shared already
-  fs.AfterExternalWrite(in);
-}
-
 // The end of an open or a create (`entry`): how the kernel opens the file (passthrough or not),
-// the `dnvme run` clients told, and the reply -- after the clients' writes in flight have
-// landed, which may be later, on a lane (RunAfterLeaseWrites). `fi` is a copy: the request's own
-// is gone once the handler returns.
+// the `dnvme run` clients told, and the reply. `fi` is a copy: the request's own is gone once the
+// handler returns.
+//
+// A `dnvme run` client writes this file around the mount (fs/broker/): a new opener must see its
+// bytes, so every holder now invalidates after each write (shared: marked before the holders'
+// counters are read, include/dnvme/broker.h), the writes it has in flight land (AfterLeaseWrites:
+// off the loop thread), and what the kernel or the read-ahead cached until now goes before the
+// open is answered (AfterExternalWrite, on the notifier thread: the kernel's invalidation waits
+// for READs of this inode, which need a free loop thread; fs/core/off_loop.h). An O_TRUNC open's
+// SETATTR follows it.
 void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
                 std::optional<fuse_entry_param> entry) {
   Inode& in = *fh->inode;
-  // Shared before the holders' counters are read (include/dnvme/broker.h).
-  if (in.leases.count() > 0) in.leases.MarkShared();
-  RunAfterLeaseWrites(fs, in, [req, &fs, fh, fi, entry]() mutable {
+  const bool leased = in.leases.count() > 0;
+  if (leased) in.leases.MarkShared();
+  AfterLeaseWrites(fs, in, /*share_if_busy=*/false, "the open", [req, &fs, fh, fi, entry, leased] {
     Inode& in = *fh->inode;
     const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi.flags) : OpenMode{};
     fh->passthrough = how.passthrough;
-    TellLeaseHolders(fs, in);
+    if (leased) fs.AfterExternalWrite(in);
     int rc;
     if (entry) {
       rc = how.passthrough ? ReplyCreatePassthrough(req, *entry, fi, how.backing_id)
@@ -135,8 +137,11 @@ void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (auto v = VirtualOpen(FsOf(req), ino, fuse_req_ctx(req)->uid, fi))
-    return ReplyVirtualOpen(req, ino, *v, fi);
+  // The opener's groups are read from /proc: only for the control files.
+  if (IsVirtual(ino)) {
+    if (auto v = VirtualOpen(FsOf(req), ino, CallerOf(req), fi))
+      return ReplyVirtualOpen(req, ino, *v, fi);
+  }
   Fs& fs = FsOf(req);
   Inode& in = fs.inodes().Get(ino);
   // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
@@ -168,7 +173,7 @@ void RemoveIfStill(Inode& dir, const char* name, const struct stat& mine) {
     return;
   }
   if (unlinkat(dir.fd, name, 0) != 0) {
-    Logger().warn("removing '{}' after a failed create: {}", name, std::strerror(errno));
+    Logger().warn("removing '{}' after a failed create: {}", LogEscape(name), std::strerror(errno));
   }
 }
 
@@ -210,7 +215,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
       return (void)fuse_reply_err(req, errno);
   }
   fuse_entry_param e{};
-  int err = fs.inodes().Lookup(parent, name, &e);
+  int err = fs.inodes().Lookup(parent, name, fuse_req_ctx(req)->uid, &e);
   FileHandle* fh = nullptr;
   if (!err) {
     // The name may mean another object by now: the handle is of the file we opened, and the
@@ -239,10 +244,11 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   if (IsVirtual(ino)) {
     // A ctl read may wait for its session's queued requests and be answered from the lane that
     // runs them (VirtualRead): `req` stays valid until that one reply.
-    return VirtualRead(FsOf(req), size, off, fi, [req](const Result<std::string>& got) {
-      if (!got.ok()) return ReplyStatus(req, got.status());
-      ReplyBuf(req, got.value());
-    });
+    return VirtualRead(FsOf(req), fuse_req_ctx(req)->uid, size, off, fi,
+                       [req](const Result<std::string>& got) {
+                         if (!got.ok()) return ReplyStatus(req, got.status());
+                         ReplyBuf(req, got.value());
+                       });
   }
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);

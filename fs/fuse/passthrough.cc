@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "engine/common/log.h"
+#include "engine/posix/identity.h"
 #include "fs/caps.h"
 #include "fs/transport/protocol_ext.h"
 
@@ -30,15 +32,46 @@ bool Wants(const MountOptions& o, int flags) {
   return false;
 }
 
+// The identity a backing file is registered under (RegisterBacking): nobody, no groups.
+constexpr uid_t kBackingUid = 65534;
+constexpr gid_t kBackingGid = 65534;
+
 // Registers the inode's backing file. nullopt (logged) when the kernel or the capability says
 // no: the open then goes through the daemon.
+//
+// Whose credentials: the kernel keeps those of the thread that registers the backing file
+// (FUSE_DEV_IOC_BACKING_OPEN takes prepare_creds()), and every passthrough open of the inode --
+// a writer's too, whoever it is (the kernel wants every open of a passthrough inode to be
+// passthrough, with the same backing) -- opens and writes the backing file with them. A root
+// thread's would make a user's passthrough write root's: ext4's root-reserved blocks (fsuid 0
+// is the reserved uid) and set-user-ID/set-group-ID bits kept (CAP_FSETID). So it is registered
+// as nobody with no supplementary groups: the fsuid switch drops every file-system capability
+// (CAP_FSETID among them; CAP_SYS_RESOURCE the daemon never keeps), and only what the kernel's
+// own open of the backing file needs is raised again -- CAP_DAC_OVERRIDE and CAP_FOWNER (the
+// kernel checked the opener's rights against the FUSE inode already; O_NOATIME wants the owner)
+// -- with CAP_SYS_ADMIN for the ioctl. A passthrough writer then writes as an unprivileged
+// user would: it stops at the space users may take, and ext4 clears set-user-ID (and
+// set-group-ID unless the file's group is nobody's) as for any writer without CAP_FSETID. Root
+// is served the same way (the safe side; docs/security.md).
 std::optional<int32_t> OpenBacking(Fs& fs, Inode& in) {
-  auto cap = ScopedCapability::Raise(CAP_SYS_ADMIN);
-  if (!cap.ok()) {
-    Logger().warn("passthrough open of inode {}: {}", in.ino, cap.status().ToString());
+  auto as = ScopedFsIdentity::Enter(FsIdentity{kBackingUid, kBackingGid, {}});
+  if (!as.ok()) {
+    Logger().warn("passthrough open of inode {}: {}", in.ino, as.status().ToString());
     return std::nullopt;
   }
+  std::vector<ScopedCapability> raised;
+  for (cap_value_t c : {CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SYS_ADMIN}) {
+    auto cap = ScopedCapability::Raise(c);
+    if (!cap.ok()) {
+      Logger().warn("passthrough open of inode {}: {}", in.ino, cap.status().ToString());
+      return std::nullopt;
+    }
+    raised.push_back(std::move(cap).value());
+  }
   auto id = fs.mount().protocol().OpenBacking(in.fd);
+  // Lowered in the reverse order of raising, then the identity restored (its exact
+  // capability set).
+  while (!raised.empty()) raised.pop_back();
   if (!id.ok()) {
     Logger().debug("passthrough open of inode {}: {}", in.ino, id.status().ToString());
     return std::nullopt;

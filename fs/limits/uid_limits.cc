@@ -11,7 +11,7 @@ struct Info {
   const char* option;
   int err;
   const char* what;  // plural noun for the message
-  bool bytes;
+  bool many;         // one request takes many units at once (the message says how many)
 };
 constexpr Info kInfo[kUidResourceCount] = {
     {"ctl_max_handles", EMFILE, "control handles open", false},
@@ -21,6 +21,13 @@ constexpr Info kInfo[kUidResourceCount] = {
     {"ctl_max_pending", EAGAIN, "control transfers not yet collected by wait", false},
     {"max_files_per_uid", EMFILE, "files held open by the daemon", false},
     {"broker_max_conns_per_uid", EMFILE, "broker connections open", false},
+    {"ctl_max_opens", EMFILE, "open files of .dnvme (control sessions and snapshots)", false},
+    // EAGAIN, as the kernel answers a thread (RLIMIT_NPROC) or an io_setup (aio-max-nr) over its
+    // limit; the units come back when the uid closes a handle.
+    {"ctl_max_workers", EAGAIN, "engine threads of control handles", true},
+    {"ctl_max_aio_events", EAGAIN, "libaio events of control handles", true},
+    // ENFILE: the lookup fails as one would in a process whose file table is full.
+    {"max_inodes_per_uid", ENFILE, "inodes held by the kernel's lookups", false},
 };
 
 const Info& InfoOf(UidResource r) { return kInfo[static_cast<size_t>(r)]; }
@@ -43,7 +50,7 @@ Status UidLimits::Take(uid_t uid, UidResource r, int64_t n) {
   const int64_t had = held[i];
   if (std::all_of(held.begin(), held.end(), [](int64_t v) { return v == 0; })) held_.erase(uid);
   std::string msg = "uid " + std::to_string(uid) + " has " + std::to_string(had) + " " + info.what +
-                    "; " + (info.bytes ? std::to_string(n) + " more" : "one more") +
+                    "; " + (info.many ? std::to_string(n) + " more" : "one more") +
                     " would pass the limit " + info.option + "=" + std::to_string(max_[i]);
   return Status::ResourceExhausted(info.err, std::move(msg));
 }

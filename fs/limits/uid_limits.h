@@ -32,8 +32,15 @@ enum class UidResource : uint8_t {
   kPending,          // async control transfers not yet collected ctl_max_pending   EAGAIN
   kFiles,            // files the daemon holds open for the uid   max_files_per_uid EMFILE
   kBrokerConns,      // broker connections                        broker_max_conns_per_uid EMFILE
+  kControlOpens,     // open files of .dnvme/ (ctl sessions, stats ctl_max_opens     EMFILE
+                     // and config snapshots)
+  kWorkers,          // engine threads of control handles          ctl_max_workers   EAGAIN
+  kAioEvents,        // libaio events of control handles' workers  ctl_max_aio_events EAGAIN
+                     // (each worker's io_setup(queue_depth): the kernel's aio-max-nr)
+  kInodes,           // inodes the uid's lookups made the daemon    max_inodes_per_uid ENFILE
+                     // hold (an O_PATH descriptor each, until the kernel forgets them)
 };
-inline constexpr size_t kUidResourceCount = 7;
+inline constexpr size_t kUidResourceCount = 11;
 
 class UidCharge;
 

@@ -98,8 +98,56 @@ std::string SessionLoop::StatsJson() const {
                         {"threads", threads_},
                         {"requests_read", requests_read_.load(std::memory_order_relaxed)},
                         {"request_buffers", buffers_->allocated()},
-                        {"request_buffers_limit", buffers_->limit()}}
+                        {"request_buffers_limit", buffers_->limit()},
+                        {"uid_thread_share", share_},
+                        {"handed_over", handed_over_.load(std::memory_order_relaxed)}}
       .dump();
+}
+
+void SessionLoop::ShareLoopThreads(int reserve, Overflow overflow) {
+  if (reserve <= 0 || reserve >= threads_ || !overflow) return;
+  share_ = threads_ - reserve;
+  overflow_ = std::move(overflow);
+  busy_ = std::make_unique<std::atomic<int>[]>(kBusyBuckets);
+}
+
+std::optional<uid_t> SessionLoop::SharedUidOf(const fuse_buf& buf) const {
+  if (share_ == 0 || (buf.flags & FUSE_BUF_IS_FD) || buf.size < sizeof(fuse_in_header)) {
+    return std::nullopt;
+  }
+  fuse_in_header h;
+  std::memcpy(&h, buf.mem, sizeof(h));
+  if (h.uid == 0) return std::nullopt;
+  switch (h.opcode) {
+    case FUSE_INIT:
+    case FUSE_DESTROY:
+    case FUSE_INTERRUPT:
+    case FUSE_FORGET:
+    case FUSE_BATCH_FORGET:
+      return std::nullopt;
+    default:
+      return h.uid;
+  }
+}
+
+bool SessionLoop::HandOver(uid_t uid, const fuse_buf& buf) {
+  auto held =
+      std::make_shared<RequestBuffer>(buffers_->Adopt(static_cast<const char*>(buf.mem), buf.size));
+  if (!*held) return false;  // no spare buffer: it runs here
+  const size_t n = buf.size;
+  auto job = [this, held, n] {
+    fuse_buf b{};
+    b.mem = const_cast<char*>(held->payload());
+    b.size = n;
+    fuse_session_process_buf(se_, &b);
+  };
+  handed_over_.fetch_add(1, std::memory_order_relaxed);
+  if (overflow_(uid, job)) return true;
+  // Refused (the uid's own queue is full, or shutting down): here after all, counted.
+  Busy(uid).fetch_add(1, std::memory_order_relaxed);
+  job();
+  Busy(uid).fetch_sub(1, std::memory_order_relaxed);
+  return true;
 }
 
 void BlockShutdownSignals() {
@@ -145,7 +193,13 @@ void SessionLoop::Worker(size_t index) {
     if (protocol_ != nullptr && !(buf.flags & FUSE_BUF_IS_FD)) {
       protocol_->ObserveRequest(buf.mem, buf.size);  // INIT is small: always in memory
     }
+    const std::optional<uid_t> uid = SharedUidOf(buf);
+    if (uid && Busy(*uid).load(std::memory_order_relaxed) >= share_ && HandOver(*uid, buf)) {
+      continue;  // a request read into memory: nothing of it is left to drop
+    }
+    if (uid) Busy(*uid).fetch_add(1, std::memory_order_relaxed);
     fuse_session_process_buf(se_, &buf);
+    if (uid) Busy(*uid).fetch_sub(1, std::memory_order_relaxed);
     if (Status st = AfterDispatch(index, buf); !st.ok()) {
       Logger().error("{}", st.ToString());
       error_.store(-EIO);

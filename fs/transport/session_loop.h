@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,6 +57,12 @@ class SessionLoop : public Transport {
   std::optional<uint32_t> WriteFlags(const fuse_bufvec& bufv) const override;
   RequestBufferPool* payload_pool() final { return buffers_.get(); }
   std::string StatsJson() const override;
+  // A request read into memory whose uid (not root) occupies threads - reserve loop threads or
+  // more is handed to `overflow` with its buffer (adopted from the pool, so the thread goes on
+  // with a replacement); where no buffer is spare or `overflow` refuses, it runs here after all.
+  // A request whose payload stays in a pipe (a large spliced WRITE) is not counted nor handed
+  // over. `reserve` <= 0 turns it off.
+  void ShareLoopThreads(int reserve, Overflow overflow) override;
 
  protected:
   // What Receive got.
@@ -93,6 +100,20 @@ class SessionLoop : public Transport {
 
  private:
   void Worker(size_t index);
+  // ShareLoopThreads: the uid of an in-memory request that may be counted and handed over, or
+  // nullopt (root, the session's own requests: INIT, DESTROY, INTERRUPT, FORGET).
+  std::optional<uid_t> SharedUidOf(const fuse_buf& buf) const;
+  // Hands `buf` (a request of `uid`, whose threads are all taken) to overflow_: true when taken.
+  bool HandOver(uid_t uid, const fuse_buf& buf);
+  std::atomic<int>& Busy(uid_t uid) { return busy_[uid % kBusyBuckets]; }
+
+  // Loop threads in handlers, per uid bucket: uids that share a bucket share a count, which can
+  // only hand a request over early, never let a uid take more.
+  static constexpr size_t kBusyBuckets = 1024;
+  int share_ = 0;  // the most a uid may occupy (threads - reserve); 0: no sharing
+  Overflow overflow_;
+  std::unique_ptr<std::atomic<int>[]> busy_;
+  std::atomic<uint64_t> handed_over_{0};
 
   const size_t adoptable_;
   std::shared_ptr<RequestBufferPool> buffers_;

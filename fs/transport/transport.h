@@ -25,9 +25,11 @@
 #pragma once
 
 #include <fuse_lowlevel.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +88,17 @@ class Transport {
   virtual bool TakeReply(const iovec* /*iov*/, int /*count*/, ssize_t* /*written*/) {
     return false;
   }
+
+  // Hands a request over to run elsewhere (the uid's own threads, fs/limits/uid_lanes.h): true
+  // when it was taken (it then runs `job`, which answers the request), false when it must run
+  // here.
+  using Overflow = std::function<bool(uid_t uid, std::function<void()> job)>;
+  // No uid may occupy every loop thread: a request of a uid (not root) that already occupies
+  // all but `reserve` of them is handed to `overflow` instead of being handled on the thread
+  // that received it. Our own loops only (SessionLoop); libfuse's and the io_uring loop keep
+  // their threads (a reply must leave the ring thread that received the request). Call before
+  // Run.
+  virtual void ShareLoopThreads(int /*reserve*/, Overflow /*overflow*/) {}
 
  protected:
   ProtocolExtensions* protocol_ = nullptr;

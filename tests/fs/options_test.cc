@@ -54,6 +54,10 @@ TEST(MountOptionsLimits, DefaultsFollowTheMachine) {
   EXPECT_EQ(o->ctl_threads_per_uid, 4);
   EXPECT_EQ(o->max_files_per_uid, std::max<int64_t>(1024, hard / 16));
   EXPECT_EQ(o->broker_max_conns_per_uid, 128);
+  EXPECT_EQ(o->ctl_max_opens, 1024);
+  EXPECT_EQ(o->ctl_max_workers, 64);
+  EXPECT_EQ(o->ctl_max_aio_events, 8192);
+  EXPECT_EQ(o->max_inodes_per_uid, 4 * std::max<int64_t>(1024, hard / 16));
   // Never more than the machine has: the old default (64 GiB of registered memory per user) was
   // larger than the RAM of the machines it ran on.
   EXPECT_LE(o->ctl_max_bytes, ram);
@@ -64,7 +68,8 @@ TEST(MountOptionsLimits, EachOptionIsParsed) {
   auto o = Parse(
       "ctl_max_handles=3,ctl_max_bytes=3M,ctl_max_buffers=5,ctl_max_pinned=64M,"
       "ctl_max_pending=7,ctl_threads_per_uid=2,max_files_per_uid=99,"
-      "broker_max_conns_per_uid=11");
+      "broker_max_conns_per_uid=11,ctl_max_opens=13,ctl_max_workers=17,ctl_max_aio_events=19,"
+      "max_inodes_per_uid=23");
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->ctl_max_handles, 3);
   EXPECT_EQ(o->ctl_max_bytes, 3 << 20);
@@ -74,15 +79,34 @@ TEST(MountOptionsLimits, EachOptionIsParsed) {
   EXPECT_EQ(o->ctl_threads_per_uid, 2);
   EXPECT_EQ(o->max_files_per_uid, 99);
   EXPECT_EQ(o->broker_max_conns_per_uid, 11);
+  EXPECT_EQ(o->ctl_max_opens, 13);
+  EXPECT_EQ(o->ctl_max_workers, 17);
+  EXPECT_EQ(o->ctl_max_aio_events, 19);
+  EXPECT_EQ(o->max_inodes_per_uid, 23);
   EXPECT_TRUE(o->fuse_opts.empty()) << "a limit leaked to libfuse";
 }
 
 TEST(MountOptionsLimits, OutOfRangeIsAUsageError) {
-  for (const char* bad :
-       {"ctl_max_buffers=-1", "ctl_max_buffers=16385", "ctl_max_pending=-1",
-        "ctl_max_pending=1048577", "ctl_threads_per_uid=0", "ctl_threads_per_uid=65",
-        "max_files_per_uid=0", "broker_max_conns_per_uid=-1", "broker_max_conns_per_uid=4097",
-        "ctl_max_pinned=lots", "ctl_max_buffers", "ctl_max_handles=4097"}) {
+  for (const char* bad : {"ctl_max_buffers=-1",
+                          "ctl_max_buffers=16385",
+                          "ctl_max_pending=-1",
+                          "ctl_max_pending=1048577",
+                          "ctl_threads_per_uid=0",
+                          "ctl_threads_per_uid=65",
+                          "max_files_per_uid=0",
+                          "broker_max_conns_per_uid=-1",
+                          "broker_max_conns_per_uid=4097",
+                          "ctl_max_pinned=lots",
+                          "ctl_max_buffers",
+                          "ctl_max_handles=4097",
+                          "ctl_max_opens=0",
+                          "ctl_max_opens=1048577",
+                          "ctl_max_workers=-1",
+                          "ctl_max_workers=65537",
+                          "ctl_max_aio_events=-1",
+                          "ctl_max_aio_events=1073741825",
+                          "max_inodes_per_uid=0",
+                          "max_inodes_per_uid=1073741825"}) {
     auto o = Parse(bad);
     EXPECT_FALSE(o.ok()) << bad;
     if (!o.ok()) {
@@ -91,13 +115,15 @@ TEST(MountOptionsLimits, OutOfRangeIsAUsageError) {
     }
   }
   EXPECT_TRUE(Parse("ctl_max_buffers=0,broker_max_conns_per_uid=0").ok());
+  EXPECT_TRUE(Parse("ctl_max_opens=1,ctl_max_workers=0,ctl_max_aio_events=0").ok());
 }
 
 TEST(MountOptionsLimits, UsageNamesEveryLimit) {
   const std::string usage = UsageText();
   for (const char* key : {"ctl_max_handles=", "ctl_max_bytes=", "ctl_max_buffers=",
                           "ctl_max_pinned=", "ctl_max_pending=", "ctl_threads_per_uid=",
-                          "max_files_per_uid=", "broker_max_conns_per_uid="}) {
+                          "max_files_per_uid=", "broker_max_conns_per_uid=", "ctl_max_opens=",
+                          "ctl_max_workers=", "ctl_max_aio_events=", "max_inodes_per_uid="}) {
     EXPECT_NE(usage.find(key), std::string::npos) << key;
   }
 }

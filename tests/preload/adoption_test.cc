@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -82,6 +83,7 @@ class PreloadTest : public ::testing::Test {
 
   void TearDown() override {
     for (Op op : {Op::kOpen, Op::kWrote, Op::kDrain, Op::kClose}) g_broker->FailWith(op, 0);
+    g_broker->ReplySlot(FakeBroker::kAutoSlot);
     for (int fd : fds_) {
       ForgetBeforeClose(fd);
       close(fd);
@@ -166,6 +168,34 @@ TEST_F(PreloadTest, RefusedByTheBrokerStaysOnTheMount) {
   // Classified once: a later transfer does not ask again.
   EXPECT_EQ(AdoptedForTransfer(fd), nullptr);
   EXPECT_EQ(g_broker->Requests(Op::kOpen).size(), 1u);
+}
+
+TEST_F(PreloadTest, ALeaseSlotPastThePageStaysOnTheMount) {
+  // A daemon that names a slot outside its lease page: an error, never a word read or written
+  // past the page; the lease it granted is given back.
+  for (uint32_t slot : {broker::kMaxLeases, UINT32_MAX}) {
+    g_broker->Clear();
+    g_broker->ReplySlot(slot);
+    const int fd = OpenFile(g_root, "badslot.bin", O_RDWR, 4096);
+    const uint64_t refused = ProcessCounters().refused.load();
+    EXPECT_EQ(Adopt(fd), nullptr) << "slot " << slot;
+    EXPECT_EQ(StateOf(fd), kNotOurs);
+    EXPECT_EQ(LookupAdopted(fd), nullptr);
+    EXPECT_EQ(ProcessCounters().refused.load(), refused + 1);
+    auto opens = g_broker->Requests(Op::kOpen);
+    auto closes = g_broker->Requests(Op::kClose);
+    ASSERT_EQ(opens.size(), 1u);
+    ASSERT_EQ(closes.size(), 1u) << "the lease of slot " << slot << " was not given back";
+    EXPECT_NE(closes[0].lease, 0u);
+    EXPECT_LT(closes[0].length, 0);  // nothing written
+  }
+  // A good slot afterwards: adopted as usual.
+  g_broker->ReplySlot(FakeBroker::kAutoSlot);
+  const int fd = OpenFile(g_root, "goodslot.bin", O_RDWR, 4096);
+  auto f = Adopt(fd);
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->word, nullptr);
+  EXPECT_NE(g_broker->WordOf(f->lease), nullptr);
 }
 
 TEST_F(PreloadTest, DeletedFileIsNotAdopted) {

@@ -140,9 +140,13 @@ void FakeBroker::Handle(int conn, const broker::Request& req) {
       {
         std::lock_guard lock(mu_);
         rep.lease = ++next_lease_;
-        rep.slot = static_cast<uint32_t>(next_lease_ % broker::kMaxLeases);
-        slots_[rep.lease] = rep.slot;
-        new (&page_[rep.slot]) broker::LeaseWord{};
+        rep.slot = reply_slot_ != kAutoSlot
+                       ? reply_slot_
+                       : static_cast<uint32_t>(next_lease_ % broker::kMaxLeases);
+        if (rep.slot < broker::kMaxLeases) {
+          slots_[rep.lease] = rep.slot;
+          new (&page_[rep.slot]) broker::LeaseWord{};
+        }
       }
       rep.size = sb.st_size;
       rep.flags = direct >= 0 ? broker::kHasDirect : 0;
@@ -190,6 +194,11 @@ void FakeBroker::FailWith(broker::Op op, int err) {
   } else {
     errors_[op] = err;
   }
+}
+
+void FakeBroker::ReplySlot(uint32_t slot) {
+  std::lock_guard lock(mu_);
+  reply_slot_ = slot;
 }
 
 broker::LeaseWord* FakeBroker::WordOf(uint64_t lease) {

@@ -48,6 +48,10 @@ class FakeBroker {
   void Clear();
   // Every later request `op` is answered with `err` (0: served again).
   void FailWith(broker::Op op, int err);
+  // Every later kOpen reply names lease slot `slot` (kMaxLeases or more: a daemon that does not
+  // speak the protocol); kAutoSlot: the broker's own choice again.
+  static constexpr uint32_t kAutoSlot = UINT32_MAX - 1;
+  void ReplySlot(uint32_t slot);
   // The word of lease `lease` in the page handed out (nullptr if no such lease).
   broker::LeaseWord* WordOf(uint64_t lease);
 
@@ -64,7 +68,8 @@ class FakeBroker {
   std::vector<Seen> seen_;              //
   std::map<broker::Op, int> errors_;    //
   std::map<uint64_t, uint32_t> slots_;  // lease -> slot
-  uint64_t next_lease_ = 0;
+  uint64_t next_lease_ = 0;             //
+  uint32_t reply_slot_ = kAutoSlot;     //
 };
 
 }  // namespace dnvme::preload::testing

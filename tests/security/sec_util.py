@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -380,6 +381,27 @@ def fallocate(fd, mode, offset, length):
     if libc.fallocate(fd, mode, offset, length) != 0:
         return ctypes.get_errno()
     return 0
+
+
+def timed(fn, bound):
+    """Runs fn() in a thread; returns (seconds, result or exception), or (None, None) when it had
+    not returned after `bound` seconds (the thread is left to finish on its own)."""
+    box = {}
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            box["r"] = fn()
+        except BaseException as e:  # reported to the caller
+            box["r"] = e
+        box["t"] = time.monotonic() - t0
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(bound)
+    if th.is_alive():
+        return None, None
+    return box["t"], box["r"]
 
 
 def suite_skip_reason():

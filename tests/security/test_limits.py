@@ -15,7 +15,6 @@ import resource
 import socket
 import struct
 import subprocess
-import threading
 import time
 import unittest
 
@@ -31,26 +30,7 @@ LEASE_WAIT_S = 2.0  # lease_wait_ms (docs/security.md)
 NO_REPEAT_S = 1.5
 
 
-def timed(fn, bound):
-    """Runs fn() in a thread; returns (seconds, result or exception), or (None, None) when it had
-    not returned after `bound` seconds (the thread is left to finish on its own)."""
-    box = {}
-
-    def run():
-        t0 = time.monotonic()
-        try:
-            box["r"] = fn()
-        except BaseException as e:  # reported to the caller
-            box["r"] = e
-        box["t"] = time.monotonic() - t0
-        box["end"] = time.monotonic()
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(bound)
-    if th.is_alive():
-        return None, None
-    return box["t"], box["r"]
+timed = su.timed
 
 
 def setUpModule():

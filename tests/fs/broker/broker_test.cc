@@ -518,12 +518,11 @@ TEST(PreloadLeases, WaitForWritesWaitsOnlyForWritableHoldersAndOnlyOnceToTheLimi
   l.Add(1, 1000, &reader, /*writable=*/false);
   reader.writes_inflight.store(3);  // a read-only lease's counter is never waited for
   EXPECT_TRUE(l.WaitForWrites(false, milliseconds(50)));
-  EXPECT_FALSE(l.BusyHolder().has_value());
+  EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kLanded);
 
   l.Add(1, 1001, &writer, /*writable=*/true);  // one connection: not shared
   writer.writes_inflight.store(1);
-  ASSERT_TRUE(l.BusyHolder().has_value());
-  EXPECT_EQ(*l.BusyHolder(), 1001u);
+  EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kBusy);
   // The writes land while the waiter waits.
   std::thread lands([&] {
     std::this_thread::sleep_for(milliseconds(30));
@@ -540,7 +539,45 @@ TEST(PreloadLeases, WaitForWritesWaitsOnlyForWritableHoldersAndOnlyOnceToTheLimi
   EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(50));
   EXPECT_EQ(writer.shared.load(), 1u) << "share_if_busy did not mark a busy holder";
   EXPECT_TRUE(l.WaitForWrites(false, milliseconds(2000))) << "an untrusted counter was waited for";
-  EXPECT_FALSE(l.BusyHolder().has_value());
+  EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kLanded);
+}
+
+TEST(PreloadLeases, PollGivesUpWhenLateAndMarksOnlyWhenAsked) {
+  PreloadLeases l;
+  broker::LeaseWord w{};
+  l.Add(1, 1000, &w, /*writable=*/true);
+  w.writes_inflight.store(1);
+  EXPECT_EQ(l.PollWrites(/*share_if_busy=*/false, /*late=*/false), PreloadLeases::Poll::kBusy);
+  EXPECT_EQ(w.shared.load(), 0u);
+  EXPECT_EQ(l.PollWrites(/*share_if_busy=*/true, /*late=*/false), PreloadLeases::Poll::kBusy);
+  EXPECT_EQ(w.shared.load(), 1u);
+  EXPECT_EQ(l.PollWrites(false, /*late=*/true), PreloadLeases::Poll::kGaveUp);
+  EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kLanded) << "untrusted after one";
+}
+
+TEST(PreloadLeases, GuardIsHeldWhileALeaseLivesAndOpenedOnce) {
+  PreloadLeases l;
+  broker::LeaseWord a{}, b{};
+  int opens = 0;
+  auto open_guard = [&]() -> Result<UniqueFd> {
+    ++opens;
+    return UniqueFd(open("/dev/null", O_WRONLY | O_CLOEXEC));
+  };
+  ASSERT_TRUE(l.EnsureGuard(open_guard).ok());
+  l.Add(1, 1000, &a, true);
+  ASSERT_TRUE(l.EnsureGuard(open_guard).ok());
+  l.Add(2, 1000, &b, false);
+  EXPECT_EQ(opens, 1);
+  EXPECT_TRUE(l.guarded());
+  l.Remove(&a);
+  EXPECT_TRUE(l.guarded()) << "a lease still lives";
+  l.Remove(&b);
+  EXPECT_FALSE(l.guarded()) << "the guard outlived the last lease";
+  // A refusal refuses the open.
+  Status st =
+      l.EnsureGuard([]() -> Result<UniqueFd> { return Status::FromErrno(ETXTBSY, "busy"); });
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.ErrnoOr(), ETXTBSY);
 }
 
 }  // namespace

@@ -26,7 +26,12 @@ using nlohmann::json;
 
 class FakeCore : public ControlCore {
  public:
-  FakeCore() : limits_(Maxima()) {}
+  explicit FakeCore(const UidLimits::Maxima& m = Generous()) : limits_(m) {}
+  static UidLimits::Maxima Generous() {
+    UidLimits::Maxima m;
+    m.fill(int64_t{1} << 20);
+    return m;
+  }
   Inode* PinInode(dev_t, ino_t) override { return nullptr; }
   void Unpin(Inode*) override {}
   Status DrainForExternal(Inode&) override { return Status::Ok(); }
@@ -46,11 +51,6 @@ class FakeCore : public ControlCore {
   const std::string& mountpoint() const override { return mountpoint_; }
 
  private:
-  static UidLimits::Maxima Maxima() {
-    UidLimits::Maxima m;
-    m.fill(int64_t{1} << 20);
-    return m;
-  }
   UidLimits limits_;
   CtlCounters counters_;
   std::string mountpoint_ = "/mnt/test";
@@ -97,9 +97,9 @@ struct Answers {
 class CtlSessionTest : public ::testing::Test {
  protected:
   FakeCore core_;
-  std::shared_ptr<CtlSession> session_ = std::make_shared<CtlSession>(core_, 1000);
-  ManualJobs jobs_;
   Caller caller_{1000, 1000, 1, {}};
+  std::shared_ptr<CtlSession> session_ = std::make_shared<CtlSession>(core_, caller_);
+  ManualJobs jobs_;
 
   Status Write(const std::string& text) {
     return session_->Enqueue(text, caller_, jobs_.For(session_));
@@ -203,14 +203,101 @@ TEST_F(CtlSessionTest, AJobThatCannotBeHandedOverLeavesNothingQueued) {
   EXPECT_EQ(core_.ctl_counters().requests.load(), 1u);
 }
 
+// A ctl descriptor is its opener's: a write by another uid (a set-user-ID program that inherited
+// it, or a process that dropped privileges after opening) is refused, nothing is queued and the
+// opener's answer is untouched (issue 45: root's write ran as root in a uid-65534 session).
+TEST_F(CtlSessionTest, AWriteByAnotherUidIsRefusedAndRunsNothing) {
+  ASSERT_TRUE(Write(Hello(1)).ok());
+  jobs_.RunAll();
+  const Caller root{0, 0, 2, {}};
+  Status st = session_->Enqueue(Hello(2), root, jobs_.For(session_));
+  EXPECT_EQ(st.error_number(), EPERM) << st.ToString();
+  EXPECT_NE(st.message().find("opened by uid 1000"), std::string::npos) << st.ToString();
+  EXPECT_EQ(session_->Request(Hello(3), root).error_number(), EPERM);
+  EXPECT_EQ(jobs_.handed(), 1) << "a refused write handed a job over";
+  Answers a;
+  session_->Read(1 << 20, a.Reply());
+  ASSERT_EQ(a.got.size(), 1u);
+  EXPECT_EQ(json::parse(a.got[0])["id"], 1) << "the refused writes replaced the opener's answer";
+  EXPECT_EQ(core_.ctl_counters().requests.load(), 1u);
+  // The opener's own uid with other groups (a set-group-ID program) is served, as the opener.
+  const Caller setgid{1000, 0, 3, {0}};
+  EXPECT_TRUE(session_->Request(Hello(4), setgid).ok());
+  EXPECT_EQ(session_->opener().gid, 1000u);
+  EXPECT_TRUE(session_->opener().groups.empty());
+}
+
+// A handle's engine threads and libaio events are charged to the opener's uid at handle.open
+// and given back at handle.close (issue 45: 8 handles x 256 workers, 2048 threads for one user).
+TEST(CtlSessionWorkersTest, HandleWorkersAndAioEventsAreChargedPerUid) {
+  UidLimits::Maxima m = FakeCore::Generous();
+  m[static_cast<size_t>(UidResource::kWorkers)] = 4;
+  m[static_cast<size_t>(UidResource::kAioEvents)] = 40;
+  FakeCore core(m);
+  const Caller user{65534, 65534, 1, {}};
+  auto s1 = std::make_shared<CtlSession>(core, user);
+  auto s2 = std::make_shared<CtlSession>(core, user);  // the limit is the uid's, not the session's
+  auto call = [](CtlSession& s, const Caller& c, const json& req) {
+    EXPECT_TRUE(s.Request(req.dump(), c).ok());
+    std::string answer;
+    s.Read(1 << 20, [&](const Result<std::string>& r) { answer = r.value(); });
+    return json::parse(answer);
+  };
+  auto open_handle = [&](CtlSession& s, int workers, int depth) {
+    return call(s, user,
+                {{"op", "handle.open"},
+                 {"block_size", 4096},
+                 {"queue_depth", depth},
+                 {"intra_op_parallelism", workers},
+                 {"bounce_bytes_per_worker", 8192}});
+  };
+  json h1 = open_handle(*s1, 3, 8);
+  ASSERT_EQ(h1["ok"], true) << h1.dump();
+  UidLimits& l = core.uid_limits();
+  EXPECT_EQ(l.Held(65534, UidResource::kWorkers), 3);
+  EXPECT_EQ(l.Held(65534, UidResource::kAioEvents), 24);
+  json refused = open_handle(*s2, 2, 4);  // 5 threads > ctl_max_workers=4
+  ASSERT_EQ(refused["ok"], false) << refused.dump();
+  EXPECT_EQ(refused["error"]["code"], "EAGAIN") << refused.dump();
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("ctl_max_workers=4"),
+            std::string::npos)
+      << refused.dump();
+  json events = open_handle(*s2, 1, 32);  // 24 + 32 events > ctl_max_aio_events=40
+  ASSERT_EQ(events["ok"], false) << events.dump();
+  EXPECT_EQ(events["error"]["code"], "EAGAIN") << events.dump();
+  EXPECT_NE(events["error"]["message"].get<std::string>().find("ctl_max_aio_events=40"),
+            std::string::npos)
+      << events.dump();
+  EXPECT_EQ(l.Held(65534, UidResource::kWorkers), 3) << "a refused handle.open kept a charge";
+  EXPECT_EQ(l.Held(65534, UidResource::kHandles), 1);
+  // Root has its own share.
+  const Caller root{0, 0, 2, {}};
+  auto rs = std::make_shared<CtlSession>(core, root);
+  json r = call(*rs, root,
+                {{"op", "handle.open"},
+                 {"block_size", 4096},
+                 {"queue_depth", 8},
+                 {"intra_op_parallelism", 4},
+                 {"bounce_bytes_per_worker", 8192}});
+  EXPECT_EQ(r["ok"], true) << r.dump();
+  // Closing gives the units back.
+  json closed = call(*s1, user, {{"op", "handle.close"}, {"handle", h1["handle"]}});
+  ASSERT_EQ(closed["ok"], true) << closed.dump();
+  EXPECT_EQ(l.Held(65534, UidResource::kWorkers), 0);
+  EXPECT_EQ(l.Held(65534, UidResource::kAioEvents), 0);
+  EXPECT_EQ(open_handle(*s2, 2, 4)["ok"], true);
+  s2.reset();  // a session's end closes its handles
+  EXPECT_EQ(l.Held(65534, UidResource::kWorkers), 0);
+}
+
 // On real lane threads: every round writes a few requests and reads; the read, answered from a
 // lane thread, always carries the round's last id. Races the job's end against the next write
 // and read.
 TEST(CtlSessionLanesTest, EachReadGetsItsRoundsLastAnswer) {
   FakeCore core;
   UidLanes lanes(UidLanes::Options{});
-  auto session = std::make_shared<CtlSession>(core, 1000);
   const Caller caller{1000, 1000, 1, {}};
+  auto session = std::make_shared<CtlSession>(core, caller);
   auto start = [&] { return lanes.Submit(1000, [s = session] { s->RunQueued(); }); };
   for (int round = 0; round < 300; ++round) {
     const int writes = 1 + round % 4;

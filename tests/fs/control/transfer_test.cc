@@ -125,7 +125,7 @@ class TransferTest : public ::testing::Test {
     root_.Reset(open(dir_.path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     ASSERT_TRUE(root_.valid());
     core_ = std::make_unique<FakeCore>(root_.get(), max_pending);
-    session_ = std::make_shared<CtlSession>(*core_, getuid());
+    session_ = std::make_shared<CtlSession>(*core_, caller_);
     json h = Call({{"op", "handle.open"},
                    {"block_size", 64 << 10},
                    {"queue_depth", 8},
@@ -141,7 +141,7 @@ class TransferTest : public ::testing::Test {
 
   // One request, run here (the session's queue is tested in ctl_session_test.cc).
   json Call(const json& request) {
-    session_->Request(request.dump(), caller_);
+    EXPECT_TRUE(session_->Request(request.dump(), caller_).ok());
     std::string answer;
     session_->Read(1 << 20, [&](const Result<std::string>& r) {
       ASSERT_TRUE(r.ok()) << r.status().ToString();

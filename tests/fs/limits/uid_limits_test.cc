@@ -14,8 +14,8 @@ namespace dnvme::fs {
 namespace {
 
 UidLimits::Maxima Small() {
-  //                  handles bytes buffers pinned pending files conns
-  return UidLimits::Maxima{2, 100, 3, 1000, 4, 5, 6};
+  //                  handles bytes buffers pinned pending files conns opens workers events
+  return UidLimits::Maxima{2, 100, 3, 1000, 4, 5, 6, 7, 8, 256, 9};
 }
 
 TEST(UidLimits, RefusesPastTheLimitWithTheOptionAndErrno) {
@@ -42,6 +42,37 @@ TEST(UidLimits, EachResourceHasItsErrno) {
   EXPECT_STREQ(UidLimits::OptionName(UidResource::kPending), "ctl_max_pending");
   EXPECT_STREQ(UidLimits::OptionName(UidResource::kFiles), "max_files_per_uid");
   EXPECT_STREQ(UidLimits::OptionName(UidResource::kBrokerConns), "broker_max_conns_per_uid");
+  EXPECT_EQ(l.Take(7, UidResource::kControlOpens, 8).error_number(), EMFILE);
+  EXPECT_EQ(l.Take(7, UidResource::kWorkers, 9).error_number(), EAGAIN);
+  EXPECT_EQ(l.Take(7, UidResource::kAioEvents, 257).error_number(), EAGAIN);
+  EXPECT_STREQ(UidLimits::OptionName(UidResource::kControlOpens), "ctl_max_opens");
+  EXPECT_STREQ(UidLimits::OptionName(UidResource::kWorkers), "ctl_max_workers");
+  EXPECT_STREQ(UidLimits::OptionName(UidResource::kAioEvents), "ctl_max_aio_events");
+  // A lookup over its share fails as in a process whose file table is full.
+  EXPECT_EQ(l.Take(7, UidResource::kInodes, 10).error_number(), ENFILE);
+  EXPECT_STREQ(UidLimits::OptionName(UidResource::kInodes), "max_inodes_per_uid");
+}
+
+// A control handle takes its workers and their libaio events at once (fs/control/control.cc,
+// OpenHandle): the refusal says how many it asked for, and takes nothing.
+TEST(UidLimits, WorkersAndAioEventsAreTakenManyAtOnce) {
+  UidLimits l(Small());
+  auto workers = l.Charge(65534, UidResource::kWorkers, 6);
+  ASSERT_TRUE(workers.ok());
+  Status st = l.Take(65534, UidResource::kWorkers, 3);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error_number(), EAGAIN);
+  EXPECT_NE(st.message().find("has 6 engine threads"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("3 more"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("ctl_max_workers=8"), std::string::npos) << st.message();
+  EXPECT_EQ(l.Held(65534, UidResource::kWorkers), 6);
+  EXPECT_TRUE(l.Take(0, UidResource::kWorkers, 8).ok());  // root's own share
+  Status ev = l.Take(65534, UidResource::kAioEvents, 6 * 128);
+  EXPECT_EQ(ev.error_number(), EAGAIN);
+  EXPECT_NE(ev.message().find("ctl_max_aio_events=256"), std::string::npos) << ev.message();
+  workers->Reset();  // the handle closed
+  EXPECT_EQ(l.Held(65534, UidResource::kWorkers), 0);
+  EXPECT_TRUE(l.Take(65534, UidResource::kWorkers, 8).ok());
 }
 
 TEST(UidLimits, OneUidAtItsLimitLeavesOthersAlone) {

@@ -15,9 +15,12 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -48,7 +51,17 @@ void TestGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, 1.0);
 }
 
-void TestLookup(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, ENOENT); }
+// Lookups of uid 1000 wait until g_release opens (a user's slow requests); others answer at once.
+std::atomic<bool> g_release{true};
+std::atomic<int> g_slow_running{0};
+void TestLookup(fuse_req_t req, fuse_ino_t, const char*) {
+  if (fuse_req_ctx(req)->uid == 1000) {
+    ++g_slow_running;
+    while (!g_release.load()) usleep(1000);
+    --g_slow_running;
+  }
+  fuse_reply_err(req, ENOENT);
+}
 
 void TestWriteBuf(fuse_req_t req, fuse_ino_t, fuse_bufvec* bufv, off_t, fuse_file_info*) {
   if (auto flags = g_seen->transport->WriteFlags(*bufv)) {
@@ -96,12 +109,14 @@ class ReadLoopTest : public ::testing::Test {
     ASSERT_NE(se_, nullptr);
     static const fuse_custom_io io = {IoWritev, IoRead, nullptr, nullptr};
     ASSERT_EQ(fuse_session_custom_io(se_, &io, sv[1]), 0);  // the session owns sv[1] now
-    auto loop = ReadLoop::Create(se_, /*threads=*/2, /*adoptable=*/1, /*max_request=*/1 << 20);
+    auto loop = ReadLoop::Create(se_, threads_, adoptable_, /*max_request=*/1 << 20);
     ASSERT_TRUE(loop.ok()) << loop.status().ToString();
     loop_ = std::move(loop).value();
     seen_.transport = loop_.get();
+    BeforeRun();
     run_ = std::async(std::launch::async, [this] { return loop_->Run(); });
   }
+  virtual void BeforeRun() {}
   void TearDown() override {
     if (run_.valid()) {
       fuse_session_exit(se_);
@@ -114,13 +129,14 @@ class ReadLoopTest : public ::testing::Test {
   }
 
   // Sends one request: the header (len and unique filled in) and its argument bytes.
-  void Send(uint32_t opcode, uint64_t unique, uint64_t nodeid, const std::string& arg) {
+  void Send(uint32_t opcode, uint64_t unique, uint64_t nodeid, const std::string& arg,
+            uint32_t uid = getuid()) {
     fuse_in_header in{};
     in.len = static_cast<uint32_t>(sizeof(in) + arg.size());
     in.opcode = opcode;
     in.unique = unique;
     in.nodeid = nodeid;
-    in.uid = getuid();
+    in.uid = uid;
     in.gid = getgid();
     in.pid = static_cast<uint32_t>(getpid());
     std::string msg(reinterpret_cast<const char*>(&in), sizeof(in));
@@ -158,6 +174,8 @@ class ReadLoopTest : public ::testing::Test {
     EXPECT_EQ(out.minor, 31u) << "libfuse answers with the kernel's minor";
   }
 
+  int threads_ = 2;
+  size_t adoptable_ = 1;
   Seen seen_;
   int kernel_ = -1;
   fuse_session* se_ = nullptr;
@@ -238,6 +256,59 @@ TEST_F(ReadLoopTest, ExitEndsEveryLoopThread) {
   ASSERT_EQ(run_.wait_for(std::chrono::seconds(5)), std::future_status::ready)
       << "a loop thread blocked in read(2) was not woken";
   EXPECT_EQ(run_.get(), 0);
+}
+
+// ShareLoopThreads: one uid's slow requests occupy at most threads - reserve loop threads; the
+// rest are handed to its overflow, and another user's request is answered meanwhile.
+class SharedLoopTest : public ReadLoopTest {
+ protected:
+  SharedLoopTest() {
+    threads_ = 4;
+    adoptable_ = 16;
+  }
+  void BeforeRun() override {
+    loop_->ShareLoopThreads(/*reserve=*/1, [this](uid_t uid, std::function<void()> job) {
+      std::lock_guard lock(mu_);
+      handed_uids_.push_back(uid);
+      helpers_.emplace_back(std::move(job));
+      return true;
+    });
+  }
+  void TearDown() override {
+    g_release = true;
+    for (auto& t : helpers_) t.join();
+    ReadLoopTest::TearDown();
+  }
+  std::mutex mu_;
+  std::vector<uid_t> handed_uids_;
+  std::vector<std::thread> helpers_;
+};
+
+TEST_F(SharedLoopTest, OneUidNeverTakesEveryLoopThread) {
+  Init();
+  g_release = false;
+  // Eight slow requests of uid 1000: three run on loop threads (4 - reserve 1), five are handed
+  // over and run on the overflow's threads.
+  for (uint64_t u = 10; u < 18; ++u) Send(FUSE_LOOKUP, u, 1, std::string("slow") + '\0', 1000);
+  for (int i = 0; i < 500 && g_slow_running.load() < 8; ++i) usleep(2000);
+  EXPECT_EQ(g_slow_running.load(), 8);
+  // Another user is answered while all eight wait: a loop thread was left for it.
+  fuse_getattr_in ga{};
+  Send(FUSE_GETATTR, 30, 7, Bytes(ga), 2000);
+  Reply r = Receive();
+  EXPECT_EQ(r.header.unique, 30u);
+  EXPECT_EQ(r.header.error, 0);
+  {
+    std::lock_guard lock(mu_);
+    EXPECT_EQ(handed_uids_.size(), 5u);
+    for (uid_t u : handed_uids_) EXPECT_EQ(u, 1000u);
+  }
+  g_release = true;
+  for (int i = 0; i < 8; ++i) {
+    Reply k = Receive();
+    EXPECT_EQ(k.header.error, -ENOENT);
+  }
+  EXPECT_NE(loop_->StatsJson().find("\"handed_over\":5"), std::string::npos) << loop_->StatsJson();
 }
 
 }  // namespace
