@@ -123,9 +123,10 @@ int InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_e
   if (fstatat(fd, "", &st, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0) return errno;
   // Whether the kernel already holds this inode is known only under mu_, which takes nothing
   // under it (fs/core/fs.h): a new inode's charge is taken before, and given back if unused.
+  // Root's lookups are not charged: no first look.
   UidCharge charge;
-  bool known;
-  {
+  bool known = looker == 0 || limits_ == nullptr;
+  if (!known) {
     std::lock_guard lock(mu_);
     known = inodes_.count(std::make_pair(st.st_dev, st.st_ino)) != 0;
   }

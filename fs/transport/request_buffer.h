@@ -88,6 +88,9 @@ struct Receiver {
   // The WRITE's fuse_write_in::write_flags (FUSE_WRITE_KILL_SUIDGID, ...), which libfuse 3.14
   // reads but does not hand to write_buf; nullopt for any other request or when unknown.
   std::optional<uint32_t> write_flags;
+  // The sender's uid of a request whose header is not in `buffer` (a large WRITE left in a
+  // splice pipe), for the loop's per-uid share of its threads; nullopt otherwise or unknown.
+  std::optional<uid_t> piped_uid;
 };
 
 // Page-aligned buffers of one size, carved on first use out of one address range reserved up

@@ -111,10 +111,13 @@ void SessionLoop::ShareLoopThreads(int reserve, Overflow overflow) {
   busy_ = std::make_unique<std::atomic<int>[]>(kBusyBuckets);
 }
 
-std::optional<uid_t> SessionLoop::SharedUidOf(const fuse_buf& buf) const {
-  if (share_ == 0 || (buf.flags & FUSE_BUF_IS_FD) || buf.size < sizeof(fuse_in_header)) {
+std::optional<uid_t> SessionLoop::SharedUidOf(const Receiver& r, const fuse_buf& buf) const {
+  if (share_ == 0) return std::nullopt;
+  if (buf.flags & FUSE_BUF_IS_FD) {
+    if (r.piped_uid && *r.piped_uid != 0) return r.piped_uid;
     return std::nullopt;
   }
+  if (buf.size < sizeof(fuse_in_header)) return std::nullopt;
   fuse_in_header h;
   std::memcpy(&h, buf.mem, sizeof(h));
   if (h.uid == 0) return std::nullopt;
@@ -130,11 +133,29 @@ std::optional<uid_t> SessionLoop::SharedUidOf(const fuse_buf& buf) const {
   }
 }
 
-bool SessionLoop::HandOver(uid_t uid, const fuse_buf& buf) {
-  auto held =
-      std::make_shared<RequestBuffer>(buffers_->Adopt(static_cast<const char*>(buf.mem), buf.size));
-  if (!*held) return false;  // no spare buffer: it runs here
-  const size_t n = buf.size;
+bool SessionLoop::HandOver(size_t index, Receiver& r, uid_t uid, fuse_buf* buf) {
+  const bool piped = (buf->flags & FUSE_BUF_IS_FD) != 0;
+  if (piped && !ToMemory(index, r, buf)) {
+    // Part of the request may have left its pipe: as when a request cannot be read back from
+    // it (SpliceLoop::Receive), the session ends.
+    Logger().error("reading a request out of its pipe to hand it over failed: {}",
+                   std::strerror(errno));
+    error_.store(-EIO);
+    fuse_session_exit(se_);
+    return true;
+  }
+  auto held = std::make_shared<RequestBuffer>(
+      buffers_->Adopt(static_cast<const char*>(buf->mem), buf->size));
+  if (!*held) {
+    // No spare buffer: the request runs here, as received (or, read out of its pipe, from
+    // memory), counted.
+    if (!piped) return false;
+    Busy(uid).fetch_add(1, std::memory_order_relaxed);
+    fuse_session_process_buf(se_, buf);
+    Busy(uid).fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
+  const size_t n = buf->size;
   auto job = [this, held, n] {
     fuse_buf b{};
     b.mem = const_cast<char*>(held->payload());
@@ -193,9 +214,10 @@ void SessionLoop::Worker(size_t index) {
     if (protocol_ != nullptr && !(buf.flags & FUSE_BUF_IS_FD)) {
       protocol_->ObserveRequest(buf.mem, buf.size);  // INIT is small: always in memory
     }
-    const std::optional<uid_t> uid = SharedUidOf(buf);
-    if (uid && Busy(*uid).load(std::memory_order_relaxed) >= share_ && HandOver(*uid, buf)) {
-      continue;  // a request read into memory: nothing of it is left to drop
+    const std::optional<uid_t> uid = SharedUidOf(r, buf);
+    if (uid && Busy(*uid).load(std::memory_order_relaxed) >= share_ &&
+        HandOver(index, r, *uid, &buf)) {
+      continue;  // the request was read out whole: nothing of it is left to drop
     }
     if (uid) Busy(*uid).fetch_add(1, std::memory_order_relaxed);
     fuse_session_process_buf(se_, &buf);

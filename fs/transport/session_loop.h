@@ -57,11 +57,10 @@ class SessionLoop : public Transport {
   std::optional<uint32_t> WriteFlags(const fuse_bufvec& bufv) const override;
   RequestBufferPool* payload_pool() final { return buffers_.get(); }
   std::string StatsJson() const override;
-  // A request read into memory whose uid (not root) occupies threads - reserve loop threads or
-  // more is handed to `overflow` with its buffer (adopted from the pool, so the thread goes on
-  // with a replacement); where no buffer is spare or `overflow` refuses, it runs here after all.
-  // A request whose payload stays in a pipe (a large spliced WRITE) is not counted nor handed
-  // over. `reserve` <= 0 turns it off.
+  // A request whose uid (not root) occupies threads - reserve loop threads or more is handed to
+  // `overflow` with its buffer (adopted from the pool, so the thread goes on with a replacement;
+  // a large WRITE still in a splice pipe is read into the buffer first); where no buffer is
+  // spare or `overflow` refuses, it runs here after all. `reserve` <= 0 turns it off.
   void ShareLoopThreads(int reserve, Overflow overflow) override;
 
  protected:
@@ -82,6 +81,10 @@ class SessionLoop : public Transport {
   // kRequestReadOffset, is where a read(2) request goes) and describes it in `buf`. An error
   // ends the session.
   virtual Result<Received> Receive(size_t index, Receiver& r, fuse_buf* buf) = 0;
+  // Moves a request whose payload is still in a pipe (FUSE_BUF_IS_FD) into `r`'s buffer, so it
+  // can be handed over with it (ShareLoopThreads); false (errno set) when reading it out
+  // failed, which ends the session.
+  virtual bool ToMemory(size_t /*index*/, Receiver& /*r*/, fuse_buf* /*buf*/) { return false; }
   // After the handler returned: anything left of the request must be dropped before the next.
   virtual Status AfterDispatch(size_t /*index*/, const fuse_buf& /*buf*/) { return Status::Ok(); }
   // What a read(2) or splice of /dev/fuse that returned `n` (errno set when negative) means when
@@ -100,11 +103,14 @@ class SessionLoop : public Transport {
 
  private:
   void Worker(size_t index);
-  // ShareLoopThreads: the uid of an in-memory request that may be counted and handed over, or
-  // nullopt (root, the session's own requests: INIT, DESTROY, INTERRUPT, FORGET).
-  std::optional<uid_t> SharedUidOf(const fuse_buf& buf) const;
-  // Hands `buf` (a request of `uid`, whose threads are all taken) to overflow_: true when taken.
-  bool HandOver(uid_t uid, const fuse_buf& buf);
+  // ShareLoopThreads: the uid of a request that may be counted and handed over, or nullopt
+  // (root, the session's own requests: INIT, DESTROY, INTERRUPT, FORGET). A request still in a
+  // pipe is a WRITE: its uid is the one its Receiver peeked.
+  std::optional<uid_t> SharedUidOf(const Receiver& r, const fuse_buf& buf) const;
+  // Hands `buf` (a request of `uid`, whose threads are all taken; moved into memory first when it
+  // is still in a pipe) to overflow_: true when it was handled (taken, or run here because
+  // overflow_ refused it), false when it is left to the caller, untouched.
+  bool HandOver(size_t index, Receiver& r, uid_t uid, fuse_buf* buf);
   std::atomic<int>& Busy(uid_t uid) { return busy_[uid % kBusyBuckets]; }
 
   // Loop threads in handlers, per uid bucket: uids that share a bucket share a count, which can

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "engine/common/log.h"
@@ -100,8 +101,14 @@ Result<SessionLoop::Received> SpliceLoop::Receive(size_t index, Receiver& r, fus
     buf->fd = pipe.read_fd();
     char head[kWriteHeaderBytes];
     auto got = pipe.Peek(*peeks_[index], head, sizeof(head));
+    r.piped_uid.reset();
     if (got.ok()) {
       w = WriteHeaderOf(head, got.value());
+      if (got.value() >= sizeof(fuse_in_header)) {
+        fuse_in_header in;
+        std::memcpy(&in, head, sizeof(in));
+        r.piped_uid = in.uid;
+      }
     } else {
       // The handler then decides without the flags (Transport::WriteFlags): logged, not fatal.
       Logger().error("reading a spliced request's headers: {}", got.status().ToString());
@@ -114,11 +121,24 @@ Result<SessionLoop::Received> SpliceLoop::Receive(size_t index, Receiver& r, fus
     if (!st.ok())
       return Status::IoError(EIO, "reading a request back from its pipe: " + st.ToString());
     buf->mem = mem;
+    r.piped_uid.reset();
     w = WriteHeaderOf(mem, static_cast<size_t>(n));
   }
   r.write_flags = w ? std::optional<uint32_t>(w->write_flags) : std::nullopt;
   if (w) steering_.Note(*w);
   return Received::kRequest;
+}
+
+bool SpliceLoop::ToMemory(size_t index, Receiver& r, fuse_buf* buf) {
+  if (!(buf->flags & FUSE_BUF_IS_FD)) return true;
+  // The whole request is still in the pipe (Peek read the headers through a tee): read it out
+  // where a read(2) receive would have put it, so the payload lands page-aligned.
+  char* const mem = r.buffer.data() + kRequestReadOffset;
+  if (!pipes_[index]->ReadExactly(mem, buf->size).ok()) return false;
+  buf->flags = static_cast<fuse_buf_flags>(0);
+  buf->fd = -1;
+  buf->mem = mem;
+  return true;
 }
 
 Status SpliceLoop::AfterDispatch(size_t index, const fuse_buf& buf) {

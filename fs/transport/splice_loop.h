@@ -60,6 +60,7 @@ class SpliceLoop final : public SessionLoop {
       : SessionLoop(se, threads, adoptable, max_request), steering_(direct_io, protocol) {}
   Result<Received> Receive(size_t index, Receiver& r, fuse_buf* buf) override;
   Status AfterDispatch(size_t index, const fuse_buf& buf) override;
+  bool ToMemory(size_t index, Receiver& r, fuse_buf* buf) override;
 
   std::vector<std::unique_ptr<Pipe>> pipes_;  // one per thread
   // One small pipe per thread beside each of pipes_: a large spliced request's headers are
