@@ -105,28 +105,22 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
     size_t need;
     if (plus) {
       fuse_entry_param e{};
-      if (dots) {
+      const int lerr = dots ? 0 : fs.inodes().Lookup(ino, d->d_name, fuse_req_ctx(req)->uid, &e);
+      if (lerr == ENOENT) continue;  // removed while listing
+      if (lerr != 0 && lerr != ENFILE) {
+        err = lerr;
+        break;
+      }
+      if (dots || lerr == ENFILE) {
+        // No lookup (node id 0): "." and "..", and a name over the reader's share of inodes
+        // (max_inodes_per_uid; its own LOOKUP will answer ENFILE).
+        e = fuse_entry_param{};
         e.attr.st_ino = d->d_ino;
         e.attr.st_mode = static_cast<mode_t>(d->d_type) << 12;
-      } else {
-        int lerr = fs.inodes().Lookup(ino, d->d_name, fuse_req_ctx(req)->uid, &e);
-        if (lerr == ENFILE) {
-          // The reader's share of inodes is used up (max_inodes_per_uid): the name without a
-          // lookup (node id 0), as for "." and "..". Its own LOOKUP will answer ENFILE.
-          e = fuse_entry_param{};
-          e.attr.st_ino = d->d_ino;
-          e.attr.st_mode = static_cast<mode_t>(d->d_type) << 12;
-          lerr = 0;
-        }
-        if (lerr) {
-          if (lerr == ENOENT) continue;  // removed while listing
-          err = lerr;
-          break;
-        }
       }
       need = fuse_add_direntry_plus(req, &buf[used], size - used, d->d_name, &e, d->d_off);
       if (need > size - used) {
-        if (!dots) fs.inodes().Forget(e.ino, 1);  // not handed to the kernel after all
+        if (e.ino != 0) fs.inodes().Forget(e.ino, 1);  // not handed to the kernel after all
         dh->offset = -1;  // the stream is past this entry: seek back on the next call
         break;
       }

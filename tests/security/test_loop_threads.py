@@ -320,6 +320,42 @@ class InodePinTest(Case):
         self.alive(m)
 
 
+LIST_OVER_SHARE = r'''
+d = os.path.join(A["mnt"], "pub", "links")
+os.mkdir(d)
+fds = []
+for i in range(A["pins"]):
+    try:
+        os.symlink("target", os.path.join(d, "l%d" % i))
+        fds.append(os.open(os.path.join(d, "l%d" % i), os.O_PATH | os.O_NOFOLLOW))
+    except OSError:
+        break
+names = os.listdir(os.path.join(A["mnt"], "pub", "many"))  # READDIRPLUS: no inode left to look up
+emit("listed", n=len(names), pinned=len(fds))
+ask()
+'''
+
+
+class ListOverShareTest(Case):
+    def test_19b_a_listing_past_the_users_share_names_every_entry(self):
+        """A READDIRPLUS by a user at its share of inodes sends the names without lookups. Found
+        by review: when such a name was the entry that did not fit the reply, the daemon
+        forgot node id 0 and crashed."""
+        m = self.mount(options=su.OPTIONS + ("max_inodes_per_uid=100",))
+        self.public_dir()
+        os.mkdir(self.b("pub", "many"))  # made behind the mount: the kernel has none of them
+        for i in range(1000):
+            with open(self.b("pub", "many", "file-with-a-longer-name-%04d" % i), "wb"):
+                pass
+        os.stat(self.m("pub", "many"))  # the directory itself known (root's lookup), its files not
+        c = self.child(LIST_OVER_SHARE, {"mnt": self.mnt, "pins": 150})
+        got = c.expect("listed", timeout=120)
+        self.assertLessEqual(got["pinned"], 100, got)
+        self.assertEqual(got["n"], 1000, got)
+        c.send("end")
+        self.alive(m)
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 9: a passthrough writer writes with an unprivileged identity, never the daemon's.
 
