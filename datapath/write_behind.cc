@@ -74,10 +74,15 @@ Status KeepWhatFits(const FileRef& file, const char* data, int64_t n, int64_t at
   return Status::Ok();
 }
 
-// Where KeepWhatFits starts for an engine write of [start, start + len) that completed with `r`:
-// its first failing request, or the whole write when the engine did not say.
-int64_t FirstUnwritten(const OpResult& r, int64_t start, int64_t len) {
-  return r.error_offset >= start && r.error_offset < start + len ? r.error_offset : start;
+// The outcome of an engine write of `len` bytes at `data` to file offset `start` that completed
+// with `r`: out of space, KeepWhatFits from its first failing request (or the whole write when the
+// engine did not say which).
+Status AfterFlushWrite(const FileRef& file, const char* data, int64_t start, int64_t len,
+                       const OpResult& r) {
+  if (!OutOfSpace(r.status)) return r.status;
+  const int64_t from =
+      r.error_offset >= start && r.error_offset < start + len ? r.error_offset : start;
+  return KeepWhatFits(file, data + (from - start), start + len - from, from, r.status);
 }
 
 }  // namespace
@@ -204,11 +209,7 @@ void WriteBehind::FlushAdoptedLocked(Extent e, const Latch& latch) {
     const char* data = parts->bufs[i]->data();
     const auto n = static_cast<int64_t>(parts->bufs[i]->size());
     Completion done = [this, parts, i, part_done, file = e.file, at, n](const OpResult& r) {
-      Status st = r.status;
-      if (OutOfSpace(st)) {
-        const int64_t from = FirstUnwritten(r, at, n);
-        st = KeepWhatFits(file, parts->bufs[i]->data() + (from - at), at + n - from, from, st);
-      }
+      const Status st = AfterFlushWrite(file, parts->bufs[i]->data(), at, n, r);
       if (part_done(*parts, i, st)) FinishFlush(parts->first, /*adopted=*/true);
     };
     Status st = SubmitFlushWrite(*engine, data, n, e.file, at, std::move(done), latch);
@@ -282,12 +283,7 @@ void WriteBehind::FlushLocked(const Latch& latch) {
       auto chunk = e.chunk;
       Completion done = [this, chunk, file = e.file, start = e.start, len = e.len,
                          lead = e.lead](const OpResult& r) mutable {
-        Status st = r.status;
-        if (OutOfSpace(st)) {
-          const int64_t from = FirstUnwritten(r, start, len);
-          st = KeepWhatFits(file, chunk->data() + lead + (from - start), start + len - from, from,
-                            st);
-        }
+        const Status st = AfterFlushWrite(file, chunk->data() + lead, start, len, r);
         chunk.reset();  // back to the pool first
         FinishFlush(st, /*adopted=*/false);
       };

@@ -135,6 +135,20 @@ Result<T> ParseNamed(const std::string& key, const std::string& text,
   return Status::InvalidArgument("option '" + key + "': '" + text + "' is not one of " + all);
 }
 
+// An integer option within [lo, hi] (the limits and thread counts): the usage error names the
+// option and its range.
+template <typename T>
+Status ParseIntInRange(const std::string& key, const std::optional<std::string>& text, int64_t lo,
+                       int64_t hi, T* out) {
+  DNVME_ASSIGN_OR_RETURN(const int n, ParseIntOption(key, text));
+  if (n < lo || n > hi) {
+    return Status::InvalidArgument("option '" + key + "' must be " + std::to_string(lo) + ".." +
+                                   std::to_string(hi));
+  }
+  *out = n;
+  return Status::Ok();
+}
+
 // The name of `value` in such a table.
 template <typename T, size_t N>
 const char* NameOf(T value, const std::pair<T, const char*> (&names)[N]) {
@@ -267,74 +281,37 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     } else if (k == "io_uring") {
       DNVME_ASSIGN_OR_RETURN(o.io_uring, ParseBoolOption(k, v));
     } else if (k == "uring_threads") {
-      DNVME_ASSIGN_OR_RETURN(o.uring_threads, ParseIntOption(k, v));
-      if (o.uring_threads < 1 || o.uring_threads > 64) {
-        return Status::InvalidArgument("option 'uring_threads' must be 1..64");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, 64, &o.uring_threads));
     } else if (k == "clone_fd") {
       DNVME_ASSIGN_OR_RETURN(o.clone_fd, ParseBoolOption(k, v));
     } else if (k == "loop_threads") {
-      DNVME_ASSIGN_OR_RETURN(o.loop_threads, ParseIntOption(k, v));
-      if (o.loop_threads < 1 || o.loop_threads > kMaxFuseThreads) {
-        return Status::InvalidArgument("option 'loop_threads' must be 1.." +
-                                       std::to_string(kMaxFuseThreads));
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, kMaxFuseThreads, &o.loop_threads));
     } else if (k == "ctl_max_handles") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_handles, ParseIntOption(k, v));
-      if (o.ctl_max_handles < 0 || o.ctl_max_handles > 4096) {
-        return Status::InvalidArgument("option 'ctl_max_handles' must be 0..4096");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 4096, &o.ctl_max_handles));
     } else if (k == "ctl_max_bytes") {
       DNVME_ASSIGN_OR_RETURN(o.ctl_max_bytes, ParseSizeOption(k, v));
     } else if (k == "ctl_max_buffers") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_buffers, ParseIntOption(k, v));
       // The daemon's table of client mappings has 16384 slots (fs/control/client_memory.h).
-      if (o.ctl_max_buffers < 0 || o.ctl_max_buffers > 16384) {
-        return Status::InvalidArgument("option 'ctl_max_buffers' must be 0..16384");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 16384, &o.ctl_max_buffers));
     } else if (k == "ctl_max_pinned") {
       DNVME_ASSIGN_OR_RETURN(o.ctl_max_pinned, ParseSizeOption(k, v));
     } else if (k == "ctl_max_pending") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_pending, ParseIntOption(k, v));
-      if (o.ctl_max_pending < 0 || o.ctl_max_pending > (int64_t{1} << 20)) {
-        return Status::InvalidArgument("option 'ctl_max_pending' must be 0..1048576");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, (int64_t{1} << 20), &o.ctl_max_pending));
     } else if (k == "ctl_threads_per_uid") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_threads_per_uid, ParseIntOption(k, v));
-      if (o.ctl_threads_per_uid < 1 || o.ctl_threads_per_uid > 64) {
-        return Status::InvalidArgument("option 'ctl_threads_per_uid' must be 1..64");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, 64, &o.ctl_threads_per_uid));
     } else if (k == "max_files_per_uid") {
-      DNVME_ASSIGN_OR_RETURN(o.max_files_per_uid, ParseIntOption(k, v));
-      if (o.max_files_per_uid < 1 || o.max_files_per_uid > (int64_t{1} << 30)) {
-        return Status::InvalidArgument("option 'max_files_per_uid' must be 1..1073741824");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, (int64_t{1} << 30), &o.max_files_per_uid));
     } else if (k == "max_inodes_per_uid") {
-      DNVME_ASSIGN_OR_RETURN(o.max_inodes_per_uid, ParseIntOption(k, v));
-      if (o.max_inodes_per_uid < 1 || o.max_inodes_per_uid > (int64_t{1} << 30)) {
-        return Status::InvalidArgument("option 'max_inodes_per_uid' must be 1..1073741824");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, (int64_t{1} << 30), &o.max_inodes_per_uid));
     } else if (k == "broker_max_conns_per_uid") {
-      DNVME_ASSIGN_OR_RETURN(o.broker_max_conns_per_uid, ParseIntOption(k, v));
-      if (o.broker_max_conns_per_uid < 0 || o.broker_max_conns_per_uid > 4096) {
-        return Status::InvalidArgument("option 'broker_max_conns_per_uid' must be 0..4096");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 4096, &o.broker_max_conns_per_uid));
     } else if (k == "ctl_max_opens") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_opens, ParseIntOption(k, v));
       // At least one: root must always be able to open config and stats.
-      if (o.ctl_max_opens < 1 || o.ctl_max_opens > (int64_t{1} << 20)) {
-        return Status::InvalidArgument("option 'ctl_max_opens' must be 1..1048576");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, (int64_t{1} << 20), &o.ctl_max_opens));
     } else if (k == "ctl_max_workers") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_workers, ParseIntOption(k, v));
-      if (o.ctl_max_workers < 0 || o.ctl_max_workers > 65536) {
-        return Status::InvalidArgument("option 'ctl_max_workers' must be 0..65536");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 65536, &o.ctl_max_workers));
     } else if (k == "ctl_max_aio_events") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_aio_events, ParseIntOption(k, v));
-      if (o.ctl_max_aio_events < 0 || o.ctl_max_aio_events > (int64_t{1} << 30)) {
-        return Status::InvalidArgument("option 'ctl_max_aio_events' must be 0..1073741824");
-      }
+      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, (int64_t{1} << 30), &o.ctl_max_aio_events));
     } else if (k == "max_request") {
       DNVME_ASSIGN_OR_RETURN(o.max_request, ParseSizeOption(k, v));
       if (o.max_request < 4096 || o.max_request > kMaxRequestLimit || o.max_request % 4096 != 0) {

@@ -4,6 +4,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <chrono>
 #include <mutex>
 
 namespace dnvme {
@@ -172,6 +173,20 @@ Status SetLogFile(const std::string& path) {
     return Status::IoError(EIO, "cannot open log file '" + path + "': " + e.what());
   }
   return Status::Ok();
+}
+
+bool LogThrottle::Allow(uint64_t* skipped) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = last_ns_.load(std::memory_order_relaxed);
+  if ((last != std::numeric_limits<int64_t>::min() && now - last < 1'000'000'000) ||
+      !last_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  *skipped = skipped_.exchange(0, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace dnvme

@@ -13,6 +13,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,5 +38,18 @@ enum class LogEscapeMode {
 // U+10FFFF included), and each byte of a C1 control (U+0080..U+009F: some terminals act on them)
 // or of U+2028/U+2029 (line breaks to some viewers). Valid printable UTF-8 is kept as it is.
 std::string LogEscape(std::string_view text, LogEscapeMode mode = LogEscapeMode::kAll);
+
+// At most one log line a second from one place, however often it is reached: for refusals a user
+// can repeat as fast as it likes (a log the user could fill would cost the daemon its disk and
+// hide everything else). Allow() is true for the call that may log now, with how many calls were
+// left out since the last line in `*skipped`. Thread-safe (atomics only).
+class LogThrottle {
+ public:
+  bool Allow(uint64_t* skipped);
+
+ private:
+  std::atomic<int64_t> last_ns_{std::numeric_limits<int64_t>::min()};
+  std::atomic<uint64_t> skipped_{0};
+};
 
 }  // namespace dnvme

@@ -26,24 +26,6 @@ int OpenRetry(const char* path, int flags, mode_t mode) {
   return fd;
 }
 
-// Reopens an open file through /proc/self/fd (`proc`) without ever waiting: an open that
-// conflicts with a file lease on it would sleep until the lease's holder lets go (up to
-// lease-break-time, 45 s) -- in the daemon, on a thread other users' requests need. With
-// O_NONBLOCK the kernel answers EWOULDBLOCK instead; the flag is cleared again afterwards (the
-// reopened descriptor's I/O is the caller's as it asked).
-int ReopenNoWait(const std::string& proc, int flags) {
-  const int fd = OpenRetry(proc.c_str(), flags | O_NONBLOCK, 0);
-  if (fd < 0 || (flags & O_NONBLOCK)) return fd;
-  const int fl = fcntl(fd, F_GETFL);
-  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-    const int err = errno;
-    close(fd);
-    errno = err;
-    return -1;
-  }
-  return fd;
-}
-
 // The logical block size of the device holding `dev`, from sysfs; 0 if unknown (e.g. tmpfs).
 uint32_t SysfsLogicalBlockSize(dev_t dev) {
   std::string base =
@@ -169,6 +151,21 @@ Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, FileAccess a
   return f;
 }
 
+int ReopenNoWait(int fd, int flags) {
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  const int r = OpenRetry(proc.c_str(), flags | O_NONBLOCK, 0);
+  if (r < 0 || (flags & O_NONBLOCK)) return r;
+  // F_SETFL changes only the status flags (O_APPEND, O_DIRECT, O_NOATIME, O_NONBLOCK, ...):
+  // those asked for, less O_NONBLOCK, are what the open set.
+  if (fcntl(r, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    close(r);
+    errno = err;
+    return -1;
+  }
+  return r;
+}
+
 Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolicy policy,
                                           bool want_read_fd) {
   auto f = std::make_shared<IoFile>();
@@ -190,7 +187,7 @@ Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolic
   UniqueFd direct;
   int direct_err = 0;
   if (policy != DirectPolicy::kNever) {
-    int dfd = ReopenNoWait(proc, base | O_DIRECT);
+    int dfd = ReopenNoWait(fd, base | O_DIRECT);
     if (dfd >= 0) {
       direct.Reset(dfd);
     } else if (errno == EINVAL) {
@@ -203,7 +200,7 @@ Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolic
       direct_err = errno;
     }
   }
-  int bfd = ReopenNoWait(proc, base);
+  int bfd = ReopenNoWait(fd, base);
   if (bfd >= 0) {
     f->owned_buffered.Reset(bfd);
     f->buffered_fd = bfd;
@@ -220,7 +217,7 @@ Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolic
   }
   if (want_read_fd) {
     if (!f->can_read) {
-      int rfd = ReopenNoWait(proc, O_RDONLY | O_CLOEXEC);
+      int rfd = ReopenNoWait(fd, O_RDONLY | O_CLOEXEC);
       if (rfd < 0) return Status::FromErrno(errno, "reopen " + f->label + " for validation");
       f->owned_read.Reset(rfd);
       f->read_fd = rfd;

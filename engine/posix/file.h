@@ -75,10 +75,17 @@ struct IoFile {
 Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, FileAccess access,
                                            DirectPolicy policy, bool want_read_fd);
 
+// Opens the file `fd` is open on again, through /proc/self/fd/`fd` (a new open file description
+// with `flags`), without ever waiting: an open that conflicts with a file lease would sleep until
+// the lease's holder lets go (up to lease-break-time, 45 s) -- in the daemon, on a thread other
+// users' requests need. With O_NONBLOCK the kernel answers EWOULDBLOCK instead; the flag is
+// cleared again afterwards unless `flags` has it. Returns the descriptor, or -1 with errno.
+int ReopenNoWait(int fd, int flags);
+
 // The same for a caller's fd: the fd is reopened through /proc/self/fd (new open file descriptions,
 // so the caller's flags such as O_APPEND or its lack of O_DIRECT do not matter); the caller keeps
 // ownership of `fd` and must keep it open until the operation completes. The reopens never wait
-// for a file lease on the file (EWOULDBLOCK instead: the daemon reopens on threads others need).
+// for a file lease on the file (ReopenNoWait).
 Result<std::shared_ptr<IoFile>> AdoptIoFd(int fd, FileAccess access, DirectPolicy policy,
                                           bool want_read_fd);
 

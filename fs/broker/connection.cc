@@ -58,12 +58,11 @@ Status CheckPath(const std::string& rel) {
 
 // The daemon's write open that keeps file leases off a leased file (PreloadLeases::EnsureGuard),
 // made from the client's descriptor `fd` as the daemon. O_APPEND: an append-only file opens for
-// writing only so (nothing is ever written through it); O_NONBLOCK: a lease someone already holds
-// is answered, not waited for. A read-only file system needs no guard (no open there can break
-// a lease: they fail EROFS first), so none is made.
+// writing only so (nothing is ever written through it); never waits for a lease someone already
+// holds (ReopenNoWait; O_NONBLOCK kept: nothing reads or writes it). A read-only file system needs
+// no guard (no open there can break a lease: they fail EROFS first), so none is made.
 Result<UniqueFd> OpenLeaseGuard(int fd, const std::string& rel) {
-  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
-  UniqueFd g(open(proc.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  UniqueFd g(ReopenNoWait(fd, O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
   if (g.valid()) return g;
   if (errno == EROFS) return UniqueFd();
   const int err = errno;

@@ -60,12 +60,10 @@ void Fs::AfterExternalWrite(Inode& in) {
   // written around it. (Files shrink only through the mount, whose SETATTR updates the size.)
   struct stat st {};
   if (!S_ISREG(in.type) || fstat(in.fd, &st) != 0 || st.st_size == 0) return;
-  // O_NONBLOCK: a lease on the file is answered EWOULDBLOCK (the size is then not pushed; the
-  // next stat fetches it), never waited for (docs/security.md).
-  const std::string proc = "/proc/self/fd/" + std::to_string(in.fd);
-  UniqueFd rd(open(proc.c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME | O_NONBLOCK));
-  if (!rd.valid() && errno == EPERM)
-    rd.Reset(open(proc.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  // A lease on the file is answered EWOULDBLOCK (the size is then not pushed; the next stat
+  // fetches it), never waited for (ReopenNoWait, docs/security.md).
+  UniqueFd rd(ReopenNoWait(in.fd, O_RDONLY | O_CLOEXEC | O_NOATIME));
+  if (!rd.valid() && errno == EPERM) rd.Reset(ReopenNoWait(in.fd, O_RDONLY | O_CLOEXEC));
   char last = 0;
   if (!rd.valid() || pread(rd.get(), &last, 1, st.st_size - 1) != 1) {
     Logger().warn("reading the last byte of inode {}: {}", in.ino, std::strerror(errno));

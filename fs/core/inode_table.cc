@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -190,13 +189,11 @@ void InodeTable::Forget(fuse_ino_t ino, uint64_t n) {
 }
 
 void InodeTable::RefusedLookup(uid_t looker, const Status& why) {
-  // At most one line a second: the refusals come as fast as the user can look names up.
-  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  int64_t last = last_refusal_log_.load(std::memory_order_relaxed);
-  if (now == last || !last_refusal_log_.compare_exchange_strong(last, now)) return;
-  Logger().warn("lookup by uid {} refused: {}", looker, why.ToString());
+  static LogThrottle throttle;
+  uint64_t unlogged = 0;
+  if (!throttle.Allow(&unlogged)) return;
+  Logger().warn("lookup by uid {} refused: {} ({} more refusals not logged)", looker,
+                why.ToString(), unlogged);
 }
 
 Inode* InodeTable::Pin(dev_t dev, ino_t ino) {

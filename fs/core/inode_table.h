@@ -70,7 +70,8 @@ class InodeTable {
 
  private:
   Status ChargeNew(uid_t looker, UidCharge* out);
-  void RefusedLookup(uid_t looker, const Status& why);
+  // Logs a refused lookup, a line a second at most (LogThrottle).
+  static void RefusedLookup(uid_t looker, const Status& why);
   // The inodes all users' lookups may hold together: half of RLIMIT_NOFILE (read each time: the
   // daemon raises it at start, an administrator may change it with prlimit).
   static int64_t UsersShare();
@@ -78,8 +79,7 @@ class InodeTable {
   const datapath::WriteBehindShared* const wb_;
   const datapath::ReadAheadShared* const ra_;
   UidLimits* const limits_;
-  std::atomic<int64_t> users_inodes_{0};       // inodes holding a lookups_charge
-  std::atomic<int64_t> last_refusal_log_{-1};  // steady seconds of the last refusal logged
+  std::atomic<int64_t> users_inodes_{0};  // inodes holding a lookups_charge
   Inode ctl_dir_, ctl_node_, stats_node_, config_node_, broker_node_;
   std::mutex mu_;
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes_;  // guarded by mu_

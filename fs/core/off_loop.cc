@@ -30,24 +30,6 @@ void OffLoop::AfterLeaseWrites(PreloadLeases* leases, bool share_if_busy, Work w
   work(leases->PollWrites(share_if_busy, /*late=*/true) == PreloadLeases::Poll::kLanded);
 }
 
-void OffLoop::Notify(Work work) {
-  {
-    std::lock_guard lock(mu_);
-    if (!stopping_) {
-      StartLocked();
-      ready_.push_back({std::move(work), true});
-      notify_cv_.notify_one();
-      return;
-    }
-  }
-  work(true);
-}
-
-size_t OffLoop::waiting() const {
-  std::lock_guard lock(mu_);
-  return waits_.size() + ready_.size();
-}
-
 void OffLoop::Gate() {
   std::list<Wait> mine;  // the waits this thread polls; new ones join from waits_
   auto nap = std::chrono::microseconds(20);
@@ -68,8 +50,7 @@ void OffLoop::Gate() {
     lock.unlock();
     // Polled without mu_: PreloadLeases' mutex is a leaf (fs/core/fs.h), taken under nothing.
     const auto now = std::chrono::steady_clock::now();
-    std::list<Wait> done;
-    std::vector<bool> landed;
+    std::vector<Ready> done;
     for (auto it = mine.begin(); it != mine.end();) {
       const bool late = stopping || now >= it->deadline;
       const PreloadLeases::Poll p = it->leases->PollWrites(it->share_if_busy, late);
@@ -77,14 +58,13 @@ void OffLoop::Gate() {
         ++it;
         continue;
       }
-      landed.push_back(p == PreloadLeases::Poll::kLanded);
-      done.splice(done.end(), mine, it++);
+      done.push_back({std::move(it->work), p == PreloadLeases::Poll::kLanded});
+      it = mine.erase(it);
     }
     lock.lock();
-    size_t i = 0;
-    for (Wait& w : done) {
-      if (!landed[i]) ++gave_up_;
-      ready_.push_back({std::move(w.work), landed[i++]});
+    for (Ready& r : done) {
+      if (!r.landed) ++gave_up_;
+      ready_.push_back(std::move(r));
     }
     if (!done.empty()) notify_cv_.notify_one();
     if (mine.empty()) continue;

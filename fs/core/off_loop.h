@@ -20,7 +20,7 @@
 // Both end with the request's reply, sent from the notifier thread (libfuse lets any thread
 // reply; FUSE over io_uring does not, and there the caller runs the work in place).
 //
-// Thread contract: AfterLeaseWrites and Notify from any thread. Work runs on the notifier thread,
+// Thread contract: AfterLeaseWrites from any thread. Work runs on the notifier thread,
 // one item at a time, in the order it became ready. Shutdown (the daemon's Stop, before the
 // session is destroyed) ends the waits at once, runs everything queued, and joins; afterwards
 // work runs on the calling thread. The PreloadLeases a wait polls must outlive it: a pending
@@ -57,12 +57,9 @@ class OffLoop {
   // flight, or after `limit`. `share_if_busy`: PreloadLeases::WaitForWrites.
   void AfterLeaseWrites(PreloadLeases* leases, bool share_if_busy, Work work,
                         std::chrono::milliseconds limit = PreloadLeases::kWriteWait);
-  // Runs `work` on the notifier thread (landed = true).
-  void Notify(Work work);
   void Shutdown();
 
-  // Waits running now, and work queued for the notifier (stats, tests).
-  size_t waiting() const;
+  // Waits that ran to their limit (tests).
   uint64_t gave_up() const { return gave_up_.load(std::memory_order_relaxed); }
 
  private:
@@ -80,7 +77,7 @@ class OffLoop {
   void Gate();
   void Notifier();
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable gate_cv_, notify_cv_;
   std::list<Wait> waits_;    // guarded by mu_
   std::deque<Ready> ready_;  // guarded by mu_

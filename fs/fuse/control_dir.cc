@@ -6,8 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -95,19 +93,11 @@ std::string Snapshot(Fs& fs, VirtualNode kind) {
 // A refused open of a control file is logged, but at most one line a second for the whole daemon
 // (with how many were left out since): a user who opens in a loop must not fill the log.
 void LogRefusedOpen(const char* name, uid_t uid, const Status& st) {
-  static std::atomic<int64_t> last_ns{0};
-  static std::atomic<uint64_t> unlogged{0};
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  int64_t last = last_ns.load(std::memory_order_relaxed);
-  if (now - last < 1'000'000'000 ||
-      !last_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
-    unlogged.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  static LogThrottle throttle;
+  uint64_t unlogged = 0;
+  if (!throttle.Allow(&unlogged)) return;
   Logger().info("open of {}/{} by uid {} refused: {} ({} more refusals not logged)", kCtlDirName,
-                name, uid, st.ToString(), unlogged.exchange(0, std::memory_order_relaxed));
+                name, uid, st.ToString(), unlogged);
 }
 
 const char* NameOf(VirtualNode kind) {

@@ -87,10 +87,10 @@ namespace {
 
 // truncate(2) of the backing file without a name and without waiting: truncate(2) of a path
 // breaks a lease on the file and sleeps until its holder lets go (lease-break-time, 45 s, on a
-// loop thread); an O_NONBLOCK open answers EWOULDBLOCK instead (docs/security.md). The kernel
+// loop thread); ReopenNoWait answers EWOULDBLOCK instead (docs/security.md). The kernel
 // checked the caller's right to truncate (default_permissions) before the SETATTR was sent.
 int TruncateNoWait(Inode& in, off_t size) {
-  UniqueFd fd(open(ProcPath(in.fd).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  UniqueFd fd(ReopenNoWait(in.fd, O_WRONLY | O_CLOEXEC | O_NOCTTY));
   if (!fd.valid()) return errno;
   return ftruncate(fd.get(), size) == 0 ? 0 : errno;
 }

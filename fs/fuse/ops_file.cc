@@ -34,19 +34,15 @@ namespace dnvme::fs::ops {
 
 // Opens the backing object of `in` with the client's flags, minus those the engine handles
 // itself (O_DIRECT: the engine decides per request; O_APPEND: the kernel already turned it into
-// offsets) and those that only make sense at create time. Never blocks (O_NONBLOCK, cleared
-// after unless the client asked for it): an open that would wait for a lease to be broken -- a
-// user's lease on its own file, which its holder may keep for lease-break-time, 45 s -- is
-// answered EWOULDBLOCK at once instead of holding this loop thread (docs/security.md).
+// offsets) and those that only make sense at create time. Never blocks (ReopenNoWait): an open
+// that would wait for a lease to be broken -- a user's lease on its own file, which its holder
+// may keep for lease-break-time, 45 s -- is answered EWOULDBLOCK at once instead of holding this
+// loop thread (docs/security.md).
 int OpenBacking(Inode& in, int flags, UniqueFd* out) {
   const int strip = O_DIRECT | O_APPEND | O_CREAT | O_EXCL | O_NOCTTY;
-  int fd = open(ProcPath(in.fd).c_str(), (flags & ~strip) | O_CLOEXEC | O_NONBLOCK);
+  int fd = ReopenNoWait(in.fd, (flags & ~strip) | O_CLOEXEC);
   if (fd < 0) return errno;
   out->Reset(fd);
-  if (!(flags & O_NONBLOCK)) {
-    const int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) return errno;
-  }
   return 0;
 }
 

@@ -69,9 +69,7 @@ std::optional<int32_t> OpenBacking(Fs& fs, Inode& in) {
     raised.push_back(std::move(cap).value());
   }
   auto id = fs.mount().protocol().OpenBacking(in.fd);
-  // Lowered in the reverse order of raising, then the identity restored (its exact
-  // capability set).
-  while (!raised.empty()) raised.pop_back();
+  raised.clear();  // lowered before anything is logged; `as` restores the identity after
   if (!id.ok()) {
     Logger().debug("passthrough open of inode {}: {}", in.ino, id.status().ToString());
     return std::nullopt;

@@ -89,7 +89,8 @@ struct Receiver {
   // reads but does not hand to write_buf; nullopt for any other request or when unknown.
   std::optional<uint32_t> write_flags;
   // The sender's uid of a request whose header is not in `buffer` (a large WRITE left in a
-  // splice pipe), for the loop's per-uid share of its threads; nullopt otherwise or unknown.
+  // splice pipe), for the loop's per-uid share of its threads: set with each such request (nullopt
+  // when unknown) and read only for one.
   std::optional<uid_t> piped_uid;
 };
 

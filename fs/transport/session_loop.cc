@@ -150,9 +150,7 @@ bool SessionLoop::HandOver(size_t index, Receiver& r, uid_t uid, fuse_buf* buf) 
     // No spare buffer: the request runs here, as received (or, read out of its pipe, from
     // memory), counted.
     if (!piped) return false;
-    Busy(uid).fetch_add(1, std::memory_order_relaxed);
-    fuse_session_process_buf(se_, buf);
-    Busy(uid).fetch_sub(1, std::memory_order_relaxed);
+    Process(uid, buf);
     return true;
   }
   const size_t n = buf->size;
@@ -165,10 +163,17 @@ bool SessionLoop::HandOver(size_t index, Receiver& r, uid_t uid, fuse_buf* buf) 
   handed_over_.fetch_add(1, std::memory_order_relaxed);
   if (overflow_(uid, job)) return true;
   // Refused (the uid's own queue is full, or shutting down): here after all, counted.
-  Busy(uid).fetch_add(1, std::memory_order_relaxed);
-  job();
-  Busy(uid).fetch_sub(1, std::memory_order_relaxed);
+  fuse_buf b{};
+  b.mem = const_cast<char*>(held->payload());
+  b.size = n;
+  Process(uid, &b);
   return true;
+}
+
+void SessionLoop::Process(std::optional<uid_t> uid, fuse_buf* buf) {
+  if (uid) Busy(*uid).fetch_add(1, std::memory_order_relaxed);
+  fuse_session_process_buf(se_, buf);
+  if (uid) Busy(*uid).fetch_sub(1, std::memory_order_relaxed);
 }
 
 void BlockShutdownSignals() {
@@ -219,9 +224,7 @@ void SessionLoop::Worker(size_t index) {
         HandOver(index, r, *uid, &buf)) {
       continue;  // the request was read out whole: nothing of it is left to drop
     }
-    if (uid) Busy(*uid).fetch_add(1, std::memory_order_relaxed);
-    fuse_session_process_buf(se_, &buf);
-    if (uid) Busy(*uid).fetch_sub(1, std::memory_order_relaxed);
+    Process(uid, &buf);
     if (Status st = AfterDispatch(index, buf); !st.ok()) {
       Logger().error("{}", st.ToString());
       error_.store(-EIO);

@@ -112,6 +112,8 @@ class SessionLoop : public Transport {
   // overflow_ refused it), false when it is left to the caller, untouched.
   bool HandOver(size_t index, Receiver& r, uid_t uid, fuse_buf* buf);
   std::atomic<int>& Busy(uid_t uid) { return busy_[uid % kBusyBuckets]; }
+  // Handles `buf` on this thread, counted in `uid`'s share while it runs (nullopt: not counted).
+  void Process(std::optional<uid_t> uid, fuse_buf* buf);
 
   // Loop threads in handlers, per uid bucket: uids that share a bucket share a count, which can
   // only hand a request over early, never let a uid take more.

@@ -121,7 +121,6 @@ Result<SessionLoop::Received> SpliceLoop::Receive(size_t index, Receiver& r, fus
     if (!st.ok())
       return Status::IoError(EIO, "reading a request back from its pipe: " + st.ToString());
     buf->mem = mem;
-    r.piped_uid.reset();
     w = WriteHeaderOf(mem, static_cast<size_t>(n));
   }
   r.write_flags = w ? std::optional<uint32_t>(w->write_flags) : std::nullopt;

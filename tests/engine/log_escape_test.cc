@@ -2,10 +2,12 @@
 // own backstop that keeps every record on one line.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -88,6 +90,19 @@ TEST(LogEscape, TheLoggerKeepsEveryRecordOnOneLine) {
       << text.str();
   EXPECT_NE(text.str().find("escaped at the call site: 'y\\\\z\\n'"), std::string::npos)
       << text.str();
+}
+
+// LogThrottle: one line a second from one place, with the count of calls left out.
+TEST(LogThrottle, OneLineASecondAndTheCountLeftOut) {
+  LogThrottle t;
+  uint64_t skipped = 99;
+  ASSERT_TRUE(t.Allow(&skipped));
+  EXPECT_EQ(skipped, 0u);
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(t.Allow(&skipped));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE(t.Allow(&skipped));
+  EXPECT_EQ(skipped, 5u);
+  EXPECT_FALSE(t.Allow(&skipped));
 }
 
 }  // namespace

@@ -37,10 +37,11 @@ struct Done {
 
 TEST(OffLoop, WorkRunsOnTheNotifierThreadNotTheCallers) {
   OffLoop off;
+  PreloadLeases idle;  // no holder: the wait ends at the gate's first look
   Done done;
   std::atomic<bool> other_thread{false};
   const auto caller = std::this_thread::get_id();
-  off.Notify([&](bool landed) {
+  off.AfterLeaseWrites(&idle, false, [&](bool landed) {
     other_thread = std::this_thread::get_id() != caller;
     done.Add(landed);
   });
@@ -100,7 +101,9 @@ TEST(OffLoop, ShutdownRunsEverythingQueuedAndLaterWorkInPlace) {
         &l, false, [&](bool landed) { done.Add(landed); }, milliseconds(60000));
     off.Shutdown();  // does not wait a minute: the wait ends as given up
     EXPECT_EQ(done.n, 1);
-    off.Notify([&](bool landed) { done.Add(landed); });  // after Shutdown: here, now
+    off.AfterLeaseWrites(
+        &l, false, [&](bool landed) { done.Add(landed); },
+        milliseconds(60000));  // after Shutdown: here, now
     EXPECT_EQ(done.n, 2);
   }
 }
