@@ -1,6 +1,6 @@
 // What the data path did, counted for stats: shared by every file's WriteBehind and ReadAhead of
 // one user of the library (the mount, or one `dnvme run` process). The mount adds its
-// transport's counters (fs/data/counters.h) and reports both in the control file's stats.
+// transport's counters (fs/core/counters.h) and reports both in the control file's stats.
 //
 // Thread safety: relaxed atomics, updated from request threads and engine completion threads.
 #pragma once

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <string>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::datapath {
 

@@ -22,8 +22,8 @@
 #include <optional>
 #include <vector>
 
+#include "dnvme/fd.h"
 #include "dnvme/status.h"
-#include "engine/posix/file.h"
 
 namespace dnvme::datapath {
 

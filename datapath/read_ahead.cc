@@ -26,43 +26,22 @@ int64_t ReadReply::bytes() const {
   return n;
 }
 
-Result<int64_t> ReadAhead::Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
-                                int64_t file_size, bool use_window, char* scratch, ReadReply* reply,
-                                uint64_t generation, bool starts_sequence) {
-  const int64_t served =
-      use_window ? Serve(file, off, n, file_size, reply, generation, starts_sequence) : 0;
-  if (served == n) return n;
-  Status st = engine.sync_pread(scratch + served, n - served, file, off + served);
-  if (!st.ok()) {
-    if (st.code() != Status::Code::kEndOfFile) {
-      shared_->counters->errors.fetch_add(1, std::memory_order_relaxed);
-    }
-    return st;
-  }
-  shared_->counters->bytes_read_engine.fetch_add(static_cast<uint64_t>(n - served),
-                                                 std::memory_order_relaxed);
-  reply->iov.push_back({scratch + served, static_cast<size_t>(n - served)});
-  return n;
-}
-
-Result<int64_t> ReadAhead::ReadInto(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
-                                    int64_t file_size, bool use_window, char* buf,
-                                    uint64_t generation, bool starts_sequence) {
+int64_t ReadAhead::Read(const FileRef& file, const WindowRead& r, ReadReply* reply) {
+  if (r.copy_to == nullptr) return Serve(file, r, reply);
+  int64_t served;
   {
-    ReadReply reply;
-    Result<int64_t> got =
-        Read(engine, file, off, n, file_size, use_window, buf, &reply, generation, starts_sequence);
-    if (!got.ok()) return got;
-    reply.CopyTo(buf);
-  }  // the reply's pins go: the chunks it emptied are free for the window now
-  if (use_window && shared_->chunks != nullptr) {
+    ReadReply pieces;
+    served = Serve(file, r, &pieces);
+    pieces.CopyTo(r.copy_to);
+  }  // the pieces' pins go: the chunks they emptied are free for the window now
+  if (shared_->chunks != nullptr) {
     std::lock_guard lock(m_);
-    if (generation == generation_ && next_ == off + n) {
-      DropBehindLocked(off + n);
-      StartLocked(file, off + n, file_size);
+    if (r.generation == generation_ && next_ == r.off + r.n) {
+      DropBehindLocked(r.off + r.n);
+      StartLocked(file, r.off + r.n, r.file_size);
     }
   }
-  return n;
+  return served;
 }
 
 int ReadAhead::inflight() {
@@ -166,12 +145,12 @@ void ReadAhead::StartLocked(const FileRef& file, int64_t from, int64_t file_size
   }
 }
 
-int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size,
-                         ReadReply* reply, uint64_t generation, bool starts_sequence) {
+int64_t ReadAhead::Serve(const FileRef& file, const WindowRead& r, ReadReply* reply) {
   if (shared_->chunks == nullptr) return 0;
+  const int64_t off = r.off, n = r.n;
   std::unique_lock lock(m_);
   // The file changed after this reader drained: what it would fetch may predate the change.
-  if (generation != generation_) return 0;
+  if (r.generation != generation_) return 0;
   if (shared_->max_read > 0 && n >= shared_->max_read) {
     chunks_.clear();  // chunks in flight live on in their completions
     next_ = -1;
@@ -183,7 +162,7 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
   // inode's) interleave.
   const bool inside = ChunkAtLocked(off) != nullptr;
   const bool continues = inside || (next_ >= 0 && off >= next_ && off - next_ <= shared_->max_skip);
-  const bool starts = !continues && (off == 0 || starts_sequence);
+  const bool starts = !continues && (off == 0 || r.starts_sequence);
   next_ = off + n;
   if (!continues) {
     // A seek, or a sequence somewhere new: keep only what lies in reach of here (another reader
@@ -197,7 +176,7 @@ int64_t ReadAhead::Serve(const FileRef& file, int64_t off, int64_t n, int64_t fi
   DropBehindLocked(off);
   if (continues || starts) {
     PaceLocked(starts, n);
-    StartLocked(file, off, file_size);
+    StartLocked(file, off, r.file_size);
   }
   int64_t copied = 0;
   while (copied < n) {

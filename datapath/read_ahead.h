@@ -81,6 +81,20 @@ struct ReadReply {
   int64_t bytes() const;
 };
 
+// One read as the window sees it.
+struct WindowRead {
+  int64_t off = 0;
+  int64_t n = 0;          // already clamped to file_size
+  int64_t file_size = 0;  // as the reader saw it after draining the file's write-behind
+  // Generation() as the reader saw it before it drained the file's write-behind: when the window
+  // was invalidated since, nothing is served or fetched (see Generation).
+  uint64_t generation = 0;
+  // This read starts a sequence wherever it is (the first read of a read-only open), as a read at
+  // offset 0 always does.
+  bool starts_sequence = false;
+  char* copy_to = nullptr;  // non-null: copy the served bytes here (see Read)
+};
+
 class ReadAhead {
  public:
   explicit ReadAhead(const ReadAheadShared* shared) : shared_(shared) {}
@@ -88,35 +102,17 @@ class ReadAhead {
   ReadAhead(const ReadAhead&) = delete;
   ReadAhead& operator=(const ReadAhead&) = delete;
 
-  // A read of `n` bytes at `off` (already clamped to `file_size`) of `file`: when it continues a
-  // sequence (see the file comment), the window is extended; then as much of [off, off + n) as
-  // the window holds, from its start, is appended to `reply` (waiting for chunks still in
-  // flight). Returns the bytes appended; a failed chunk ends the served part (the caller's
-  // on-demand read then reports the error properly).
-  // `generation`: Generation() as the caller saw it before it drained the file's write-behind;
-  // when the window was invalidated since, nothing is served or fetched (see Generation).
-  // `starts_sequence`: this read starts a sequence wherever it is (the first read of a read-only
-  // open), as a read at offset 0 always does.
-  int64_t Serve(const FileRef& file, int64_t off, int64_t n, int64_t file_size, ReadReply* reply,
-                uint64_t generation, bool starts_sequence = false);
-  // A whole read of [off, off + n) of `file` (n already clamped to `file_size`): what the window
-  // holds (Serve; not when `use_window` is false: O_DIRECT readers, files others may change),
-  // the rest read now through `engine` into `scratch` at the same place (scratch + served).
-  // Appends the pieces to `reply`; returns n or the engine's error (kEndOfFile when the file
-  // shrank meanwhile: `reply` then holds the served part, and the caller reads the rest as it
-  // can).
-  Result<int64_t> Read(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
-                       int64_t file_size, bool use_window, char* scratch, ReadReply* reply,
-                       uint64_t generation, bool starts_sequence = false);
-  // Read() into `buf` itself, for a caller that copies (`dnvme run`: the program's buffer): the
-  // window's pieces are copied out, and the chunks this read emptied go straight back to the
-  // window for the bytes after it (Read alone refills it at the next read: a reply keeps its
-  // chunks until it is sent).
-  Result<int64_t> ReadInto(AioHandle& engine, const FileRef& file, int64_t off, int64_t n,
-                           int64_t file_size, bool use_window, char* buf, uint64_t generation,
-                           bool starts_sequence = false);
+  // The one read entry: serves as much of [r.off, r.off + r.n) of `file` as the window holds,
+  // from its start (waiting for chunks still in flight), after extending the window when the read
+  // continues or starts a sequence (see the file comment). Returns the bytes served; a failed
+  // chunk ends them (the caller's on-demand read then reports the error properly). The pieces
+  // are appended to `reply`, pointing into the chunks it keeps alive -- or, with `r.copy_to`,
+  // copied there, and the chunks this read emptied go straight back to the window for the bytes
+  // after it (a reply keeps its chunks until it is sent, so the window refills at the next read).
+  // Nothing of the rest is read: that is the caller's (datapath/file_data.h).
+  int64_t Read(const FileRef& file, const WindowRead& r, ReadReply* reply);
   // How many times the window was invalidated. A reader samples it before it drains the file's
-  // write-behind and hands it to Serve: a fetch started between that drain and a change to the
+  // write-behind and hands it to Read: a fetch started between that drain and a change to the
   // file (a write gathered after the drain, a truncate, a fallocate) reads the old bytes, so
   // every change invalidates the window after it is made (the write accepted, the truncate
   // done), and a reader whose sample predates that serves and fetches nothing.
@@ -132,6 +128,7 @@ class ReadAhead {
   int64_t window();
 
  private:
+  int64_t Serve(const FileRef& file, const WindowRead& r, ReadReply* reply);
   void StartLocked(const FileRef& file, int64_t from, int64_t file_size);
   // A sequence starts (`start`) or goes on after a read of `n` bytes: sets or grows window_.
   void PaceLocked(bool start, int64_t n);

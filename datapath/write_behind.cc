@@ -10,8 +10,8 @@
 #include <string>
 #include <thread>
 
-#include "engine/common/log.h"
-#include "engine/posix/identity.h"
+#include "dnvme/identity.h"
+#include "dnvme/log.h"
 
 namespace dnvme::datapath {
 namespace {

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 // Why there is no prctl(PR_SET_NO_NEW_PRIVS) here:
 // When dnvmefs runs as an ordinary user, libfuse mounts and unmounts through the setuid-root

@@ -21,11 +21,11 @@
 
 #include "dnvme/gpu.h"
 #include "dnvme/log.h"
-#include "engine/common/log.h"
 #include "fs/backing_access.h"
 #include "fs/caps.h"
 #include "fs/core/fs.h"
 #include "fs/fuse/ops.h"
+#include "fs/fuse_compat.h"
 #include "fs/options.h"
 #include "fs/transport/transport.h"
 
@@ -209,6 +209,10 @@ int main(int argc, char** argv) {
     std::fputs(dnvme::fs::UsageText().c_str(), stdout);
     return 0;
   }
+  if (opts.show_help_markdown) {  // the table in docs/tuning.md, generated from the same rows
+    std::fputs(dnvme::fs::OptionsMarkdown().c_str(), stdout);
+    return 0;
+  }
   if (opts.show_version) {
     std::printf("dnvmefs %s (libfuse %s)\n", DNVME_VERSION, fuse_pkgversion());
     return 0;
@@ -240,8 +244,9 @@ int main(int argc, char** argv) {
   {
     StderrCapture capture;
     fs->mount().set_conn_opts(fuse_parse_conn_info_opts(args.get()));
-    se =
-        fuse_session_new(args.get(), &dnvme::fs::Operations(), sizeof(fuse_lowlevel_ops), fs.get());
+    // The userdata is the Fs as the transport's SessionHost (fs/transport/session_io.h).
+    se = fuse_session_new(args.get(), &dnvme::fs::Operations(), sizeof(fuse_lowlevel_ops),
+                          static_cast<dnvme::fs::SessionHost*>(fs.get()));
     fuse_complaint = capture.Finish();
   }
   if (se == nullptr) {
@@ -263,7 +268,7 @@ int main(int argc, char** argv) {
   } else if (fuse_session_mount(se, opts.mountpoint.c_str()) != 0) {
     std::fprintf(stderr, "dnvmefs: error: mounting %s failed (see messages above)\n",
                  opts.mountpoint.c_str());
-  } else if (int io_rc = fuse_session_custom_io(se, &dnvme::fs::SessionIo(), fuse_session_fd(se));
+  } else if (int io_rc = dnvme::fs::SetCustomIo(se, dnvme::fs::SessionIo(), fuse_session_fd(se));
              io_rc != 0) {
     // Our replies go through SessionIo, which negotiates what libfuse 3.14 cannot.
     std::fprintf(stderr, "dnvmefs: error: fuse_session_custom_io: %s\n", std::strerror(-io_rc));

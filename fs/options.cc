@@ -12,10 +12,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
+#include <limits>
 #include <optional>
+#include <span>
+#include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 namespace dnvme::fs {
 namespace {
@@ -44,121 +48,245 @@ std::string Absolute(const std::string& p) {
   return p;  // CheckDirectories reports the error with the name as given
 }
 
-}  // namespace
-
-std::string UsageText() {
-  std::string text =
-      "usage: dnvmefs BACKING_DIR MOUNTPOINT [-f] [-d] [-s] [-o opt[,opt...]]\n"
-      "  -f            stay in the foreground\n"
-      "  -d            debug: foreground, log_level=debug and libfuse request tracing\n"
-      "  -s            single-threaded request loop\n"
-      "dnvmefs options (-o); the engine's (the keys of `dnvme io --config` JSON):\n";
-  for (const ConfigKey& k : ConfigKeys()) {
-    std::string form = k.name;
-    if (k.type == ConfigValueType::kSize) form += "=SIZE";
-    if (k.type == ConfigValueType::kInt) form += "=N";
-    if (k.type == ConfigValueType::kBool) form += "[=0|1]";
-    if (k.type == ConfigValueType::kDirect) form += "=auto|required|never";
-    form.resize(std::max<size_t>(form.size() + 1, 29), ' ');
-    text += "  " + form + k.help + "\n";
-  }
-  text +=
-      "  config=FILE.json             the same JSON as `dnvme io --config`\n"
-      "the mount's:\n"
-      "  write_behind=SIZE            pinned memory for write-behind (0 disables; 64M)\n"
-      "  write_chunk=SIZE             bytes per write-behind flush (8M)\n"
-      "  read_ahead=SIZE              read-ahead per sequential reader (0 disables; 16M)\n"
-      "  direct_io=off|wronly|writable  opens whose writes come from the writer's pages, not "
-      "the\n"
-      "                               page cache: none, write-only, all for writing (writable)\n"
-      "  splice_read=0|1              splice requests; page-cache writes go to disk uncopied "
-      "(1 unless\n"
-      "                               direct_io=writable)\n"
-      "  preload=0|1                  serve `dnvme run` clients backing-file descriptors (1)\n"
-      "  splice_reply=0|1             send READ replies by vmsplice + splice, not writev (0)\n"
-      "  async_reply=0|1              answer O_DIRECT reads from the engine's completion (0)\n"
-      "  clone_fd=0|1                 libfuse's loop, one /dev/fuse fd per thread, no splice "
-      "(0)\n"
-      "  loop_threads=N               request-loop threads, 1..64 (32)\n"
-      "  io_uring=0|1                 FUSE over io_uring where the kernel enables it (0)\n"
-      "  uring_threads=N              io_uring: threads per queue (CPU), 1..64 (4)\n"
-      "  max_request=SIZE             largest READ/WRITE request, 4K..16M in whole pages (1M; "
-      "above\n"
-      "                               it raise fs.fuse.max_pages_limit)\n"
-      "  max_read=SIZE                largest READ request (max_request)\n"
-      "  passthrough=off|direct|read|all  opens the kernel serves from the backing file "
-      "itself:\n"
-      "                               none, read-only O_DIRECT, read-only (default), all; "
-      "kernel 6.9+, root\n"
-      "per-uid limits (each user alone; docs/security.md):\n"
-      "  ctl_max_handles=N            control-file handles (8)\n"
-      "  ctl_max_bytes=SIZE           client memory registered (RAM/4)\n"
-      "  ctl_max_buffers=N            client buffers registered, 0..16384 (256)\n"
-      "  ctl_max_pinned=SIZE          pinned bounce memory of control handles (min(RAM/16, 4G))\n"
-      "  ctl_max_pending=N            async control transfers not yet collected (1024)\n"
-      "  ctl_threads_per_uid=N        control requests running at once, 1..64 (4)\n"
-      "  max_files_per_uid=N          files the daemon holds open for a uid\n"
-      "                               (max(1024, RLIMIT_NOFILE hard limit/16))\n"
-      "  broker_max_conns_per_uid=N   `dnvme run` broker connections, 0..4096 (128)\n"
-      "  max_inodes_per_uid=N         inodes a uid's lookups make the daemon hold (an O_PATH fd\n"
-      "                               each) (max(4096, RLIMIT_NOFILE hard limit/4))\n"
-      "  ctl_max_opens=N              open files of .dnvme (ctl, stats, config), 1..1048576 "
-      "(1024)\n"
-      "  ctl_max_workers=N            engine threads of control handles, 0..65536 (64)\n"
-      "  ctl_max_aio_events=N         libaio events of control handles (workers x queue_depth),\n"
-      "                               0..1073741824 (8192)\n"
-      "  log_level=LEVEL log_file=PATH nonempty\n"
-      "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
-  return text;
-}
-
-namespace {
-// -o passthrough=NAME, both ways (parsing, the stats, the error message).
-constexpr std::pair<Passthrough, const char*> kPassthroughNames[] = {
-    {Passthrough::kOff, "off"},
-    {Passthrough::kDirect, "direct"},
-    {Passthrough::kRead, "read"},
-    {Passthrough::kAll, "all"}};
-// -o direct_io=NAME, both ways.
-constexpr std::pair<DirectIo, const char*> kDirectIoNames[] = {
-    {DirectIo::kOff, "off"}, {DirectIo::kWriteOnly, "wronly"}, {DirectIo::kWritable, "writable"}};
-
-// Looks `text` up in a table of {value, name} pairs; the error lists every name.
-template <typename T, size_t N>
-Result<T> ParseNamed(const std::string& key, const std::string& text,
-                     const std::pair<T, const char*> (&names)[N]) {
-  for (const auto& [value, name] : names) {
-    if (text == name) return value;
-  }
-  std::string all;
-  for (const auto& [value, name] : names) all += std::string(all.empty() ? "" : ", ") + name;
-  return Status::InvalidArgument("option '" + key + "': '" + text + "' is not one of " + all);
-}
-
-// An integer option within [lo, hi] (the limits and thread counts): the usage error names the
-// option and its range.
-template <typename T>
-Status ParseIntInRange(const std::string& key, const std::optional<std::string>& text, int64_t lo,
-                       int64_t hi, T* out) {
-  DNVME_ASSIGN_OR_RETURN(const int n, ParseIntOption(key, text));
-  if (n < lo || n > hi) {
-    return Status::InvalidArgument("option '" + key + "' must be " + std::to_string(lo) + ".." +
-                                   std::to_string(hi));
-  }
-  *out = n;
-  return Status::Ok();
-}
-
-// The name of `value` in such a table.
-template <typename T, size_t N>
-const char* NameOf(T value, const std::pair<T, const char*> (&names)[N]) {
-  for (const auto& [v, name] : names) {
-    if (v == value) return name;
+const char* NameOf(int value, std::span<const OptionName> names) {
+  for (const OptionName& n : names) {
+    if (n.value == value) return n.name;
   }
   return "?";
 }
 
+// "off, direct, read, all": the names an enum offers (aliases left out).
+std::string ListedNames(const MountOptionSpec& s, const char* sep) {
+  std::string out;
+  for (const OptionName& n : s.names) {
+    if (n.listed) out += std::string(out.empty() ? "" : sep) + n.name;
+  }
+  return out;
+}
+
+// 64M, 4K, 5000: the exact value, with the largest suffix that divides it.
+std::string SizeText(int64_t n) {
+  int unit = 0;
+  while (n != 0 && n % 1024 == 0 && unit < 4) {
+    n /= 1024;
+    ++unit;
+  }
+  static constexpr char kUnits[] = " KMGT";
+  return std::to_string(n) + (unit == 0 ? "" : std::string(1, kUnits[unit]));
+}
+
+// A bound of a range: 4G-1 rather than 4294967295.
+std::string BoundText(int64_t n) {
+  if (n % 1024 != 0 && (n + 1) % 1024 == 0) return SizeText(n + 1) + "-1";
+  return SizeText(n);
+}
+
+// Writes a parsed value into the row's member: `text` into a string (a log level's name), `n`
+// into any other (a number, a boolean, an enum's value).
+void Store(const MountOptionSpec& s, int64_t n, const std::string& text, MountOptions* o) {
+  std::visit(
+      [&](auto member) {
+        if constexpr (!std::is_same_v<decltype(member), std::monostate>) {
+          using T = std::remove_reference_t<decltype(o->*member)>;
+          if constexpr (std::is_same_v<T, std::string>) o->*member = text;
+          if constexpr (!std::is_same_v<T, std::string>) o->*member = static_cast<T>(n);
+        }
+      },
+      s.field);
+}
+
+// A number within its row's bounds; the error names the option, the value and the range.
+Status CheckRange(const MountOptionSpec& s, int64_t n, const std::string& text) {
+  if (n >= s.min && n <= s.max && (!s.pages || n % 4096 == 0)) return Status::Ok();
+  return Status::InvalidArgument("option '" + std::string(s.name) + "' must be " +
+                                 OptionRangeText(s) + " (got " + text + ")");
+}
+
+// Parses one -o option by its row and sets its member.
+Status ApplyOption(const MountOptionSpec& s, const std::optional<std::string>& v, MountOptions* o) {
+  const std::string key = s.name, text = v.value_or("");
+  int64_t n = 1;  // a flag's
+  switch (s.kind) {
+    case OptionKind::kBool: {
+      DNVME_ASSIGN_OR_RETURN(n, ParseBoolOption(key, v));
+      break;
+    }
+    case OptionKind::kFlag:
+      break;
+    case OptionKind::kInt: {
+      DNVME_ASSIGN_OR_RETURN(n, ParseIntOption(key, v));
+      DNVME_RETURN_IF_ERROR(CheckRange(s, n, text));
+      break;
+    }
+    case OptionKind::kSize: {
+      DNVME_ASSIGN_OR_RETURN(n, ParseSizeOption(key, v));
+      DNVME_RETURN_IF_ERROR(CheckRange(s, n, text));
+      break;
+    }
+    case OptionKind::kEnum: {
+      auto it = std::find_if(s.names.begin(), s.names.end(),
+                             [&](const OptionName& name) { return text == name.name; });
+      if (it == s.names.end()) {
+        return Status::InvalidArgument("option '" + key + "': '" + text + "' is not one of " +
+                                       ListedNames(s, ", "));
+      }
+      Store(s, it->value, it->name, o);
+      return Status::Ok();
+    }
+    case OptionKind::kString:
+    case OptionKind::kConfig:
+      if (text.empty()) return Status::InvalidArgument("option '" + key + "' needs " + s.missing);
+      break;
+  }
+  Store(s, n, text, o);
+  return Status::Ok();
+}
+
+using K = OptionKind;
+using G = OptionGroup;
+
+constexpr const char* kGroupHeadings[] = {
+    "the engine's (the keys of `dnvme io --config` JSON)", "the mount's",
+    "per-uid limits (each user alone; docs/security.md)", "the daemon's"};
+const char* GroupHeading(OptionGroup g) { return kGroupHeadings[static_cast<int>(g)]; }
+
+// One line of the help or the docs: an option of either table, in words. `form`: what follows
+// the name ("=SIZE", "[=0|1]", "" for a flag).
+struct OptionLine {
+  OptionGroup group;
+  std::string name, form, range, default_value, help;
+};
+
+// The engine's default for `key`, from HandleConfig{}'s JSON (the engine table has no defaults
+// of its own): {"block_size":1048576,...,"direct":"auto",...}.
+std::string EngineDefault(const ConfigKey& key) {
+  const std::string json = HandleConfig().ToJson();
+  const std::string tag = "\"" + std::string(key.name) + "\":";
+  const size_t at = json.find(tag);
+  if (at == std::string::npos) return "?";
+  std::string v = json.substr(at + tag.size());
+  v = v.substr(0, v.find_first_of(",}"));
+  if (v == "true" || v == "false") return v == "true" ? "1" : "0";
+  if (!v.empty() && v.front() == '"') return v.substr(1, v.size() - 2);
+  return key.type == ConfigValueType::kSize ? SizeText(std::stoll(v)) : v;
+}
+
+// Every -o option of both tables, the engine's first.
+std::vector<OptionLine> OptionLines() {
+  std::vector<OptionLine> lines;
+  for (const ConfigKey& k : ConfigKeys()) {
+    OptionLine l{G::kEngine, k.name, "", "", EngineDefault(k), k.help};
+    if (k.type == ConfigValueType::kSize) l.form = "=SIZE";
+    if (k.type == ConfigValueType::kInt) l.form = "=N";
+    if (k.type == ConfigValueType::kBool) l.form = "[=0|1]";
+    if (k.type == ConfigValueType::kDirect) l.form = "=auto|required|never";
+    lines.push_back(l);
+  }
+  for (const MountOptionSpec& s : MountOptionTable()) {
+    OptionLine l{s.group, s.name, "", OptionRangeText(s), OptionDefaultText(s), s.help};
+    if (s.kind == K::kBool) l.form = "[=0|1]";
+    if (s.kind == K::kInt) l.form = "=N";
+    if (s.kind == K::kSize) l.form = "=SIZE";
+    if (s.kind == K::kEnum) l.form = "=" + ListedNames(s, "|");
+    if (s.kind == K::kString || s.kind == K::kConfig) l.form = std::string("=") + s.value_name;
+    lines.push_back(l);
+  }
+  return lines;
+}
+
 }  // namespace
+
+const MountOptionSpec* FindMountOption(std::string_view name) {
+  for (const MountOptionSpec& s : MountOptionTable()) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+std::string OptionRangeText(const MountOptionSpec& s) {
+  if (s.kind == K::kInt) return std::to_string(s.min) + ".." + std::to_string(s.max);
+  if (s.kind != K::kSize) return "";
+  const bool bounded = s.min > 0 || s.max < std::numeric_limits<int64_t>::max();
+  const std::string range = "from " + BoundText(s.min) + " to " + BoundText(s.max);
+  if (s.pages) return bounded ? "whole 4 KiB pages " + range : "a multiple of 4096";
+  return bounded ? range : "";
+}
+
+std::string OptionValueText(const MountOptionSpec& s, const MountOptions& o) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        if constexpr (std::is_same_v<decltype(member), std::monostate>) {
+          return "";
+        } else {
+          const auto& v = o.*member;
+          using T = std::remove_cvref_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::string>) return v;
+          if constexpr (std::is_enum_v<T>) return NameOf(static_cast<int>(v), s.names);
+          if constexpr (std::is_same_v<T, std::optional<bool>>) return v ? std::to_string(*v) : "";
+          if constexpr (std::is_arithmetic_v<T>) {
+            return s.kind == K::kSize ? SizeText(v) : std::to_string(v);
+          }
+        }
+      },
+      s.field);
+}
+
+std::string OptionDefaultText(const MountOptionSpec& s) {
+  return s.default_text != nullptr ? s.default_text : OptionValueText(s, MountOptions());
+}
+
+std::string UsageText() {
+  std::string text =
+      "usage: dnvmefs BACKING_DIR MOUNTPOINT [-f] [-d] [-s] [-o opt[,opt...]]\n"
+      "  -f             stay in the foreground\n"
+      "  -d             debug: foreground, log_level=debug and libfuse request tracing\n"
+      "  -s             single-threaded request loop\n"
+      "  -h, --help     this text; --help-markdown: the -o options as docs/tuning.md's table\n"
+      "  -V, --version  dnvmefs's and libfuse's versions\n"
+      "dnvmefs options (-o):\n";
+  constexpr size_t kColumn = 31, kWidth = 100;
+  std::optional<OptionGroup> group;
+  for (const OptionLine& l : OptionLines()) {
+    if (l.group != group) text += std::string(GroupHeading(l.group)) + ":\n";
+    group = l.group;
+    std::string line = "  " + l.name + l.form;
+    line.resize(std::max(line.size() + 1, kColumn), ' ');
+    const std::string words = l.help + " (" + (l.range.empty() ? "" : l.range + "; ") + "default " +
+                              l.default_value + ")";
+    bool fresh = true;  // nothing after the option's name yet on this line
+    std::istringstream in(words);
+    for (std::string w; in >> w;) {
+      if (!fresh && line.size() + 1 + w.size() > kWidth) {
+        text += line + "\n";
+        line.assign(kColumn, ' ');
+        fresh = true;
+      }
+      line += (fresh ? "" : " ") + w;
+      fresh = false;
+    }
+    text += line + "\n";
+  }
+  return text +
+         "every other -o option goes to FUSE (allow_other, ro, fsname=, max_background=, ...)\n";
+}
+
+std::string OptionsMarkdown() {
+  // GitHub's tables split cells on every '|', inside code spans too, unless escaped.
+  auto cell = [](const std::string& s) {
+    std::string out;
+    for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+    return out;
+  };
+  std::string md = "| Option | Range | Default | What it sets |\n| --- | --- | --- | --- |\n";
+  std::optional<OptionGroup> group;
+  for (const OptionLine& l : OptionLines()) {
+    if (l.group != group) md += "| **" + cell(GroupHeading(l.group)) + "** | | | |\n";
+    group = l.group;
+    md += "| `" + cell(l.name + l.form) + "` | " + cell(l.range) + " | " + cell(l.default_value) +
+          " | " + cell(l.help) + " |\n";
+  }
+  return md;
+}
 
 int64_t MachineRamBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -184,7 +312,7 @@ int64_t DefaultMaxFilesPerUid() {
 
 int64_t DefaultMaxInodesPerUid() { return DefaultMaxFilesPerUid() * 4; }
 
-const char* DirectIoName(DirectIo d) { return NameOf(d, kDirectIoNames); }
+const char* DirectIoName(DirectIo d) { return NameOf(static_cast<int>(d), kDirectIoNames); }
 
 bool OpenGetsDirectIo(DirectIo d, int open_flags, bool mmap_ok) {
   const int acc = open_flags & O_ACCMODE;
@@ -199,7 +327,9 @@ bool OpenGetsDirectIo(DirectIo d, int open_flags, bool mmap_ok) {
   return false;
 }
 
-const char* PassthroughName(Passthrough p) { return NameOf(p, kPassthroughNames); }
+const char* PassthroughName(Passthrough p) {
+  return NameOf(static_cast<int>(p), kPassthroughNames);
+}
 
 Result<MountOptions> ParseMountOptions(int argc, char** argv) {
   MountOptions o;
@@ -216,6 +346,8 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       o.single_thread = true;
     } else if (a == "-h" || a == "--help") {
       o.show_help = true;
+    } else if (a == "--help-markdown") {
+      o.show_help_markdown = true;
     } else if (a == "-V" || a == "--version") {
       o.show_version = true;
     } else if (a == "-o") {
@@ -229,7 +361,7 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
       positional.push_back(a);
     }
   }
-  if (o.show_help || o.show_version) return o;
+  if (o.show_help || o.show_help_markdown || o.show_version) return o;
   if (positional.size() != 2) {
     return Status::InvalidArgument("expected BACKING_DIR and MOUNTPOINT, got " +
                                    std::to_string(positional.size()) + " argument(s)");
@@ -251,103 +383,20 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     }
   }
   for (const auto& [k, v] : kv) {
-    if (k != "config") continue;
-    if (!v || v->empty()) return Status::InvalidArgument("option 'config' needs a file name");
-    auto c = HandleConfig::FromJsonFile(*v);
-    if (!c.ok()) return c.status();
-    o.engine = c.value();
+    const MountOptionSpec* spec = FindMountOption(k);
+    if (spec == nullptr || spec->kind != OptionKind::kConfig) continue;
+    DNVME_RETURN_IF_ERROR(ApplyOption(*spec, v, &o));  // a file is named
+    DNVME_ASSIGN_OR_RETURN(o.engine, HandleConfig::FromJsonFile(*v));
   }
   bool chunk_given = false;
   for (const auto& [k, v] : kv) {
-    if (k == "config") continue;
+    const MountOptionSpec* spec = FindMountOption(k);
     if (FindConfigKey(k) != nullptr) {  // an engine key (include/dnvme/config.h's table)
       DNVME_RETURN_IF_ERROR(SetConfigKeyFromText(&o.engine, k, v));
-    } else if (k == "write_behind") {
-      DNVME_ASSIGN_OR_RETURN(o.write_behind, ParseSizeOption(k, v));
-    } else if (k == "write_chunk") {
-      DNVME_ASSIGN_OR_RETURN(o.write_chunk, ParseSizeOption(k, v));
-      chunk_given = true;
-    } else if (k == "splice_read") {
-      DNVME_ASSIGN_OR_RETURN(bool splice, ParseBoolOption(k, v));
-      o.splice_read = splice;
-    } else if (k == "direct_io") {
-      DNVME_ASSIGN_OR_RETURN(o.direct_io, ParseNamed(k, v.value_or(""), kDirectIoNames));
-    } else if (k == "preload") {
-      DNVME_ASSIGN_OR_RETURN(o.preload, ParseBoolOption(k, v));
-    } else if (k == "splice_reply") {
-      DNVME_ASSIGN_OR_RETURN(o.splice_reply, ParseBoolOption(k, v));
-    } else if (k == "async_reply") {
-      DNVME_ASSIGN_OR_RETURN(o.async_reply, ParseBoolOption(k, v));
-    } else if (k == "io_uring") {
-      DNVME_ASSIGN_OR_RETURN(o.io_uring, ParseBoolOption(k, v));
-    } else if (k == "uring_threads") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, 64, &o.uring_threads));
-    } else if (k == "clone_fd") {
-      DNVME_ASSIGN_OR_RETURN(o.clone_fd, ParseBoolOption(k, v));
-    } else if (k == "loop_threads") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, kMaxFuseThreads, &o.loop_threads));
-    } else if (k == "ctl_max_handles") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 4096, &o.ctl_max_handles));
-    } else if (k == "ctl_max_bytes") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_bytes, ParseSizeOption(k, v));
-    } else if (k == "ctl_max_buffers") {
-      // The daemon's table of client mappings has 16384 slots (fs/control/client_memory.h).
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 16384, &o.ctl_max_buffers));
-    } else if (k == "ctl_max_pinned") {
-      DNVME_ASSIGN_OR_RETURN(o.ctl_max_pinned, ParseSizeOption(k, v));
-    } else if (k == "ctl_max_pending") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, (int64_t{1} << 20), &o.ctl_max_pending));
-    } else if (k == "ctl_threads_per_uid") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, 64, &o.ctl_threads_per_uid));
-    } else if (k == "max_files_per_uid") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, (int64_t{1} << 30), &o.max_files_per_uid));
-    } else if (k == "max_inodes_per_uid") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, (int64_t{1} << 30), &o.max_inodes_per_uid));
-    } else if (k == "broker_max_conns_per_uid") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 4096, &o.broker_max_conns_per_uid));
-    } else if (k == "ctl_max_opens") {
-      // At least one: root must always be able to open config and stats.
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 1, (int64_t{1} << 20), &o.ctl_max_opens));
-    } else if (k == "ctl_max_workers") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, 65536, &o.ctl_max_workers));
-    } else if (k == "ctl_max_aio_events") {
-      DNVME_RETURN_IF_ERROR(ParseIntInRange(k, v, 0, (int64_t{1} << 30), &o.ctl_max_aio_events));
-    } else if (k == "max_request") {
-      DNVME_ASSIGN_OR_RETURN(o.max_request, ParseSizeOption(k, v));
-      if (o.max_request < 4096 || o.max_request > kMaxRequestLimit || o.max_request % 4096 != 0) {
-        return Status::InvalidArgument(
-            "option 'max_request' must be whole 4 KiB pages from 4K to 16M");
-      }
-    } else if (k == "passthrough") {
-      const std::string p = v.value_or("");
-      if (p == "0") {
-        o.passthrough = Passthrough::kOff;
-      } else {
-        DNVME_ASSIGN_OR_RETURN(o.passthrough, ParseNamed(k, p, kPassthroughNames));
-      }
-    } else if (k == "max_read") {
-      DNVME_ASSIGN_OR_RETURN(o.max_read, ParseSizeOption(k, v));
-      if (o.max_read < 4096 || o.max_read > UINT32_MAX) {
-        return Status::InvalidArgument("option 'max_read' must be from 4K to 4G-1");
-      }
-    } else if (k == "read_ahead") {
-      DNVME_ASSIGN_OR_RETURN(o.read_ahead, ParseSizeOption(k, v));
-    } else if (k == "log_level") {
-      static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-      bool known = false;
-      for (const char* l : kLevels) known = known || (v && *v == l);
-      if (!known) {
-        return Status::InvalidArgument("option 'log_level': '" + v.value_or("") +
-                                       "' is not one of trace, debug, info, warn, error, "
-                                       "critical, off");
-      }
-      o.log_level = *v;
-    } else if (k == "log_file") {
-      if (!v || v->empty()) return Status::InvalidArgument("option 'log_file' needs a path");
-      o.log_file = *v;
-    } else if (k == "nonempty") {
-      o.nonempty = true;
-    } else {
+    } else if (spec != nullptr && spec->kind != OptionKind::kConfig) {
+      DNVME_RETURN_IF_ERROR(ApplyOption(*spec, v, &o));
+      chunk_given = chunk_given || k == "write_chunk";
+    } else if (spec == nullptr) {
       o.fuse_opts.push_back(v ? k + "=" + *v : k);
     }
   }
@@ -377,9 +426,6 @@ Result<MountOptions> ParseMountOptions(int argc, char** argv) {
     return Status::InvalidArgument(
         "option 'async_reply' needs /dev/fuse: a ring entry's reply must come from the thread "
         "that serves it (io_uring=1)");
-  }
-  if (o.read_ahead < 0 || o.read_ahead % 4096 != 0) {
-    return Status::InvalidArgument("option 'read_ahead' must be a multiple of 4096");
   }
   return o;
 }

@@ -4,12 +4,17 @@
 // sizes); every other -o option is passed to libfuse unchanged, so the standard FUSE options
 // (allow_other, ro, fsname=, max_background=, ...) work as with any FUSE filesystem.
 //
-// Thread safety: plain values, parsed once at start-up.
+// Thread safety: plain values, parsed once at start-up; the table of options (MountOptionTable)
+// is constant after its first use and may be read from any thread.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "dnvme/config.h"
@@ -78,6 +83,7 @@ struct MountOptions {
   bool single_thread = false;
   bool nonempty = false;
   bool show_help = false;
+  bool show_help_markdown = false;  // --help-markdown: OptionsMarkdown() (docs/tuning.md's table)
   bool show_version = false;
 
   HandleConfig engine;              // defaults, then config=FILE, then explicit keys
@@ -204,6 +210,221 @@ struct MountOptions {
   }
 };
 
+// ---- The mount's own -o options, declared once ----
+//
+// One row per option (MountOptionTable below, beside the members it sets): ParseMountOptions
+// parses with it, its range errors are worded from it, and UsageText (dnvmefs --help) and
+// OptionsMarkdown (dnvmefs --help-markdown: the table in docs/tuning.md, which
+// tests/fs/options_test.cc holds to it) print it. A new row needs no other code: the tests
+// iterate the table. The engine's keys (include/dnvme/config.h's table) are parsed and printed
+// beside these; an -o option in neither table goes to libfuse. Rules that tie two options
+// together (write_chunk within write_behind, the transports that do not mix) stay in
+// ParseMountOptions.
+
+enum class OptionKind {
+  kBool,    // 1/true/yes or 0/false/no; the bare option means true
+  kFlag,    // the bare option sets it; a value is ignored (nonempty)
+  kInt,     // a decimal integer in [min, max]
+  kSize,    // bytes with K/M/G/T suffixes (powers of 1024) in [min, max], whole pages if `pages`
+  kEnum,    // one of `names`
+  kString,  // any non-empty text
+  kConfig,  // config=FILE.json: engine keys, read before every other option so those win
+};
+
+// Where the help and the docs list an option.
+enum class OptionGroup { kEngine, kMount, kLimits, kDaemon };
+
+// A name a kEnum option takes; not `listed`: an alias, accepted but not offered.
+struct OptionName {
+  int value;  // the enum's value (the name's index for a string field)
+  const char* name;
+  bool listed = true;
+};
+
+// The MountOptions member an option sets (none for config=, which sets `engine`).
+using OptionField =
+    std::variant<std::monostate, bool MountOptions::*, std::optional<bool> MountOptions::*,
+                 int MountOptions::*, int64_t MountOptions::*, DirectIo MountOptions::*,
+                 Passthrough MountOptions::*, std::string MountOptions::*>;
+
+// One -o option: its name, how its text is read, where it goes, and what the help says.
+struct MountOptionSpec {
+  const char* name;
+  OptionKind kind;
+  OptionField field;
+  OptionGroup group;
+  int64_t min = 0;  // kInt, kSize: inclusive bounds
+  int64_t max = std::numeric_limits<int64_t>::max();
+  bool pages = false;                      // kSize: a multiple of 4096
+  std::span<const OptionName> names = {};  // kEnum
+  const char* value_name = nullptr;        // kString, kConfig: in the help ("PATH")
+  const char* missing = nullptr;           // kString, kConfig: "needs ..." when empty
+  // The default's text where it is not MountOptions{}'s value as it stands: one that scales with
+  // the machine or follows another option.
+  const char* default_text = nullptr;
+  const char* help = "";  // one line; the range and the default are added where printed
+};
+
+// The names of the enum options, both ways (parsing, the stats, the messages); passthrough=0 is
+// an older spelling of off.
+inline constexpr OptionName kPassthroughNames[] = {
+    {static_cast<int>(Passthrough::kOff), "off"},
+    {static_cast<int>(Passthrough::kDirect), "direct"},
+    {static_cast<int>(Passthrough::kRead), "read"},
+    {static_cast<int>(Passthrough::kAll), "all"},
+    {static_cast<int>(Passthrough::kOff), "0", /*listed=*/false}};
+inline constexpr OptionName kDirectIoNames[] = {
+    {static_cast<int>(DirectIo::kOff), "off"},
+    {static_cast<int>(DirectIo::kWriteOnly), "wronly"},
+    {static_cast<int>(DirectIo::kWritable), "writable"}};
+// spdlog's level names, which SetLogLevel takes.
+inline constexpr OptionName kLogLevelNames[] = {{0, "trace"}, {1, "debug"}, {2, "info"},
+                                                {3, "warn"},  {4, "error"}, {5, "critical"},
+                                                {6, "off"}};
+
+// Builds a row: OptionRow(name, kind, member, group, help), then what its kind needs.
+struct OptionRow : MountOptionSpec {
+  OptionRow(const char* n, OptionKind k, OptionField f, OptionGroup g, const char* h)
+      : MountOptionSpec{.name = n, .kind = k, .field = f, .group = g, .help = h} {}
+  OptionRow& Range(int64_t lo, int64_t hi) {
+    min = lo;
+    max = hi;
+    return *this;
+  }
+  OptionRow& Pages() {
+    pages = true;
+    return *this;
+  }
+  OptionRow& Names(std::span<const OptionName> n) {
+    names = n;
+    return *this;
+  }
+  OptionRow& Value(const char* value, const char* needs) {
+    value_name = value;
+    missing = needs;
+    return *this;
+  }
+  OptionRow& Default(const char* text) {
+    default_text = text;
+    return *this;
+  }
+};
+
+// Every row, in the order the help lists them. Defaults are MountOptions' initializers (Default()
+// only where one scales with the machine or follows another option); bounds and units are here.
+inline std::span<const MountOptionSpec> MountOptionTable() {
+  using MO = MountOptions;
+  using K = OptionKind;
+  using G = OptionGroup;
+  using Opt = OptionRow;
+  static const MountOptionSpec kRows[] = {
+      Opt("config", K::kConfig, {}, G::kEngine, "the same JSON as `dnvme io --config`")
+          .Value("FILE.json", "a file name")
+          .Default("none"),
+      Opt("write_behind", K::kSize, &MO::write_behind, G::kMount,
+          "pinned memory for write-behind (0 disables)"),
+      // Whole pages, and two chunks in write_behind: checked once write_behind is known.
+      Opt("write_chunk", K::kSize, &MO::write_chunk, G::kMount,
+          "bytes per write-behind flush, whole 4 KiB pages; a write_behind under two chunks "
+          "without it gets two of half its size"),
+      Opt("read_ahead", K::kSize, &MO::read_ahead, G::kMount,
+          "read-ahead per sequential reader (0 disables)")
+          .Pages(),
+      Opt("direct_io", K::kEnum, &MO::direct_io, G::kMount,
+          "opens whose writes come from the writer's pages, not the page cache: none, write-only, "
+          "all for writing")
+          .Names(kDirectIoNames),
+      Opt("splice_read", K::kBool, &MO::splice_read, G::kMount,
+          "splice requests; page-cache writes go to disk uncopied")
+          .Default("1 unless direct_io=writable"),
+      Opt("preload", K::kBool, &MO::preload, G::kMount,
+          "serve `dnvme run` clients backing-file descriptors"),
+      Opt("splice_reply", K::kBool, &MO::splice_reply, G::kMount,
+          "send READ replies by vmsplice + splice, not writev"),
+      Opt("async_reply", K::kBool, &MO::async_reply, G::kMount,
+          "answer O_DIRECT reads from the engine's completion"),
+      Opt("clone_fd", K::kBool, &MO::clone_fd, G::kMount,
+          "libfuse's loop, one /dev/fuse fd per thread, no splice"),
+      Opt("loop_threads", K::kInt, &MO::loop_threads, G::kMount, "request-loop threads")
+          .Range(1, kMaxFuseThreads),
+      Opt("io_uring", K::kBool, &MO::io_uring, G::kMount,
+          "FUSE over io_uring where the kernel enables it"),
+      Opt("uring_threads", K::kInt, &MO::uring_threads, G::kMount,
+          "io_uring: threads per queue (CPU)")
+          .Range(1, 64),
+      Opt("max_request", K::kSize, &MO::max_request, G::kMount,
+          "largest READ/WRITE request (above 1M raise fs.fuse.max_pages_limit)")
+          .Range(4096, kMaxRequestLimit)
+          .Pages(),
+      Opt("max_read", K::kSize, &MO::max_read, G::kMount, "largest READ request")
+          .Range(4096, UINT32_MAX)
+          .Default("max_request"),
+      Opt("passthrough", K::kEnum, &MO::passthrough, G::kMount,
+          "opens the kernel serves from the backing file itself: none, read-only O_DIRECT, "
+          "read-only, all (0: off); kernel 6.9+, root")
+          .Names(kPassthroughNames),
+
+      Opt("ctl_max_handles", K::kInt, &MO::ctl_max_handles, G::kLimits, "control-file handles")
+          .Range(0, 4096),
+      Opt("ctl_max_bytes", K::kSize, &MO::ctl_max_bytes, G::kLimits, "client memory registered")
+          .Default("RAM/4"),
+      // The daemon's table of client mappings has 16384 slots (fs/control/client_memory.h).
+      Opt("ctl_max_buffers", K::kInt, &MO::ctl_max_buffers, G::kLimits, "client buffers registered")
+          .Range(0, 16384),
+      Opt("ctl_max_pinned", K::kSize, &MO::ctl_max_pinned, G::kLimits,
+          "pinned bounce memory of control handles")
+          .Default("min(RAM/16, 4G)"),
+      Opt("ctl_max_pending", K::kInt, &MO::ctl_max_pending, G::kLimits,
+          "async control transfers not yet collected")
+          .Range(0, int64_t{1} << 20),
+      Opt("ctl_threads_per_uid", K::kInt, &MO::ctl_threads_per_uid, G::kLimits,
+          "control requests running at once")
+          .Range(1, 64),
+      Opt("max_files_per_uid", K::kInt, &MO::max_files_per_uid, G::kLimits,
+          "files the daemon holds open for a uid")
+          .Range(1, int64_t{1} << 30)
+          .Default("max(1024, RLIMIT_NOFILE hard limit/16)"),
+      Opt("broker_max_conns_per_uid", K::kInt, &MO::broker_max_conns_per_uid, G::kLimits,
+          "`dnvme run` broker connections")
+          .Range(0, 4096),
+      Opt("max_inodes_per_uid", K::kInt, &MO::max_inodes_per_uid, G::kLimits,
+          "inodes a uid's lookups make the daemon hold (an O_PATH fd each)")
+          .Range(1, int64_t{1} << 30)
+          .Default("4 x max_files_per_uid"),
+      // At least one: root must always be able to open config and stats.
+      Opt("ctl_max_opens", K::kInt, &MO::ctl_max_opens, G::kLimits,
+          "open files of .dnvme (ctl, stats, config)")
+          .Range(1, int64_t{1} << 20),
+      Opt("ctl_max_workers", K::kInt, &MO::ctl_max_workers, G::kLimits,
+          "engine threads of control handles")
+          .Range(0, 65536),
+      Opt("ctl_max_aio_events", K::kInt, &MO::ctl_max_aio_events, G::kLimits,
+          "libaio events of control handles (workers x queue_depth)")
+          .Range(0, int64_t{1} << 30),
+
+      Opt("log_level", K::kEnum, &MO::log_level, G::kDaemon, "the log's threshold (-d: debug)")
+          .Names(kLogLevelNames),
+      Opt("log_file", K::kString, &MO::log_file, G::kDaemon, "append the log to this file")
+          .Value("PATH", "a path")
+          .Default("stderr"),
+      Opt("nonempty", K::kFlag, &MO::nonempty, G::kDaemon,
+          "mount over a MOUNTPOINT that is not empty")
+          .Default("unset"),
+  };
+  return kRows;
+}
+
+// The row named `name`; null when there is none (an engine key, or an option for libfuse).
+const MountOptionSpec* FindMountOption(std::string_view name);
+// "1..64", "whole 4 KiB pages from 4K to 16M", "a multiple of 4096"; empty when any value of the
+// kind is taken. Range errors say "option 'NAME' must be RANGE (got VALUE)".
+std::string OptionRangeText(const MountOptionSpec& spec);
+// The value `opts` holds for the option, in the text form -o takes (sizes with a suffix where
+// exact, enums by name, booleans 0/1); empty for an unset value.
+std::string OptionValueText(const MountOptionSpec& spec, const MountOptions& opts);
+// What the help and the docs give as the default.
+std::string OptionDefaultText(const MountOptionSpec& spec);
+
 // Parses argv (without touching the filesystem beyond checking the two directories). An error
 // means a usage error: the daemon prints it and exits with code 2.
 Result<MountOptions> ParseMountOptions(int argc, char** argv);
@@ -214,6 +435,9 @@ Status CheckDirectories(const MountOptions& opts);
 // Whether two paths name the same directory (stat: device and inode).
 bool SameDirectory(const std::string& a, const std::string& b);
 
+// dnvmefs --help: the flags, then every -o option of both tables with its range and default.
 std::string UsageText();
+// The same rows as a markdown table: `dnvmefs --help-markdown`, pasted into docs/tuning.md.
+std::string OptionsMarkdown();
 
 }  // namespace dnvme::fs

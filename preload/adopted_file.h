@@ -13,7 +13,7 @@
 // descriptor maps to the file. The others are guarded as each says.
 //
 // LOCK ORDER (the process-wide locks included): every lock is taken alone -- mu, em, xm, the
-// write-behind's and the read-ahead's own mutexes (datapath/), a BrokerConnection's mu and the
+// data path's own mutexes (datapath/file_data.h), a BrokerConnection's mu and the
 // descriptor table's lock are never held while taking another one, except that the
 // write-behind's mutex is held while its FlushHooks touch the lease word (an atomic, no lock).
 // (The descriptor table's lock is taken before the engine's when fork() prepares, lifetime.cc.)
@@ -31,8 +31,7 @@
 #include <memory>
 #include <mutex>
 
-#include "datapath/read_ahead.h"
-#include "datapath/write_behind.h"
+#include "datapath/file_data.h"
 #include "dnvme/broker.h"
 #include "dnvme/handle.h"
 #include "preload/broker_client.h"
@@ -53,19 +52,21 @@ struct AdoptedFile {
   int64_t pending_lo = -1, pending_hi = -1;  // written around the mount, kernel not yet told
   bool mapped = false;                       // mmap'ed: every write is announced at once
 
-  // Write-behind (datapath/write_behind.h, configured by staging.h): a write is copied into a
-  // pinned extent and returns once it is in the kernel (the program computes its next piece --
-  // torch's CRC, say -- while the disk writes this one). A flush error reaches this open file
-  // once, at its next write, fsync or close (wb_errors, errseq); its flushes are counted in the
-  // lease word (LeaseWordHooks). EndLease closes it: the lease word may belong to another file
-  // after kClose, so no write may be counted in it any more (a thread still inside a transfer on
-  // a descriptor another thread closed gets EBADF).
-  datapath::WriteBehind wb;
-  datapath::ErrorCursor wb_errors;  // used under wb's own mutex
-  std::mutex em;                    // guards kept_err
+  // The file's data path (datapath/file_data.h, configured by staging.h). Write-behind: a write is
+  // copied into a pinned extent and returns once it is in the kernel (the program computes its
+  // next piece -- torch's CRC, say -- while the disk writes this one); its flushes are counted in
+  // the lease word (LeaseWordHooks). A flush error reaches this open file once, at its next
+  // write, fsync or close (`open`, errseq). EndLease closes it: the lease word may belong to
+  // another file after kClose, so no write may be counted in it any more (a thread still inside a
+  // transfer on a descriptor another thread closed gets EBADF). Read-ahead of a sequential reader
+  // (the kernel's read-ahead does this for a buffered file, O_DIRECT gets none): its fetches hold
+  // the file (`file` outlives them) and its destructor waits for them.
+  datapath::FileData data;
+  datapath::OpenFile open;  // this open file's place in it
+  std::mutex em;            // guards kept
   // An error taken from the write-behind (or a reservation) by a call that returned the bytes it
   // wrote before it (DirectVec): the next write, fsync or close reports it.
-  int kept_err = 0;
+  Status kept;
 
   // Space for the writes that extend the file (reserve.h), serialised by `xm` (also held by
   // fallocate and ftruncate of the file, which invalidate it). Blocks [resv_lo, resv_hi) were
@@ -75,15 +76,6 @@ struct AdoptedFile {
   int64_t size_set = -1;             // guarded by xm: the size Reserve last gave the file
   bool past_eof = false;             // guarded by xm: blocks may lie past the end (Trim frees them)
   bool no_fallocate = false;         // guarded by xm: the backing file system has no fallocate
-
-  // Read-ahead of a sequential reader (datapath/read_ahead.h; the kernel's read-ahead does this
-  // for a buffered file, O_DIRECT gets none): the next bytes are read into pinned buffers while
-  // the program works on the current ones. Its fetches hold the file (`file` outlives them) and
-  // its destructor waits for them.
-  datapath::ReadAhead ra;
-  // Whether the file has been read yet: the first read of a read-only open starts the window's
-  // sequence wherever it is.
-  std::atomic<bool> read_before{false};
 
   int fds = 0;  // guarded by the descriptor table's lock: the program's descriptors of it
 };

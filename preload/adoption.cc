@@ -11,7 +11,7 @@
 #include <mutex>
 #include <string>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "preload/broker_client.h"
 #include "preload/counters.h"
 #include "preload/descriptor_state.h"
@@ -142,6 +142,7 @@ std::shared_ptr<AdoptedFile> Adopt(int fd) {
   const int acc = flags & O_ACCMODE;
   f->can_read = acc != O_WRONLY;
   f->can_write = acc != O_RDONLY;
+  f->data.Open(&f->open, /*read_only=*/!f->can_write);
   const auto access = acc == O_RDONLY   ? FileAccess::kRead
                       : acc == O_WRONLY ? FileAccess::kWrite
                                         : FileAccess::kReadWrite;
@@ -171,7 +172,7 @@ std::shared_ptr<AdoptedFile> AdoptedForTransfer(int fd) {
   // Still the same open file? (fclose and close_range close behind our back.)
   if (!SameOpenFile(fd, f->witness)) {
     ProcessCounters().stale.fetch_add(1, std::memory_order_relaxed);
-    DropDescriptor(fd);
+    (void)DropDescriptor(fd);  // the old open file is closed: its error has no one to hear it
     return Adopt(fd);
   }
   return f;

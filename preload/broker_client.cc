@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstring>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "preload/descriptor_state.h"
 #include "preload/libc.h"
 

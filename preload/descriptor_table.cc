@@ -10,7 +10,7 @@
 #include <new>
 #include <unordered_map>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "preload/descriptor_state.h"
 #include "preload/internal.h"
 #include "preload/lease.h"
@@ -84,7 +84,7 @@ void AddAdopted(int fd, std::shared_ptr<AdoptedFile> f) {
   SetState(fd, kOurs);
 }
 
-int DropDescriptor(int fd) {
+Status DropDescriptor(int fd) {
   std::shared_ptr<AdoptedFile> f;
   bool last = false;
   {
@@ -97,22 +97,23 @@ int DropDescriptor(int fd) {
     }
     SetState(fd, kUnknown);
   }
-  if (!f) return 0;
+  if (!f) return Status::Ok();
   // The last descriptor of the file: the lease ends (announcing what was written).
   if (last) {
-    const int err = WaitWrites(*f);
-    ForgetReadAhead(*f);
+    Status err = WaitWrites(*f);
+    f->data.Invalidate();
     EndLease(*f);
     return err;
   }
   // Not the last: an error stays for the file's next write, fsync or close.
-  DrainWrites(*f);
-  return 0;
+  (void)f->data.Drain();
+  return Status::Ok();
 }
 
 int Duplicated(int fd, int nfd) {
   if (nfd < 0) return nfd;
-  if (StateOf(nfd) == kOurs) DropDescriptor(nfd);  // freed behind our back (fclose, close_range)
+  // Freed behind our back (fclose, close_range): its error has no one left to hear it.
+  if (StateOf(nfd) == kOurs) (void)DropDescriptor(nfd);
   std::lock_guard lock(g_table.mu);
   auto it = g_table.files.find(fd);
   if (it != g_table.files.end()) {
@@ -125,9 +126,9 @@ int Duplicated(int fd, int nfd) {
   return nfd;
 }
 
-int Disown(int fd) {
+Status Disown(int fd) {
   std::shared_ptr<AdoptedFile> f = LookupAdopted(fd);
-  if (!f) return 0;
+  if (!f) return Status::Ok();
   std::vector<int> fds;
   {
     std::lock_guard lock(g_table.mu);
@@ -135,24 +136,24 @@ int Disown(int fd) {
       if (other == f) fds.push_back(n);
     }
   }
-  int err = 0;
+  Status err;
   for (int n : fds) {
-    if (int e = DropDescriptor(n); e != 0) err = e;
+    if (Status e = DropDescriptor(n); !e.ok()) err = std::move(e);
     SetState(n, kNotOurs);
   }
   return err;
 }
 
-int ForgetBeforeClose(int fd) {
+Status ForgetBeforeClose(int fd) {
   if (StateOf(fd) == kOurs) return DropDescriptor(fd);
   SetState(fd, kUnknown);
-  return 0;
+  return Status::Ok();
 }
 
 int OpenedDescriptor(int fd) {
   if (fd >= 0) {
     if (StateOf(fd) == kOurs) {
-      DropDescriptor(fd);
+      (void)DropDescriptor(fd);  // the number was reused: the old file's error is lost with it
     } else {
       SetState(fd, kUnknown);
     }
@@ -160,10 +161,10 @@ int OpenedDescriptor(int fd) {
   return fd;
 }
 
-int LandWrites(int fd) {
-  if (StateOf(fd) != kOurs) return 0;
+Status LandWrites(int fd) {
+  if (StateOf(fd) != kOurs) return Status::Ok();
   auto f = LookupAdopted(fd);
-  return f ? WaitWrites(*f) : 0;
+  return f ? WaitWrites(*f) : Status::Ok();
 }
 
 // Before the mount serves `fd` (a small transfer, mmap, fsync...): what this process wrote
@@ -181,7 +182,7 @@ void BeforeMountUse(int fd) {
 void BeforeMountWrite(int fd) {
   BeforeMountUse(fd);
   if (StateOf(fd) != kOurs) return;
-  if (auto f = LookupAdopted(fd)) ForgetReadAhead(*f);
+  if (auto f = LookupAdopted(fd)) f->data.Invalidate();
 }
 
 void BeforeMap(int fd) {

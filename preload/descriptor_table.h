@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "dnvme/status.h"
 #include "preload/adopted_file.h"
 #include "preload/broker_client.h"
 
@@ -39,20 +40,21 @@ std::shared_ptr<BrokerConnection> KeepConnection(dev_t dev, std::shared_ptr<Brok
 void AddAdopted(int fd, std::shared_ptr<AdoptedFile> f);
 
 // Forgets `fd`; returns the first write-behind error of its file when this was the file's last
-// descriptor (the lease then ends: EndLease), else 0 (the error stays for the next fsync or close).
-int DropDescriptor(int fd);
+// descriptor (the lease then ends: EndLease), else Ok (the error stays for the next fsync or
+// close).
+Status DropDescriptor(int fd);
 // `nfd` (or -1) was just made a duplicate of `fd` (dup, dup2, dup3, F_DUPFD): the same open
 // file, so the same AdoptedFile. Returns nfd.
 int Duplicated(int fd, int nfd);
 // `fd`'s open file leaves the engine (it becomes O_APPEND): every descriptor of its file goes back
-// to the mount once the file's writes landed and were announced. Returns the first error of
-// those writes, 0 if none.
-int Disown(int fd);
+// to the mount once the file's writes landed and were announced. Returns an error of those
+// writes (the last descriptor's to report one), Ok if none.
+Status Disown(int fd);
 // `fd` was just returned by an open: a number reused behind our back (closed by fclose, say) is
 // a new file. Returns fd.
 int OpenedDescriptor(int fd);
-// The write-behind's first error, once it all landed (0 when `fd` is not adopted): fsync.
-int LandWrites(int fd);
+// The write-behind's first error, once it all landed (Ok when `fd` is not adopted): fsync.
+Status LandWrites(int fd);
 // Before mmap of `fd`: what was written around the mount is announced, and every later write
 // of the file is announced at once.
 void BeforeMap(int fd);

@@ -8,7 +8,10 @@
 
 #include <sys/types.h>
 
+#include <cerrno>
 #include <cstddef>
+
+#include "dnvme/status.h"
 
 namespace dnvme::preload {
 
@@ -28,11 +31,24 @@ void BeforeMountUse(int fd);
 void BeforeMountWrite(int fd);
 
 // Before fd is closed behind libc's interposable close (fclose): forgets it; returns the first
-// error of its file's write-behind when it was the file's last descriptor, else 0.
-int ForgetBeforeClose(int fd);
+// error of its file's write-behind when it was the file's last descriptor, else Ok.
+Status ForgetBeforeClose(int fd);
 
 // Every adopted file's pending announcement (fflush(NULL)).
 void AnnounceEverything();
+
+// Where a Status meets errno: the interposed functions (interposers.cc, stdio.cc) alone call
+// these; the core returns Status and Result.
+// Fails a libc-shaped call with `st`: errno = st.ErrnoOr() (EIO when it carries none); -1.
+inline int FailWith(const Status& st) {
+  errno = st.ErrnoOr();
+  return -1;
+}
+// 0 for Ok, else FailWith(st): a call whose whole outcome is `st`.
+inline int ZeroOrFail(const Status& st) { return st.ok() ? 0 : FailWith(st); }
+// A call's result after libc's `rc`: an earlier error `first` (a write-behind error), if any, is
+// what it reports.
+inline int ErrorFirst(const Status& first, int rc) { return first.ok() ? rc : FailWith(first); }
 
 }  // namespace dnvme::preload
 

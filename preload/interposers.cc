@@ -66,13 +66,6 @@ namespace {
 
 namespace pl = dnvme::preload;
 
-// A call's result after libc's: an earlier write-behind error `err`, if any, is what it reports.
-int ErrorFirst(int err, int rc) {
-  if (err == 0) return rc;
-  errno = err;
-  return -1;
-}
-
 mode_t ModeArg(int flags, va_list ap) {
   return (flags & (O_CREAT | __O_TMPFILE)) ? static_cast<mode_t>(va_arg(ap, int)) : 0;
 }
@@ -221,8 +214,9 @@ int creat64(const char* path, mode_t mode) {
 }
 
 int close(int fd) {
-  const int err = pl::ForgetBeforeClose(fd);  // a write-behind error of the file's last descriptor
-  return ErrorFirst(err, pl::Libc().close(fd));
+  // A write-behind error of the file's last descriptor is close's.
+  const dnvme::Status err = pl::ForgetBeforeClose(fd);
+  return pl::ErrorFirst(err, pl::Libc().close(fd));
 }
 
 int dup(int fd) {
@@ -232,14 +226,15 @@ int dup(int fd) {
 
 int dup2(int fd, int nfd) {
   pl::BeforeMountUse(fd);
-  if (fd != nfd && pl::StateOf(nfd) == pl::kOurs) pl::DropDescriptor(nfd);  // dup2 closes nfd first
+  // dup2 closes nfd first, silently (an error of its file is lost, as close's would be).
+  if (fd != nfd && pl::StateOf(nfd) == pl::kOurs) (void)pl::DropDescriptor(nfd);
   const int rc = pl::Libc().dup2(fd, nfd);
   return fd == nfd ? rc : pl::Duplicated(fd, rc);
 }
 
 int dup3(int fd, int nfd, int flags) {
   pl::BeforeMountUse(fd);
-  if (fd != nfd && pl::StateOf(nfd) == pl::kOurs) pl::DropDescriptor(nfd);
+  if (fd != nfd && pl::StateOf(nfd) == pl::kOurs) (void)pl::DropDescriptor(nfd);
   return pl::Duplicated(fd, pl::Libc().dup3(fd, nfd, flags));
 }
 
@@ -261,10 +256,7 @@ int fcntl(int fd, int cmd, ...) {
       // Appends must stay atomic at the end of the file: the mount serves it from now on. What
       // this process wrote directly lands first; a failure of it is this call's (flags unset).
       if ((reinterpret_cast<intptr_t>(arg) & O_APPEND) && pl::StateOf(fd) == pl::kOurs) {
-        if (int err = pl::Disown(fd); err != 0) {
-          errno = err;
-          return -1;
-        }
+        if (dnvme::Status err = pl::Disown(fd); !err.ok()) return pl::FailWith(err);
       }
       return pl::Libc().fcntl(fd, cmd, static_cast<int>(reinterpret_cast<intptr_t>(arg)));
     }
@@ -303,28 +295,26 @@ ssize_t splice(int in, off64_t* in_off, int out, off64_t* out_off, size_t len, u
 }
 
 int fsync(int fd) {
-  const int err = pl::LandWrites(fd);
-  pl::BeforeMountUse(
-      fd);  // the kernel's view first; the daemon's fsync covers the direct bytes too
-  return ErrorFirst(err, pl::Libc().fsync(fd));
+  const dnvme::Status err = pl::LandWrites(fd);
+  // The kernel's view first; the daemon's fsync covers the direct bytes too.
+  pl::BeforeMountUse(fd);
+  return pl::ErrorFirst(err, pl::Libc().fsync(fd));
 }
 
 int fdatasync(int fd) {
-  const int err = pl::LandWrites(fd);
+  const dnvme::Status err = pl::LandWrites(fd);
   pl::BeforeMountUse(fd);
-  return ErrorFirst(err, pl::Libc().fdatasync(fd));
+  return pl::ErrorFirst(err, pl::Libc().fdatasync(fd));
 }
 
 int ftruncate(int fd, off_t len) {
-  pl::BeforeMountWrite(fd);
+  pl::BeforeMountUse(fd);
   std::shared_ptr<pl::AdoptedFile> r =
       pl::StateOf(fd) == pl::kOurs ? pl::LookupAdopted(fd) : nullptr;
   if (!r) return pl::Libc().ftruncate(fd, len);
-  const int rc = pl::TruncateAdopted(*r, fd, len);
-  // Again once it is done: a reader that drained before it may have fetched the old bytes
-  // (datapath/read_ahead.h, Generation).
-  pl::ForgetReadAhead(*r);
-  return rc;
+  // This process's writes land first and the read-ahead window goes before and after
+  // (datapath/file_data.h, Change).
+  return pl::ZeroOrFail(r->data.Change([&] { return pl::TruncateAdopted(*r, fd, len); }));
 }
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
 
@@ -341,7 +331,7 @@ int fallocate(int fd, int mode, off_t off, off_t len) {
     pl::BeforeMountWrite(fd);
     return pl::Libc().fallocate(fd, mode, off, len);
   }
-  return pl::FallocateAdopted(r, mode, off, len);
+  return pl::ZeroOrFail(pl::FallocateAdopted(r, mode, off, len));
 }
 int fallocate64(int fd, int mode, off_t off, off_t len) { return fallocate(fd, mode, off, len); }
 

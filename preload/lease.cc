@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <mutex>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "preload/counters.h"
 #include "preload/libc.h"
 #include "preload/reserve.h"
@@ -26,7 +26,7 @@ Status LeaseCall(AdoptedFile& f, broker::Op op, int64_t off, int64_t len) {
 // Announced only once the bytes are in the file: a reader the kernel sends to the daemon after
 // the invalidation must find them there.
 Status Announce(AdoptedFile& f) {
-  DrainWrites(f);
+  (void)f.data.Drain();
   int64_t lo, hi;
   {
     std::lock_guard lock(f.mu);
@@ -66,7 +66,7 @@ bool IsMapped(AdoptedFile& f) {
 }
 
 void EndLease(AdoptedFile& f) {
-  EndWrites(f);
+  f.data.Close();
   TrimReservation(f);
   int64_t lo, hi;
   {

@@ -37,7 +37,7 @@ void WriteStats() {
 void AtExit() {
   AnnounceEverything();
   for (auto& f : AllAdopted()) {
-    DrainWrites(*f);
+    (void)f->data.Drain();
     TrimReservation(*f);
   }
   WriteStats();

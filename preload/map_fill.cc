@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "preload/counters.h"
 #include "preload/internal.h"
 #include "preload/mounts.h"

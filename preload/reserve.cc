@@ -38,12 +38,12 @@ void ForgetReservationLocked(AdoptedFile& f) {
 
 }  // namespace
 
-int BackingFallocate(int fd, int mode, int64_t off, int64_t len) {
+Status BackingFallocate(int fd, int mode, int64_t off, int64_t len) {
   int rc;
   do {
     rc = Libc().fallocate(fd, mode, off, len);
   } while (rc != 0 && errno == EINTR);
-  return rc == 0 ? 0 : errno;
+  return rc == 0 ? Status::Ok() : Status::FromErrno(errno, "fallocate of the backing file");
 }
 
 // The space is reserved past the end (fallocate KEEP_SIZE) and the size then raised with
@@ -58,13 +58,13 @@ int BackingFallocate(int fd, int mode, int64_t off, int64_t len) {
 // program's own, and an error filling them comes at the next write, fsync or close.
 // (The ftruncate that used to extend the file left a zero-filled tail when the space ran out
 // under the write-behind.)
-int Reserve(AdoptedFile& f, int64_t off, int64_t end) {
+Status Reserve(AdoptedFile& f, int64_t off, int64_t end) {
   std::lock_guard lock(f.xm);
   const int fd = f.file.buffered_fd();
   struct stat sb {};
-  if (fstat(fd, &sb) != 0) return errno;
+  if (fstat(fd, &sb) != 0) return Status::FromErrno(errno, "fstat of the backing file");
   const int64_t size = sb.st_size;
-  if (end <= size) return 0;
+  if (end <= size) return Status::Ok();
   if (size < f.size_set) f.resv_lo = f.resv_hi = 0;  // shrunk meanwhile: blocks past it went too
   const int64_t from = std::max(off, size);
   if (!f.no_fallocate && !(from >= f.resv_lo && end <= f.resv_hi)) {
@@ -72,17 +72,19 @@ int Reserve(AdoptedFile& f, int64_t off, int64_t end) {
     if (f.word->shared.load(std::memory_order_seq_cst) == 0) {
       hi = std::max(end, from + std::clamp(size, kReserveMin, kReserveMax));
     }
-    int err = BackingFallocate(fd, FALLOC_FL_KEEP_SIZE, from, hi - from);
+    Status st = BackingFallocate(fd, FALLOC_FL_KEEP_SIZE, from, hi - from);
+    int err = st.error_number();
     if ((err == ENOSPC || err == EDQUOT) && hi > end) {  // not that much: just this write
       TrimLocked(f, fd, size);
       hi = end;
-      err = BackingFallocate(fd, FALLOC_FL_KEEP_SIZE, from, end - from);
+      st = BackingFallocate(fd, FALLOC_FL_KEEP_SIZE, from, end - from);
+      err = st.error_number();
     }
     if (err == EOPNOTSUPP || err == ENOSYS) {
       f.no_fallocate = true;  // extended as before, by ftruncate alone
-    } else if (err != 0) {
+    } else if (!st.ok()) {
       TrimLocked(f, fd, size);  // what a failed fallocate allocated before it failed
-      return err;
+      return st;
     } else {
       f.resv_lo = from;
       f.resv_hi = hi;
@@ -93,9 +95,9 @@ int Reserve(AdoptedFile& f, int64_t off, int64_t end) {
   do {
     rc = Libc().ftruncate(fd, end);
   } while (rc != 0 && errno == EINTR);
-  if (rc != 0) return errno;
+  if (rc != 0) return Status::FromErrno(errno, "extending the backing file");
   f.size_set = end;
-  return 0;
+  return Status::Ok();
 }
 
 // Not while someone else has the file open: a write of theirs could extend it between our look
@@ -109,18 +111,18 @@ void TrimReservation(AdoptedFile& f) {
 }
 
 // What a grow leaves past the new end is still trimmed at the end of the lease.
-int TruncateAdopted(AdoptedFile& f, int fd, off_t len) {
+Status TruncateAdopted(AdoptedFile& f, int fd, off_t len) {
   std::lock_guard lock(f.xm);
-  const int rc = Libc().ftruncate(fd, len);
+  Status st = Libc().ftruncate(fd, len) == 0 ? Status::Ok() : Status::FromErrno(errno, "ftruncate");
   ForgetReservationLocked(f);
-  return rc;
+  return st;
 }
 
-int FallocateBacking(AdoptedFile& f, int mode, off_t off, off_t len) {
+Status FallocateBacking(AdoptedFile& f, int mode, off_t off, off_t len) {
   std::lock_guard lock(f.xm);
-  const int err = BackingFallocate(f.file.buffered_fd(), mode, off, len);
+  Status st = BackingFallocate(f.file.buffered_fd(), mode, off, len);
   ForgetReservationLocked(f);  // shifted, punched or grown: Reserve looks again
-  return err;
+  return st;
 }
 
 }  // namespace dnvme::preload

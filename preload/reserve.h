@@ -11,29 +11,30 @@
 
 #include <cstdint>
 
+#include "dnvme/status.h"
 #include "preload/adopted_file.h"
 
 namespace dnvme::preload {
 
 // fallocate of the backing file `fd`, by this process: its own quotas apply, and ext4's
-// root-reserved blocks only to root. Returns 0 or an errno.
-int BackingFallocate(int fd, int mode, int64_t off, int64_t len);
+// root-reserved blocks only to root. Retried on EINTR; fails with fallocate's errno.
+Status BackingFallocate(int fd, int mode, int64_t off, int64_t len);
 
-// Before a write of [off, end) that extends the file: space for it, then the new size. Returns 0,
-// or an errno (ENOSPC, EDQUOT...) with the file as it was.
-int Reserve(AdoptedFile& f, int64_t off, int64_t end);
+// Before a write of [off, end) that extends the file: space for it, then the new size. Ok, or
+// the error (ENOSPC, EDQUOT...) with the file as it was.
+Status Reserve(AdoptedFile& f, int64_t off, int64_t end);
 
 // Frees what Reserve left past the end of the file, once this process's writes to it are done
 // (the lease ends, or the process exits). Not while someone else has the file open.
 void TrimReservation(AdoptedFile& f);
 
 // ftruncate(2) of the program's descriptor `fd` of the file, under f.xm (a shrink frees the
-// blocks reserved past the end, so the reservation is forgotten); libc's result.
-int TruncateAdopted(AdoptedFile& f, int fd, off_t len);
+// blocks reserved past the end, so the reservation is forgotten); fails with ftruncate's errno.
+Status TruncateAdopted(AdoptedFile& f, int fd, off_t len);
 
-// fallocate(2) of the backing file in any mode, under f.xm (the reservation is forgotten); 0 or
-// an errno.
-int FallocateBacking(AdoptedFile& f, int mode, off_t off, off_t len);
+// fallocate(2) of the backing file in any mode, under f.xm (the reservation is forgotten); fails
+// with fallocate's errno.
+Status FallocateBacking(AdoptedFile& f, int mode, off_t off, off_t len);
 
 }  // namespace dnvme::preload
 

@@ -57,10 +57,8 @@ const Settings& PreloadSettings() {
     } else {  // EINVAL: more CPUs than a cpu_set_t holds; they are not few
       v.cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     }
-    if (const char* e = getenv("DNVME_PRELOAD_LOG"); e && *e) {
-      (void)dnvme::SetLogLevel(e);
-    } else {
-      (void)dnvme::SetLogLevel("warn");
+    if (const char* e = getenv("DNVME_PRELOAD_LOG"); !(e && *e && dnvme::SetLogLevel(e).ok())) {
+      (void)dnvme::SetLogLevel("warn");  // unset or not a level: the default, not spdlog's info
     }
     return v;
   }();

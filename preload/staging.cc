@@ -5,11 +5,13 @@
 #include <atomic>
 #include <mutex>
 #include <new>
+#include <utility>
 
 #include "datapath/extent_source.h"
 #include "dnvme/config.h"
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "preload/counters.h"
+#include "preload/libc.h"
 #include "preload/settings.h"
 
 namespace dnvme::preload {
@@ -51,10 +53,9 @@ struct EngineState {
   // Read-ahead buffers (null: no read-ahead).
   PinnedPool* read_pool = nullptr;           // written once, under mu, before read_pool_tried
   std::atomic<bool> read_pool_tried{false};  // set (under mu) once read_pool is final
-  // What every adopted file's write-behind and read-ahead share (datapath/): the pools are
-  // filled in when they are made (under mu, before the *_tried flag that publishes them).
-  datapath::WriteBehindShared writes;
-  datapath::ReadAheadShared reads;
+  // What every adopted file's data path shares (datapath/file_data.h): the pools are filled in
+  // when they are made (under mu, before the *_tried flag that publishes them).
+  datapath::FileDataShared data;
 };
 EngineState g_engine;
 
@@ -120,7 +121,7 @@ AioHandle* Engine() {
   g_engine.engine = std::move(h).value().release();
   // What differs from the mount's data path is `dnvme run`'s (set before the first adoption,
   // which needs the engine; the pools are filled in as they are made).
-  datapath::WriteBehindShared& w = g_engine.writes;
+  datapath::WriteBehindShared& w = g_engine.data.writes;
   w.write_chunk = kChunk;
   // The write-behind lives in the program's process: a write returns once it is in the kernel,
   // so it survives the program's exit (datapath/write_behind.h).
@@ -129,7 +130,9 @@ AioHandle* Engine() {
   w.unaligned_extents = true;
   w.engine = ProcessEngine;
   w.counters = &ProcessCounters().data;
-  datapath::ReadAheadShared& r = g_engine.reads;
+  datapath::ReadAheadShared& r = g_engine.data.reads;
+  // The rest of a read that found the file shrunk is the mount's to answer, past our pread.
+  g_engine.data.pread = Libc().pread;
   r.max_skip = kAheadSkip;
   r.max_read = kAheadMaxRead;
   // A sequence starts with one buffer and doubles as the program consumes it
@@ -143,7 +146,7 @@ AioHandle* Engine() {
 AioHandle* EngineIfMade() { return g_engine.engine; }
 
 PinnedPool* WritePool() {
-  return PoolOnce(&g_engine.write_pool, &g_engine.writes.chunks, &g_engine.write_pool_tried,
+  return PoolOnce(&g_engine.write_pool, &g_engine.data.writes.chunks, &g_engine.write_pool_tried,
                   kChunk + 4096, kChunks, "writes are synchronous");
 }
 
@@ -151,8 +154,8 @@ PinnedPool* ReadPool() {
   const int64_t bytes = PreloadSettings().readahead;
   if (bytes <= 0) return nullptr;
   const auto count = static_cast<size_t>(std::max<int64_t>(2, bytes / kAheadChunk));
-  g_engine.reads.window = static_cast<int64_t>(count) * kAheadChunk;  // (the same every call)
-  return PoolOnce(&g_engine.read_pool, &g_engine.reads.chunks, &g_engine.read_pool_tried,
+  g_engine.data.reads.window = static_cast<int64_t>(count) * kAheadChunk;  // (the same every call)
+  return PoolOnce(&g_engine.read_pool, &g_engine.data.reads.chunks, &g_engine.read_pool_tried,
                   kAheadChunk, count, "no read-ahead");
 }
 
@@ -167,18 +170,15 @@ void ForgetEngineInChild() {
   g_engine.engine_failed = false;
   g_engine.write_pool = nullptr;
   g_engine.read_pool = nullptr;
-  g_engine.writes.chunks = nullptr;
-  g_engine.reads.chunks = nullptr;
+  g_engine.data.writes.chunks = nullptr;
+  g_engine.data.reads.chunks = nullptr;
   g_engine.write_pool_tried.store(false);
   g_engine.read_pool_tried.store(false);
 }
 
 // ---- the data path's shared state ----
 
-AdoptedFile::AdoptedFile() : wb(&g_engine.writes, LeaseWordHooks(this)), ra(&g_engine.reads) {}
-
-const datapath::WriteBehindShared* WriteBehindConfig() { return &g_engine.writes; }
-const datapath::ReadAheadShared* ReadAheadConfig() { return &g_engine.reads; }
+AdoptedFile::AdoptedFile() : data(&g_engine.data, LeaseWordHooks(this)) {}
 
 datapath::FlushHooks LeaseWordHooks(AdoptedFile* f) {
   datapath::FlushHooks hooks;
@@ -192,58 +192,47 @@ datapath::FlushHooks LeaseWordHooks(AdoptedFile* f) {
 
 // ---- write-behind ----
 
-int WaitWrites(AdoptedFile& f) {
-  const int err = f.wb.Drain(&f.wb_errors).ErrnoOr(0);
-  const int kept = TakeKeptError(f);
-  return kept != 0 ? kept : err;
+Status WaitWrites(AdoptedFile& f) {
+  Status st = f.data.Sync(f.open);
+  Status kept = TakeKeptError(f);
+  return kept.ok() ? st : kept;
 }
 
-void DrainWrites(AdoptedFile& f) { (void)f.wb.Drain(nullptr); }
-
-void EndWrites(AdoptedFile& f) { f.wb.Close(); }
-
-void KeepFirstError(AdoptedFile& f, int err) {
+void KeepFirstError(AdoptedFile& f, Status err) {
   std::lock_guard lock(f.em);
-  if (f.kept_err == 0) f.kept_err = err;
+  if (f.kept.ok()) f.kept = std::move(err);
 }
 
-int TakeKeptError(AdoptedFile& f) {
+Status TakeKeptError(AdoptedFile& f) {
   std::lock_guard lock(f.em);
-  const int err = f.kept_err;
-  f.kept_err = 0;
-  return err;
+  return std::exchange(f.kept, Status::Ok());
 }
 
-int TakeFirstError(AdoptedFile& f) {
-  if (int kept = TakeKeptError(f); kept != 0) return kept;
-  return f.wb.Report(&f.wb_errors).ErrnoOr(0);
+Status TakeFirstError(AdoptedFile& f) {
+  if (Status kept = TakeKeptError(f); !kept.ok()) return kept;
+  return f.data.Report(f.open);
 }
 
-int SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off) {
+Status SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off) {
   datapath::MemorySource src(buf, n);
-  Status st = f.wb.Write(f.file, /*page_cache_writes=*/false, src, n, off, /*scratch=*/nullptr,
-                         &f.wb_errors);
+  Status st = f.data.Write(f.open, f.file, /*page_cache_writes=*/false, src, n, off,
+                           /*scratch=*/nullptr);
   if (!st.ok()) dnvme::Logger().debug("dnvme run: {}", st.ToString());
-  return st.ErrnoOr(0);
+  return st;
 }
 
-// ---- read-ahead ----
+// ---- reads ----
 
-void ForgetReadAhead(AdoptedFile& f) { f.ra.Invalidate(); }
-
-Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t size,
-                   uint64_t generation) {
+Result<int64_t> ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off) {
+  datapath::FileRead r;
+  r.off = off;
+  r.size = n;
   // A file someone else has open may change under read-ahead: read only what is asked, now.
   const bool use_window = f.word->shared.load(std::memory_order_seq_cst) == 0 && ReadPool();
-  if (!use_window) f.ra.Invalidate();
-  const bool first_read_only = use_window && !f.can_write && !f.read_before.exchange(true);
-  Result<int64_t> got = f.ra.ReadInto(*g_engine.engine, f.file, off, n, size, use_window, buf,
-                                      generation, first_read_only);
-  if (!got.ok()) {
-    f.ra.Invalidate();
-    return got.status();
-  }
-  return Status::Ok();
+  r.window = use_window ? datapath::Window::kUse : datapath::Window::kDrop;
+  r.buf = buf;
+  r.shrunk_fd = f.witness;  // truncated meanwhile: the mount answers with what is there
+  return f.data.Read(f.open, f.file, r);
 }
 
 }  // namespace dnvme::preload

@@ -1,10 +1,10 @@
 // Write-behind and read-ahead of adopted files, through pinned staging buffers, on this
 // process's engine (an AioHandle: parallel O_DIRECT libaio).
 //
-// The write-behind and the read-ahead are the data path's (datapath/write_behind.h,
-// datapath/read_ahead.h: the mount uses the same); this file configures them for `dnvme run` and
-// keeps what is this library's: the engine and the pools (made at their first use, owned here),
-// the lease word's count of writes in flight, and an error kept for the next call.
+// The write-behind and the read-ahead are the data path's (datapath/file_data.h: the mount uses
+// the same); this file configures them for `dnvme run` and keeps what is this library's: the
+// engine and the pools (made at their first use, owned here), the lease word's count of writes in
+// flight, and an error kept for the next call.
 //
 // Thread contract: every function is thread-safe. Lock order: adopted_file.h.
 #ifndef DNVME_PRELOAD_STAGING_H_
@@ -15,8 +15,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "datapath/read_ahead.h"
-#include "datapath/write_behind.h"
+#include "datapath/file_data.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
@@ -47,55 +46,43 @@ void LockEngineForFork();
 void UnlockEngineAfterFork();
 void ForgetEngineInChild();
 
-// ---- the data path (datapath/: the same write-behind and read-ahead as the mount's) ----
+// ---- the data path (datapath/file_data.h: the same as the mount's) ----
 
-// What every adopted file's WriteBehind and ReadAhead share: this process's engine and pools,
-// acknowledged when submitted (a write that returned survives the program's exit), extents that
-// start anywhere, read-ahead that tolerates a zip reader's small skips.
-const datapath::WriteBehindShared* WriteBehindConfig();
-const datapath::ReadAheadShared* ReadAheadConfig();
+// Every adopted file's data path shares this process's engine and pools, acknowledged when
+// submitted (a write that returned survives the program's exit), extents that start anywhere,
+// read-ahead that tolerates a zip reader's small skips (set up by Engine()).
 // Hooks that count `f`'s writes in flight in its lease word (include/dnvme/broker.h).
 datapath::FlushHooks LeaseWordHooks(AdoptedFile* f);
 
-// ---- write-behind ----
+// ---- writes ----
 
 // Waits for the file's write-behind; returns (and takes) the first error this open file has not
-// heard of (a kept one first), 0 if none: what fsync and the last close report.
-int WaitWrites(AdoptedFile& f);
-// Waits for the write-behind without looking at errors (they stay for fsync or close).
-void DrainWrites(AdoptedFile& f);
-// Waits for the write-behind and refuses every later write (EBADF): the lease is ending.
-void EndWrites(AdoptedFile& f);
+// heard of (a kept one first): what fsync and the last close report.
+Status WaitWrites(AdoptedFile& f);
 // Keeps `err` for the next write, fsync or close unless one is kept already: a call that returns
 // the bytes written before a failure leaves the failure to the next call.
-void KeepFirstError(AdoptedFile& f, int err);
-// Takes the kept error (0 if none).
-int TakeKeptError(AdoptedFile& f);
+void KeepFirstError(AdoptedFile& f, Status err);
+// Takes the kept error (Ok if none).
+Status TakeKeptError(AdoptedFile& f);
 // Takes the kept error, else a write-behind error this open file has not heard of, without
-// waiting: what a write checks before it reserves space; 0 if none.
-int TakeFirstError(AdoptedFile& f);
+// waiting: what a write checks before it reserves space.
+Status TakeFirstError(AdoptedFile& f);
 
-// Writes [buf, buf + n) at `off` through the file's write-behind (WritePool() must have been
-// asked for first: without staging buffers the write is synchronous); returns 0 or an errno
-// once every byte of it is in the kernel: its O_DIRECT requests accepted by io_submit and its
-// unaligned edges in the page cache. The kernel finishes those even if this process exits or is
-// killed, so a write that returned survives the process as on ext4; the completions still come
-// later, overlapping the program's next steps.
-int SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off);
+// Writes [buf, buf + n) at `off` through the file's data path (WritePool() must have been asked
+// for first: without staging buffers the write is synchronous); returns once every byte of it is
+// in the kernel: its O_DIRECT requests accepted by io_submit and its unaligned edges in the page
+// cache. The kernel finishes those even if this process exits or is killed, so a write that
+// returned survives the process as on ext4; the completions still come later, overlapping the
+// program's next steps.
+Status SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off);
 
-// ---- read-ahead ----
+// ---- reads ----
 
-// Drops the file's read-ahead: before a write, a truncate or the end of the lease, what was read
-// ahead may be stale.
-void ForgetReadAhead(AdoptedFile& f);
-
-// Reads [off, off + n) of a file of `size` bytes (n > 0, off + n <= size) into `buf`: from the
-// read-ahead as far as it holds it, the rest directly; a sequential reader's window moves on.
-// Not read ahead: a file someone else has open (it may change under the window). `generation`:
-// f.ra.Generation() taken before the caller drained the write-behind. Engine() must have been
-// made.
-Status ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off, int64_t size,
-                   uint64_t generation);
+// Reads up to `n` bytes at `off` into `buf` through the file's data path (its write-behind
+// landed first; from the read-ahead as far as it holds them, the rest directly); returns the
+// bytes read, 0 at the end of the file. Not read ahead: a file someone else has open (it may
+// change under the window). Engine() must have been made.
+Result<int64_t> ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off);
 
 }  // namespace dnvme::preload
 

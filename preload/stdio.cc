@@ -231,17 +231,13 @@ int fflush_unlocked(FILE* f) {
 // the buffer's last bytes then go through the mount). A write-behind error is fclose's.
 int fclose(FILE* f) {
   const int fd = FdOf(f);
-  int err = 0;
+  dnvme::Status err;
   if (fd >= 0) {
     pl::BeforeMountWrite(fd);
     err = pl::ForgetBeforeClose(fd);
   }
   const int rc = L().fclose(f);
-  if (err != 0) {
-    errno = err;
-    return EOF;
-  }
-  return rc;
+  return pl::ErrorFirst(err, rc);  // EOF (-1) with errno for the write-behind's error
 }
 
 }  // extern "C"

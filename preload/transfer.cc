@@ -8,7 +8,7 @@
 #include <atomic>
 #include <cerrno>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "preload/adoption.h"
 #include "preload/counters.h"
 #include "preload/internal.h"
@@ -48,60 +48,52 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
     errno = EBADF;
     return -1;
   }
-  // Reads see this process's writes: let its write-behind land first (the read-ahead's
-  // generation is taken before: a change after the drain makes the window suspect,
-  // datapath/read_ahead.h). An earlier write's error is reported now, by the next write.
-  const uint64_t generation = write ? 0 : f.ra.Generation();
-  if (!write) {
-    DrainWrites(f);
-  } else if (int err = TakeFirstError(f); err != 0) {
-    errno = err;
-    return -1;
-  } else if (BrokerGone(*f.conn)) {
-    // The daemon is gone: its mount answers ENOTCONN, and so does this write rather than go on
-    // around a dead mount and be contradicted at close. What earlier writes returned is in the
-    // backing file (docs/preload.md, Durability).
-    ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
-    errno = ENOTCONN;
-    return -1;
+  if (write) {
+    // An earlier write's error is reported now, by the next write.
+    if (Status err = TakeFirstError(f); !err.ok()) {
+      errno = err.ErrnoOr();
+      return -1;
+    }
+    if (BrokerGone(*f.conn)) {
+      // The daemon is gone: its mount answers ENOTCONN, and so does this write rather than go on
+      // around a dead mount and be contradicted at close. What earlier writes returned is in the
+      // backing file (docs/preload.md, Durability).
+      ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
+      errno = ENOTCONN;
+      return -1;
+    }
   }
-  const bool mount_dirty = f.word->mount_dirty.load(std::memory_order_seq_cst) != 0;
-  // What was read ahead may be older than the file after this write, or once someone wrote
-  // through the mount.
-  if (write || mount_dirty) ForgetReadAhead(f);
-  if (mount_dirty) {
+  // Someone wrote through the mount: what was read ahead may be older than the file, and the
+  // mount's write-behind lands before this transfer.
+  if (f.word->mount_dirty.load(std::memory_order_seq_cst) != 0) {
+    f.data.Invalidate();
     ProcessCounters().drains.fetch_add(1, std::memory_order_relaxed);
     if (Status st = LeaseCall(f, broker::Op::kDrain, 0, 0); !st.ok()) {
       errno = st.ErrnoOr();
       return -1;
     }
   }
-  AioHandle* engine = EngineIfMade();
   Status st;
+  ssize_t done = static_cast<ssize_t>(n);
   if (write) {
     // ext4 runs an O_DIRECT write that extends the file synchronously, one request after the
     // other (it must update the size when the data is in): reserve the space and extend the file
     // first, so the engine's requests run queue_depth deep into the new range. A reader may see
     // the new size before the bytes, as with any write still in progress.
-    if (int err = Reserve(f, off, static_cast<int64_t>(off) + static_cast<int64_t>(n)); err != 0) {
+    if (Status err = Reserve(f, off, static_cast<int64_t>(off) + static_cast<int64_t>(n));
+        !err.ok()) {
       ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
-      errno = err;
+      errno = err.ErrnoOr();
       return -1;
     }
     if (WritePool() != nullptr) {
-      const int err = SubmitWrite(f, static_cast<const char*>(buf), n, off);
-      // Again now that the write is in: a reader that drained before it may have fetched the old
-      // bytes meanwhile.
-      ForgetReadAhead(f);
-      if (err != 0) {
-        // Pieces submitted before the failure may still land: announce the range all the same.
-        NoteWritten(f, off, static_cast<int64_t>(n));
-        errno = err;
-        return -1;
-      }
+      st = SubmitWrite(f, static_cast<const char*>(buf), n, off);
+      // Pieces submitted before a failure may still land: announce the range all the same.
+      if (!st.ok()) NoteWritten(f, off, static_cast<int64_t>(n));
     } else {
-      st = engine->sync_pwrite(buf, static_cast<int64_t>(n), f.file, off);
-      ForgetReadAhead(f);
+      AioHandle* engine = EngineIfMade();
+      st = f.data.Change(
+          [&] { return engine->sync_pwrite(buf, static_cast<int64_t>(n), f.file, off); });
     }
   } else {
     if (IsMapped(f)) {
@@ -109,27 +101,21 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
       // only the mount reads them.
       return Libc().pread(f.witness, buf, n, off);
     }
-    struct stat sb {};
-    if (fstat(f.file.buffered_fd(), &sb) != 0) return -1;
-    if (off >= sb.st_size) return 0;
-    n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), sb.st_size - off));
-    st = ReadThrough(f, static_cast<char*>(buf), static_cast<int64_t>(n), off, sb.st_size,
-                     generation);
-    if (st.code() == Status::Code::kEndOfFile) {
-      // Truncated meanwhile: let the mount answer with what is there.
-      return Libc().pread(f.witness, buf, n, off);
-    }
-    if (st.code() == Status::Code::kResourceExhausted) {
+    Result<int64_t> got = ReadThrough(f, static_cast<char*>(buf), static_cast<int64_t>(n), off);
+    if (got.status().code() == Status::Code::kResourceExhausted) {
       // The engine could not pin bounce buffers for a buffer O_DIRECT cannot reach (an
       // unprivileged program's RLIMIT_MEMLOCK already spent): the mount reads it, slower but
       // whole, rather than the program seeing ENOMEM for a read that works without us.
       static std::atomic<bool> told{false};
       if (!told.exchange(true)) {
-        dnvme::Logger().warn("dnvme run: {}; such reads go through the mount", st.ToString());
+        dnvme::Logger().warn("dnvme run: {}; such reads go through the mount",
+                             got.status().ToString());
       }
       ProcessCounters().mount_fallbacks.fetch_add(1, std::memory_order_relaxed);
       return Libc().pread(f.witness, buf, n, off);
     }
+    if (got.ok()) done = static_cast<ssize_t>(*got);
+    st = got.status();
   }
   if (!st.ok()) {
     ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
@@ -150,9 +136,9 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
     }
   } else {
     counters.reads.fetch_add(1, std::memory_order_relaxed);
-    counters.bytes_read.fetch_add(n, std::memory_order_relaxed);
+    counters.bytes_read.fetch_add(static_cast<uint64_t>(done), std::memory_order_relaxed);
   }
-  return static_cast<ssize_t>(n);
+  return done;
 }
 
 size_t IovBytes(const iovec* iov, int cnt) {
@@ -170,7 +156,7 @@ ssize_t DirectVec(const std::shared_ptr<AdoptedFile>& f, bool write, const iovec
     if (got < 0 && total > 0 && write) {
       // The call returns the bytes already written; the error (a write-behind error DirectIo
       // took, say) must still reach the program: keep it for the next write, fsync or close.
-      KeepFirstError(*f, errno);
+      KeepFirstError(*f, Status::FromErrno(errno, "write"));
     }
     if (got < 0) return total > 0 ? total : -1;
     total += got;
@@ -196,33 +182,17 @@ bool DirectAtOffset(int fd, bool write, void* buf, size_t n, ssize_t* got) {
 // This process's writes land first (the call may move or drop their bytes), and the change is
 // announced at once, as a write seen by others is (the kernel drops its cached pages and
 // attributes of the whole file).
-int FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off, off_t len) {
-  if (!f->can_write) {
-    errno = EBADF;
-    return -1;
-  }
-  if (BrokerGone(*f->conn)) {
-    errno = ENOTCONN;  // as a write (DirectIo): the daemon is gone
-    return -1;
-  }
-  DrainWrites(*f);
-  ForgetReadAhead(*f);
-  if (Status st = DrainMountIfDirty(*f); !st.ok()) {
-    errno = st.ErrnoOr();
-    return -1;
-  }
-  const int err = FallocateBacking(*f, mode, off, len);
-  ForgetReadAhead(*f);  // again, after the change
-  if (err != 0) {
-    errno = err;
-    return -1;
-  }
+Status FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off, off_t len) {
+  if (!f->can_write) return Status::FromErrno(EBADF, "fallocate of a file not open for writing");
+  // As a write (DirectIo): the daemon is gone.
+  if (BrokerGone(*f->conn))
+    return Status::FromErrno(ENOTCONN, "fallocate: the mount's daemon is gone");
+  DNVME_RETURN_IF_ERROR(f->data.Change([&] {
+    DNVME_RETURN_IF_ERROR(DrainMountIfDirty(*f));
+    return FallocateBacking(*f, mode, off, len);
+  }));
   NoteWritten(*f, off, len);
-  if (Status st = Announce(*f); !st.ok()) {
-    errno = st.ErrnoOr();
-    return -1;
-  }
-  return 0;
+  return Announce(*f);
 }
 
 }  // namespace dnvme::preload

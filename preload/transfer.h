@@ -6,8 +6,9 @@
 // read-ahead or writes behind (staging.h), reserving space for a write that extends the file
 // (reserve.h), and finally notes or announces what it wrote (lease.h).
 //
-// Thread contract: every function is thread-safe (lock order: adopted_file.h). Failures return -1
-// with errno set, as the interposed call they stand for.
+// Thread contract: every function is thread-safe (lock order: adopted_file.h). The transfers'
+// failures return -1 with errno set, as the read or write they stand for; FallocateAdopted returns
+// a Status (the interposed fallocate turns it into errno).
 #ifndef DNVME_PRELOAD_TRANSFER_H_
 #define DNVME_PRELOAD_TRANSFER_H_
 
@@ -16,6 +17,7 @@
 
 #include <memory>
 
+#include "dnvme/status.h"
 #include "preload/adopted_file.h"
 
 namespace dnvme::preload {
@@ -36,8 +38,8 @@ size_t IovBytes(const iovec* iov, int cnt);
 
 // fallocate(2) of an adopted file, in any mode, on the backing file: this process's writes land
 // first, the mount's write-behind is drained into the file, and the change is announced at once.
-// 0, or -1 with errno.
-int FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off, off_t len);
+// EBADF for a file not open for writing, ENOTCONN once the daemon is gone.
+Status FallocateAdopted(const std::shared_ptr<AdoptedFile>& f, int mode, off_t off, off_t len);
 
 }  // namespace dnvme::preload
 

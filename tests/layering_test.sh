@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Usage: tests/layering_test.sh REPO_ROOT
-# The seams of fs/ and tools/ that the code review cannot keep by eye (docs/architecture.md):
-#   1. only fs/fuse/ replies to FUSE (fuse_reply_*): everything else returns Status/Result and
-#      the ops turn it into an errno;
+# The seams of fs/, tools/ and the engine that the code review cannot keep by eye (docs/architecture.md):
+#   1. only the Reply* helpers of fs/fuse/ops_common.cc reply to FUSE (fuse_reply_*): everything
+#      else, the ops included, returns Status/Result or hands one to a Reply* helper, so a Status
+#      becomes the kernel's errno in one place (ReplyStatus);
 #   2. the request handlers learn about their request from the Transport, not from thread-local
 #      state (no thread_local under fs/transport/);
 #   3. fs/control/ reaches the core through ControlCore only: it includes nothing of fs/core/
@@ -11,9 +12,13 @@
 #   4. tools/ include public headers (include/dnvme/) and their own only;
 #   5. no source file of fs/ is over 500 lines;
 #   6. no source file of preload/ is over 500 lines (one file per job: docs/preload.md);
-#   7. no two rooms include each other: a room is a folder under fs/ (fs/core, fs/data, ...), a
+#   7. no two rooms include each other: a room is a folder under fs/ (fs/core, fs/fuse, ...), a
 #      file directly in fs/ by its stem (fs/options.{h,cc} is fs/options), or datapath/ as a whole
-#      when it exists. A pair that does is printed with every include that makes each direction.
+#      when it exists. A pair that does is printed with every include that makes each direction;
+#   8. nothing outside engine/ includes "engine/...": the engine's contract is include/dnvme/
+#      (fs/, datapath/, preload/, tools/, client/, python/ and their tests use that alone). The
+#      one exception is tests/engine/, the unit tests of the engine's internals (the cuFile ABI
+#      the fake libcufile implements, the copy engine, IoFile).
 # Prints every violation and exits 1 if there is one.
 set -uo pipefail
 ROOT=${1:?usage: layering_test.sh REPO_ROOT}
@@ -22,8 +27,9 @@ bad=0
 report() { echo "layering: $*"; bad=1; }
 
 while IFS= read -r hit; do
-  report "fuse_reply outside fs/fuse/: $hit"
-done < <(grep -rnE '\bfuse_reply_[a-z_]+\(' fs --include='*.cc' --include='*.h' | grep -v '^fs/fuse/')
+  report "fuse_reply outside fs/fuse/ops_common.cc (reply through its Reply* helpers): $hit"
+done < <(grep -rnE '\bfuse_reply_[a-z_]+\(' fs --include='*.cc' --include='*.h' |
+         grep -v '^fs/fuse/ops_common\.cc:')
 
 while IFS= read -r hit; do
   report "thread-local state in the transport: $hit"
@@ -84,6 +90,13 @@ while IFS= read -r pair; do
     grep -E "^($a $b|$b $a) " <<<"$edges" | cut -d' ' -f3- | sed 's/^/layering:     /'
   fi
 done < <(cut -d' ' -f1,2 <<<"$edges" | sort -u)
+
+while IFS= read -r hit; do
+  report "engine internals included outside engine/: $hit"
+done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"engine/' . \
+           --include='*.cc' --include='*.h' --include='*.cpp' --include='*.hpp' --include='*.c' \
+           --include='*.cu' --exclude-dir='build*' --exclude-dir=var --exclude-dir=.git |
+         sed 's|^\./||' | grep -vE '^(engine|tests/engine)/')
 
 ((bad == 0)) && echo "layering: all checks passed"
 exit "$bad"

@@ -1,6 +1,6 @@
 #include <string>
 
-#include "engine/aio/backend.h"
+#include "dnvme/aio_backend.h"
 
 namespace dnvme {
 namespace {

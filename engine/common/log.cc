@@ -1,11 +1,13 @@
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <chrono>
+#include <memory>
 #include <mutex>
+#include <string>
 
 namespace dnvme {
 namespace {

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "dnvme/gpu.h"
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "engine/gpu/cuda_util.h"
 
 namespace dnvme::gpu {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "engine/gpu/cuda_guard.h"
 
 namespace dnvme::gpu {

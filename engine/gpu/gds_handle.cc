@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/identity.h"
+#include "dnvme/log.h"
 #include "engine/gpu/copy_engine.h"
 #include "engine/gpu/cufile.h"
 #include "engine/posix/file.h"
-#include "engine/posix/identity.h"
 #include "nlohmann/json.hpp"
 
 namespace dnvme {

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dnvme/handle.h"
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "engine/handle/op.h"
 #include "engine/handle/worker.h"
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/common/log.h"  // Logger()
+#include "dnvme/log.h"
 
 namespace dnvme {
 namespace {

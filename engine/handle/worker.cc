@@ -8,8 +8,8 @@
 #include <cstring>
 #include <string>
 
-#include "engine/common/log.h"
-#include "engine/posix/identity.h"
+#include "dnvme/identity.h"
+#include "dnvme/log.h"
 
 namespace dnvme {
 namespace {

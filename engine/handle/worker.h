@@ -21,10 +21,10 @@
 #include <thread>
 #include <vector>
 
+#include "dnvme/aio_backend.h"
 #include "dnvme/config.h"
 #include "dnvme/identity.h"
 #include "dnvme/pinned.h"
-#include "engine/aio/backend.h"
 #include "engine/handle/op.h"
 #include "engine/posix/file.h"
 

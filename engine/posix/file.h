@@ -1,4 +1,5 @@
-// POSIX plumbing for the engine: an owning fd, and a file opened the way the engine needs it.
+// POSIX plumbing for the engine: a file opened the way the engine needs it (the owning fd and the
+// lease-safe reopen it is built on are public: include/dnvme/fd.h).
 //
 // An IoFile holds up to three descriptors of one file: an O_DIRECT one for the aligned body of an
 // operation, a buffered one for unaligned edges (and for the whole operation when O_DIRECT is
@@ -15,39 +16,12 @@
 #include <string>
 
 #include "dnvme/config.h"
+#include "dnvme/fd.h"
 #include "dnvme/handle.h"
 #include "dnvme/identity.h"
 #include "dnvme/status.h"
 
 namespace dnvme {
-
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { Reset(); }
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.Release()) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) Reset(o.Release());
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  // Closes the held fd. close() errors are not reported here: an fd that is written through is
-  // made durable (and its errors seen) by fsync/fdatasync, never by close.
-  void Reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
 
 struct IoFile {
   std::string label;  // the path, or "fd:N"
@@ -74,13 +48,6 @@ struct IoFile {
 // support) is a fallback under kAuto and Status::Unsupported under kRequired.
 Result<std::shared_ptr<IoFile>> OpenIoFile(const std::string& path, FileAccess access,
                                            DirectPolicy policy, bool want_read_fd);
-
-// Opens the file `fd` is open on again, through /proc/self/fd/`fd` (a new open file description
-// with `flags`), without ever waiting: an open that conflicts with a file lease would sleep until
-// the lease's holder lets go (up to lease-break-time, 45 s) -- in the daemon, on a thread other
-// users' requests need. With O_NONBLOCK the kernel answers EWOULDBLOCK instead; the flag is
-// cleared again afterwards unless `flags` has it. Returns the descriptor, or -1 with errno.
-int ReopenNoWait(int fd, int flags);
 
 // The same for a caller's fd: the fd is reopened through /proc/self/fd (new open file descriptions,
 // so the caller's flags such as O_APPEND or its lack of O_DIRECT do not matter); the caller keeps

@@ -1,4 +1,4 @@
-#include "engine/posix/identity.h"
+#include "dnvme/identity.h"
 
 #include <linux/capability.h>
 #include <sys/fsuid.h>
@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme {
 namespace {

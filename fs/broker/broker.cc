@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dnvme/broker.h"
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/broker/connection.h"
 #include "fs/broker/leases.h"
 #include "fs/control/as_caller.h"

@@ -39,8 +39,8 @@
 #include <string>
 #include <thread>
 
+#include "dnvme/fd.h"
 #include "dnvme/status.h"
-#include "engine/posix/file.h"
 #include "fs/limits/uid_limits.h"
 
 namespace dnvme::fs {

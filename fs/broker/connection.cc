@@ -14,7 +14,7 @@
 #include <string>
 
 #include "dnvme/broker.h"
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/broker/broker.h"
 #include "fs/broker/connection.h"
 #include "fs/broker/leases.h"

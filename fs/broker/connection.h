@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "dnvme/broker.h"
+#include "dnvme/fd.h"
 #include "dnvme/status.h"
-#include "engine/posix/file.h"
 #include "fs/broker/broker.h"
 #include "fs/control/as_caller.h"
 #include "fs/limits/uid_limits.h"

@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "dnvme/broker.h"
-#include "engine/posix/file.h"
+#include "dnvme/fd.h"
+#include "dnvme/status.h"
 
 namespace dnvme::fs {
 

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/control/ctl_protocol.h"
 
 namespace dnvme::fs {

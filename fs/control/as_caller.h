@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "dnvme/fd.h"
+#include "dnvme/identity.h"
 #include "dnvme/status.h"
-#include "engine/posix/file.h"
-#include "engine/posix/identity.h"
 #include "fs/control/control.h"
 
 namespace dnvme::fs {
 
 // Runs the calling thread with the caller's filesystem identity (fsuid, fsgid, supplementary
-// groups) until destroyed: a thin wrapper of ScopedFsIdentity (engine/posix/identity.h, which
+// groups) until destroyed: a thin wrapper of ScopedFsIdentity (dnvme/identity.h, which
 // also keeps dormant capabilities dormant afterwards). A daemon not running as root cannot
 // switch: it serves only its own uid (which is all FUSE lets through without allow_other anyway).
 class AsCaller {

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::fs {
 namespace {

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "engine/common/log.h"
-#include "engine/posix/file.h"
+#include "dnvme/fd.h"
+#include "dnvme/log.h"
 #include "fs/control/as_caller.h"
 #include "fs/limits/uid_limits.h"
 

@@ -134,13 +134,6 @@ Status CtlError(int err, std::string msg) {
   return Status::IoError(err, std::move(msg));
 }
 
-const char* CtlOpName(CtlOp op) {
-  for (const OpSpec& s : Specs()) {
-    if (s.op == op) return s.name;
-  }
-  return "?";
-}
-
 std::string ErrnoName(int err) {
   const char* name = strerrorname_np(err);
   return name != nullptr ? name : "E" + std::to_string(err);

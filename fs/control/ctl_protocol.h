@@ -43,8 +43,6 @@ enum class CtlOp {
   kFsync,
 };
 
-const char* CtlOpName(CtlOp op);
-
 // One checked request. Only the fields of its op are meaningful.
 struct CtlRequest {
   CtlOp op = CtlOp::kHello;

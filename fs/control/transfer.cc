@@ -13,8 +13,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "engine/common/log.h"
-#include "engine/posix/file.h"
+#include "dnvme/fd.h"
+#include "dnvme/log.h"
 #include "fs/control/as_caller.h"
 #include "fs/limits/uid_limits.h"
 #include "fs/setid.h"
@@ -114,7 +114,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   }
   // GPU buffers go through the handle's GdsHandle, which reopens `fd` itself.
   if (gds == nullptr) {
-    // A user's data is written as the user (engine/posix/identity.h): the file system stops
+    // A user's data is written as the user (dnvme/identity.h): the file system stops
     // it at the space users may take, and the kernel applies its own set-ID rules.
     std::shared_ptr<const FsIdentity> who;
     if (write && caller.uid != 0 && geteuid() == 0) {

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <string>
 
-#include "engine/common/log.h"
-#include "engine/posix/file.h"
+#include "dnvme/fd.h"
+#include "dnvme/log.h"
 #include "fs/core/fs.h"
 
 #ifndef DNVME_VERSION
@@ -33,7 +33,7 @@ Result<HandleConfig> Fs::SetEngineConfig(const std::string& json_patch) {
 
 Status Fs::DrainForExternal(Inode& in) {
   if (!S_ISREG(in.type)) return Status::Ok();
-  Status st = in.wb.Drain(nullptr);
+  Status st = in.data.Drain();
   if (!st.ok()) {
     return st.WithContext("data written through the mount earlier did not reach the disk");
   }
@@ -44,7 +44,7 @@ Status Fs::DrainForExternal(Inode& in) {
 // inode in flight, which need one): the broker's connection threads, the control lanes and the
 // OffLoop notifier call it (fs/core/off_loop.h).
 void Fs::AfterExternalWrite(Inode& in) {
-  in.ra.Invalidate();
+  in.data.Invalidate();
   fuse_session* const se = mount_.session();
   if (se == nullptr) return;
   const auto ino = reinterpret_cast<fuse_ino_t>(&in);

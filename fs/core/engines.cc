@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::fs {
 
@@ -51,7 +51,7 @@ Result<HandleConfig> Engines::Reconfigure(const std::string& json_patch, bool* c
                             std::memory_order_acq_rel);
     config_ = c.value();
   }
-  retired_.push_back(std::move(old));
+  if (old) retired_.push_back(std::move(old));  // none after Reset: nothing to retire
   ReapRetiredLocked();
   *changed = true;
   Logger().info("live configuration changed to {}", c->ToJson());

@@ -18,7 +18,7 @@ Fs::Fs(MountOptions opts)
                                    .max_queued = 256,
                                    .idle = std::chrono::milliseconds(2000),
                                    .option = "ctl_threads_per_uid"}),
-      inodes_(mount_.write_behind_shared(), mount_.read_ahead_shared(), &uid_limits_) {}
+      inodes_(mount_.data_shared(), &uid_limits_) {}
 
 Fs::~Fs() {
   off_loop_.Shutdown();   // its work answers requests and uses inodes

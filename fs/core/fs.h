@@ -21,9 +21,9 @@
 //      takes UidLanes::mu_ under it) | Engines::reconfig_mu_ (Reconfigure swaps the engine and
 //      MountStats reads the retired ones under it, and destroying a retired engine waits for
 //      callbacks that take 4).
-//   4. an inode's WriteBehind::m_ | ReadAhead::m_ (datapath/; never both: OpWriteBuf drops the
-//      window before and after it writes, each under its own mutex; Read in
-//      fs/core/read_path.cc drains, then reads). A flush or
+//   4. an inode's WriteBehind::m_ | ReadAhead::m_ (datapath/; never both: FileData::Write drops
+//      the window before and after it writes, each under its own mutex; FileData::Read drains,
+//      then reads). A flush or
 //      fetch takes 5 under it: pinned and pipe pool leases, the splice workers' queue and the
 //      engine's worker queue (submit). The engine pointer it submits to is an atomic load
 //      (Engines::Current), no mutex.
@@ -55,10 +55,11 @@
 #include "fs/limits/uid_lanes.h"
 #include "fs/limits/uid_limits.h"
 #include "fs/options.h"
+#include "fs/transport/session_io.h"
 
 namespace dnvme::fs {
 
-class Fs : public ControlCore, public BrokerCore {
+class Fs : public ControlCore, public BrokerCore, public SessionHost {
  public:
   explicit Fs(MountOptions opts);
   ~Fs() override;
@@ -111,6 +112,12 @@ class Fs : public ControlCore, public BrokerCore {
   // ---- BrokerCore (fs/core/broker_core.cc) ----
   int OpenCount(Inode& in) override;
   PreloadLeases& LeasesOf(Inode& in) override { return in.leases; }
+
+  // ---- SessionHost (fs/transport/session_io.h: the session's I/O) ----
+  ProtocolExtensions& session_protocol() override { return mount_.protocol(); }
+  Transport* session_transport() override { return mount_.transport(); }
+  datapath::PipePool* session_reply_pipes() override { return mount_.reply_pipes(); }
+  ReplyCounters& session_reply_counters() override { return mount_.counters(); }
 
  private:
   // Declared before the inodes: they point to its shared write-behind and read-ahead state.

@@ -3,10 +3,10 @@
 // as fi->fh (FileHandle, VirtualFile). The table that owns inodes is InodeTable
 // (fs/core/inode_table.h); open handles are registered in OpenHandles (fs/core/open_handles.h).
 //
-// Thread contract: an Inode's fields above `wb` are fixed once it is in the table, except nlookup
-// (InodeTable's mutex); wb, ra, modes and leases guard themselves. A FileHandle lives from its
-// open's reply to its release; the requests on it come from any FUSE thread, so what they change
-// is atomic (`wrote`) or used under the inode's WriteBehind mutex (`wb_errors`).
+// Thread contract: an Inode's fields above `data` are fixed once it is in the table, except
+// nlookup (InodeTable's mutex); data, modes and leases guard themselves. A FileHandle lives from
+// its open's reply to its release; the requests on it come from any FUSE thread, so what they
+// change is atomic or the data path's (`open`, datapath::OpenFile).
 #pragma once
 
 #include <fuse_lowlevel.h>
@@ -18,9 +18,8 @@
 #include <mutex>
 #include <string>
 
-#include "datapath/read_ahead.h"
-#include "datapath/write_behind.h"
-#include "engine/posix/file.h"
+#include "datapath/file_data.h"
+#include "dnvme/fd.h"
 #include "fs/broker/leases.h"
 #include "fs/control/control.h"
 #include "fs/limits/uid_limits.h"
@@ -51,17 +50,16 @@ struct Inode {
   mode_t type = 0;       // S_IFMT bits
   uint64_t nlookup = 0;  // guarded by the InodeTable's mutex
 
-  // Data accepted from writers, not yet on disk (datapath/write_behind.h).
-  datapath::WriteBehind wb;
-  // The window fetched ahead of a sequential reader (datapath/read_ahead.h).
-  datapath::ReadAhead ra;
+  // The file's data path (regular files): data accepted from writers and not yet on disk, and the
+  // window fetched ahead of a sequential reader (datapath/file_data.h).
+  datapath::FileData data;
   OpenModes modes;       // regular files
   PreloadLeases leases;  // descriptors the broker handed to `dnvme run` clients (fs/broker/)
   // The share of max_inodes_per_uid of the uid whose lookup made this inode (InodeTable::Lookup):
   // the O_PATH descriptor above is held for it until the kernel forgets the inode.
   UidCharge lookups_charge;
 
-  Inode(const datapath::WriteBehindShared* w, const datapath::ReadAheadShared* r) : wb(w), ra(r) {}
+  explicit Inode(const datapath::FileDataShared* d) : data(d) {}
   ~Inode();
 };
 
@@ -96,13 +94,9 @@ struct FileHandle : OpenHandle {
   // The kernel serves this open from the backing file (fs/fuse/passthrough.h): no READ or
   // WRITE of it reaches the daemon.
   bool passthrough = false;
-  // This description's place in the file's write-behind errors (datapath/write_behind.h), and
-  // whether it wrote (only a writer's close hears of a flush error).
-  datapath::ErrorCursor wb_errors;  // used under the inode's WriteBehind mutex
-  std::atomic<bool> wrote{false};
-  // Whether this open has read yet: the first read of a read-only open starts the read-ahead's
-  // sequence wherever it is (datapath/read_ahead.h).
-  std::atomic<bool> read_before{false};
+  // This description's place in the file's data path: its share of the flush errors, whether it
+  // wrote, whether it read yet (datapath/file_data.h).
+  datapath::OpenFile open;
   Inode* inode = nullptr;
 };
 

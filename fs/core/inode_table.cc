@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::fs {
 
@@ -17,17 +17,15 @@ Inode::~Inode() {
   if (fd >= 0) close(fd);
 }
 
-InodeTable::InodeTable(const datapath::WriteBehindShared* wb, const datapath::ReadAheadShared* ra,
-                       UidLimits* limits)
-    : wb_(wb),
-      ra_(ra),
+InodeTable::InodeTable(const datapath::FileDataShared* data, UidLimits* limits)
+    : data_(data),
       limits_(limits),
-      ctl_dir_(wb, ra),
-      ctl_node_(wb, ra),
-      stats_node_(wb, ra),
-      config_node_(wb, ra),
-      broker_node_(wb, ra),
-      root_(wb, ra) {
+      ctl_dir_(data),
+      ctl_node_(data),
+      stats_node_(data),
+      config_node_(data),
+      broker_node_(data),
+      root_(data) {
   ctl_dir_.virt = VirtualNode::kCtlDir;
   ctl_dir_.type = S_IFDIR;
   ctl_node_.virt = VirtualNode::kCtl;
@@ -81,7 +79,7 @@ void InodeTable::DrainAll() {
   // Inodes cannot be forgotten while we drain: the session loop has stopped (destroy/unmount).
   for (Inode* in : all) {
     if (S_ISREG(in->type)) {
-      Status st = in->wb.Drain(nullptr);
+      Status st = in->data.Drain();
       if (!st.ok()) {
         Logger().error("write-behind data of inode {} lost at exit: {}", in->ino, st.ToString());
       }
@@ -113,13 +111,15 @@ Status InodeTable::ChargeNew(uid_t looker, UidCharge* out) {
   return Status::Ok();
 }
 
-int InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_entry_param* e) {
+Result<fuse_entry_param> InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker) {
   Inode& dir = Get(parent);
   int fd = openat(dir.fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return errno;
+  if (fd < 0) return Status::FromErrno(errno, "lookup");
   UniqueFd owned(fd);
   struct stat st {};
-  if (fstatat(fd, "", &st, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0) return errno;
+  if (fstatat(fd, "", &st, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0) {
+    return Status::FromErrno(errno, "lookup");
+  }
   // Whether the kernel already holds this inode is known only under mu_, which takes nothing
   // under it (fs/core/fs.h): a new inode's charge is taken before, and given back if unused.
   // Root's lookups are not charged: no first look.
@@ -132,7 +132,7 @@ int InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_e
   if (!known) {
     if (Status c = ChargeNew(looker, &charge); !c.ok()) {
       RefusedLookup(looker, c);
-      return c.ErrnoOr();
+      return c;
     }
   }
   Inode* in;
@@ -143,7 +143,7 @@ int InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_e
     if (it != inodes_.end()) {
       in = it->second.get();  // it holds a descriptor already; ours closes, the charge goes back
     } else {
-      auto fresh = std::make_unique<Inode>(wb_, ra_);
+      auto fresh = std::make_unique<Inode>(data_);
       fresh->fd = owned.Release();
       fresh->dev = st.st_dev;
       fresh->ino = st.st_ino;
@@ -157,14 +157,15 @@ int InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_e
     }
     ++in->nlookup;
   }
-  if (S_ISREG(st.st_mode)) in->wb.ApplyPending(&st);
-  e->ino = reinterpret_cast<fuse_ino_t>(in);
-  e->attr = st;
+  if (S_ISREG(st.st_mode)) in->data.ApplyPending(&st);
+  fuse_entry_param e{};
+  e.ino = reinterpret_cast<fuse_ino_t>(in);
+  e.attr = st;
   // A file a `dnvme run` client holds may change behind the kernel: its attributes are not
   // cached (fs/fuse/ops_entry.cc, OpGetattr).
-  e->attr_timeout = in->leases.count() > 0 ? 0.0 : kEntryTimeout;
-  e->entry_timeout = kEntryTimeout;
-  return 0;
+  e.attr_timeout = in->leases.count() > 0 ? 0.0 : kEntryTimeout;
+  e.entry_timeout = kEntryTimeout;
+  return e;
 }
 
 void InodeTable::Forget(fuse_ino_t ino, uint64_t n) {

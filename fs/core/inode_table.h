@@ -35,11 +35,9 @@ namespace dnvme::fs {
 
 class InodeTable {
  public:
-  // Every inode is made with the mount's shared write-behind and read-ahead state, which must
-  // outlive the table.
+  // Every inode's data path is made with the mount's shared state, which must outlive the table.
   // `limits` (may be null: nothing charged) holds the uids' shares of the inodes (kInodes).
-  InodeTable(const datapath::WriteBehindShared* wb, const datapath::ReadAheadShared* ra,
-             UidLimits* limits = nullptr);
+  explicit InodeTable(const datapath::FileDataShared* data, UidLimits* limits = nullptr);
   InodeTable(const InodeTable&) = delete;
   InodeTable& operator=(const InodeTable&) = delete;
 
@@ -51,13 +49,14 @@ class InodeTable {
   int root_fd() const { return root_.fd; }
 
   Inode& Get(fuse_ino_t ino);
-  // Looks `name` up under `parent`, filling `e`; adds one lookup reference. Returns an errno (0
-  // on success). An inode the kernel did not hold yet keeps an O_PATH descriptor until the
-  // kernel forgets it, charged to `looker` (not root): max_inodes_per_uid each, and all users
-  // together at most half of the daemon's RLIMIT_NOFILE, so that no user -- nor all of them --
-  // can fill the daemon's descriptor table and stop root's requests (docs/security.md). Over
-  // either, the lookup fails with ENFILE (logged once a second at most).
-  int Lookup(fuse_ino_t parent, const char* name, uid_t looker, fuse_entry_param* e);
+  // Looks `name` up under `parent`; adds one lookup reference. Returns the entry, or why not
+  // (openat's or fstatat's errno: ENOENT...). An inode the kernel did not hold yet keeps an
+  // O_PATH descriptor until the kernel forgets it, charged to `looker` (not root):
+  // max_inodes_per_uid each, and all users together at most half of the daemon's RLIMIT_NOFILE,
+  // so that no user -- nor all of them -- can fill the daemon's descriptor table and stop root's
+  // requests (docs/security.md). Over either, the lookup fails with ENFILE (logged once a second
+  // at most).
+  Result<fuse_entry_param> Lookup(fuse_ino_t parent, const char* name, uid_t looker);
   void Forget(fuse_ino_t ino, uint64_t n);
   // Takes a reference on the inode the kernel knows for (dev, ino), so it cannot be forgotten
   // while someone works on it; null when the kernel has never looked the file up.
@@ -76,8 +75,7 @@ class InodeTable {
   // daemon raises it at start, an administrator may change it with prlimit).
   static int64_t UsersShare();
 
-  const datapath::WriteBehindShared* const wb_;
-  const datapath::ReadAheadShared* const ra_;
+  const datapath::FileDataShared* const data_;
   UidLimits* const limits_;
   std::atomic<int64_t> users_inodes_{0};  // inodes holding a lookups_charge
   Inode ctl_dir_, ctl_node_, stats_node_, config_node_, broker_node_;

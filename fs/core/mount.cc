@@ -4,7 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::fs {
 
@@ -63,22 +63,22 @@ Status Mount::Start() {
   // The data path asks for the engine once per submission: straight from the Engines, whose
   // getter is one atomic load (config.set may swap the engine meanwhile).
   auto engine = [this] { return engines_.Current(); };
-  wb_shared_.chunks = wb_pool_.get();
-  wb_shared_.pipes = wb_pipes_.get();
-  wb_shared_.splicers = splicers_.get();
-  wb_shared_.write_chunk = opts_.write_chunk;
-  wb_shared_.ack = datapath::Ack::kGathered;  // the daemon holds the data, not the writer
-  wb_shared_.engine = engine;
-  wb_shared_.counters = &counters_;
+  data_shared_.writes.chunks = wb_pool_.get();
+  data_shared_.writes.pipes = wb_pipes_.get();
+  data_shared_.writes.splicers = splicers_.get();
+  data_shared_.writes.write_chunk = opts_.write_chunk;
+  data_shared_.writes.ack = datapath::Ack::kGathered;  // the daemon holds the data, not the writer
+  data_shared_.writes.engine = engine;
+  data_shared_.writes.counters = &counters_;
   // FUSE sends a sequential reader's requests exactly in order: no skip, and no size limit
   // (requests are <= max_request).
-  ra_shared_.chunks = ra_pool_.get();
-  ra_shared_.window = opts_.read_ahead;
+  data_shared_.reads.chunks = ra_pool_.get();
+  data_shared_.reads.window = opts_.read_ahead;
   // A sequence starts with one chunk and grows with the reader (datapath/read_ahead.h): a
   // program that reads a header of a large file fetches 4 MiB, not the whole window.
-  ra_shared_.initial_window = std::min<int64_t>(opts_.read_ahead, kReadAheadFirstWindow);
-  ra_shared_.engine = engine;
-  ra_shared_.counters = &counters_;
+  data_shared_.reads.initial_window = std::min<int64_t>(opts_.read_ahead, kReadAheadFirstWindow);
+  data_shared_.reads.engine = engine;
+  data_shared_.reads.counters = &counters_;
   if (opts_.async_reply) {
     // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
     auto pool = PinnedPool::Create(static_cast<size_t>(kMaxFuseRequestBytes), kAsyncReplyBuffers);
@@ -89,8 +89,8 @@ Status Mount::Start() {
 }
 
 void Mount::Release() {
-  wb_shared_ = datapath::WriteBehindShared();
-  ra_shared_ = datapath::ReadAheadShared();
+  data_shared_.writes = datapath::WriteBehindShared();
+  data_shared_.reads = datapath::ReadAheadShared();
   reply_pool_.reset();
   ra_pool_.reset();
   wb_pool_.reset();

@@ -17,13 +17,12 @@
 #include <cstdlib>
 #include <memory>
 
-#include "datapath/read_ahead.h"
+#include "datapath/file_data.h"
 #include "datapath/splice_io.h"
-#include "datapath/write_behind.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
+#include "fs/core/counters.h"
 #include "fs/core/engines.h"
-#include "fs/data/counters.h"
 #include "fs/options.h"
 #include "fs/transport/protocol_ext.h"
 #include "fs/transport/request_pipe.h"
@@ -62,8 +61,8 @@ class Mount {
   const struct timespec& started() const { return started_; }
 
   // What every inode's WriteBehind / ReadAhead share (filled by Start).
-  const datapath::WriteBehindShared* write_behind_shared() const { return &wb_shared_; }
-  const datapath::ReadAheadShared* read_ahead_shared() const { return &ra_shared_; }
+  // What every inode's data path shares (datapath/file_data.h).
+  const datapath::FileDataShared* data_shared() const { return &data_shared_; }
   // 1 MiB pinned buffers for replies answered from an engine thread (-o async_reply); null
   // without.
   PinnedPool* reply_pool() const { return reply_pool_.get(); }
@@ -115,8 +114,7 @@ class Mount {
   std::unique_ptr<PinnedPool> reply_pool_;  // 1 MiB buffers for async replies
   // Declared after what they point to, before every Inode (which the InodeTable, declared after
   // the Mount, owns).
-  datapath::WriteBehindShared wb_shared_;
-  datapath::ReadAheadShared ra_shared_;
+  datapath::FileDataShared data_shared_;
 };
 
 }  // namespace dnvme::fs

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::fs {
 

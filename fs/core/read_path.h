@@ -1,7 +1,6 @@
-// A READ of a regular file composed: drain the inode's WriteBehind (readers see every accepted
-// byte, datapath/write_behind.h), then its ReadAhead (datapath/read_ahead.h), then the mount's
-// engine for the rest. A WRITE goes from the op (fs/fuse/ops_file.cc) straight to the inode's
-// WriteBehind. Errors leave as Status; the FUSE ops turn them into errno replies.
+// A READ of a regular file: the inode's data path (datapath/file_data.h: the write-behind drained,
+// the read-ahead window, the engine for the rest) with the mount's buffers and counters. Errors
+// leave as Status; the FUSE ops turn them into errno replies.
 //
 // Thread contract: from any FUSE thread, for a FileHandle whose release cannot come meanwhile.
 #pragma once

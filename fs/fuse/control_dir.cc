@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/core/fs.h"
 
 namespace dnvme::fs {

@@ -9,6 +9,8 @@
 
 #include <fuse_lowlevel.h>
 
+#include "fs/transport/session_io.h"
+
 namespace dnvme::fs::ops {
 
 // ops_table.cc
@@ -41,7 +43,7 @@ void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name);
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
 void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi);
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
-void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi);
+void OpWrite(fuse_req_t req, fuse_ino_t ino, IncomingWrite& write, off_t off, fuse_file_info* fi);
 void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
 void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi);
@@ -63,11 +65,8 @@ fuse_lowlevel_ops MakeOps();
 namespace dnvme::fs {
 
 // The FUSE low-level operations table (fs/fuse/ops_table.cc; the ops in fs/fuse/ops_*.cc). The
-// session's userdata is the Fs (fs/core/fs.h).
+// session's userdata is the Fs as a SessionHost (SessionUserdata); its I/O is the transport's
+// SessionIo (fs/transport/session_io.h).
 const fuse_lowlevel_ops& Operations();
-// The session's /dev/fuse I/O (fuse_session_custom_io, userdata the Fs): plain read, writev and
-// splice, with the mount's ProtocolExtensions shown each request libfuse reads itself and given
-// each reply to extend (fs/transport/protocol_ext.h).
-const fuse_custom_io& SessionIo();
 
 }  // namespace dnvme::fs

@@ -1,23 +1,16 @@
 // Helpers shared by the FUSE op files (fs/fuse/ops_common.h).
-#include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/caps.h"
 #include "fs/core/fs.h"
 #include "fs/fuse/control_dir.h"
@@ -78,8 +71,19 @@ void ReplyAttr(fuse_req_t req, const Result<struct stat>& st, double timeout) {
   fuse_reply_attr(req, &st.value(), timeout);
 }
 
-void ReplyBuf(fuse_req_t req, const std::string& bytes) {
-  fuse_reply_buf(req, bytes.data(), bytes.size());
+void ReplyBuf(fuse_req_t req, const Result<std::string>& bytes) {
+  if (!bytes.ok()) return ReplyStatus(req, bytes.status());
+  fuse_reply_buf(req, bytes.value().data(), bytes.value().size());
+}
+
+void ReplyData(fuse_req_t req, const Result<std::span<const char>>& bytes) {
+  if (!bytes.ok()) return ReplyStatus(req, bytes.status());
+  fuse_reply_buf(req, bytes.value().data(), bytes.value().size());
+}
+
+void ReplyIov(fuse_req_t req, const Status& st, std::span<const struct iovec> iov) {
+  if (!st.ok()) return ReplyStatus(req, st);
+  fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
 }
 
 void ReplyWritten(fuse_req_t req, const Result<size_t>& written) {
@@ -87,28 +91,92 @@ void ReplyWritten(fuse_req_t req, const Result<size_t>& written) {
   fuse_reply_write(req, written.value());
 }
 
+void ReplyLseek(fuse_req_t req, const Result<off_t>& off) {
+  if (!off.ok()) return ReplyStatus(req, off.status());
+  fuse_reply_lseek(req, off.value());
+}
+
+void ReplyReadlink(fuse_req_t req, const Result<std::string>& target) {
+  if (!target.ok()) return ReplyStatus(req, target.status());
+  fuse_reply_readlink(req, target.value().c_str());
+}
+
+void ReplyStatfs(fuse_req_t req, const Result<struct statvfs>& sv) {
+  if (!sv.ok()) return ReplyStatus(req, sv.status());
+  fuse_reply_statfs(req, &sv.value());
+}
+
+void ReplyXattr(fuse_req_t req, size_t size, const Result<size_t>& got, const char* bytes) {
+  if (!got.ok()) return ReplyStatus(req, got.status());
+  if (size == 0) {
+    fuse_reply_xattr(req, got.value());
+  } else {
+    fuse_reply_buf(req, bytes, got.value());
+  }
+}
+
+void ReplyNone(fuse_req_t req) { fuse_reply_none(req); }
+
+namespace {
+
+// Sends a reply body built by hand (fs/fuse/passthrough.h); what fuse_reply_iov returns.
+template <typename... Parts>
+int SendParts(fuse_req_t req, Parts&... parts) {
+  struct iovec iov[] = {{&parts, sizeof(parts)}...};
+  return fuse_reply_iov(req, iov, static_cast<int>(sizeof...(Parts)));
+}
+
+}  // namespace
+
+bool ReplyOpen(fuse_req_t req, const fuse_file_info& fi, const OpenMode& how, uint32_t extra) {
+  int rc;
+  if (how.passthrough) {
+    wire::OpenOut o = PassthroughOpenOut(fi, how.backing_id);
+    rc = SendParts(req, o);
+  } else if (extra != 0) {
+    wire::OpenOut o = OpenOutWithFlags(fi, extra);
+    rc = SendParts(req, o);
+  } else {
+    rc = fuse_reply_open(req, &fi);
+  }
+  return rc != -ENOENT;
+}
+
+bool ReplyCreate(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,
+                 const OpenMode& how) {
+  int rc;
+  if (how.passthrough) {
+    fuse_entry_out entry = EntryOutOf(e);
+    wire::OpenOut o = PassthroughOpenOut(fi, how.backing_id);
+    rc = SendParts(req, entry, o);
+  } else {
+    rc = fuse_reply_create(req, &e, &fi);
+  }
+  return rc != -ENOENT;
+}
+
 void ReplyVirtualOpen(fuse_req_t req, fuse_ino_t ino, const Status& st, fuse_file_info* fi) {
   if (!st.ok()) return ReplyStatus(req, st);
   // ctl's opens carry flags fuse_file_info cannot (VirtualOpenFlags): a reply built by hand.
-  const uint32_t extra = VirtualOpenFlags(ino);
-  const int rc = extra != 0 ? ReplyOpenWithFlags(req, *fi, extra) : fuse_reply_open(req, fi);
-  if (rc == -ENOENT) (void)VirtualRelease(FsOf(req), ino, fi);
+  if (!ReplyOpen(req, *fi, OpenMode{}, VirtualOpenFlags(ino))) {
+    (void)VirtualRelease(FsOf(req), ino, fi);
+  }
 }
 
 bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err) {
   if (!IsVirtual(ino)) return false;
-  fuse_reply_err(req, err);
+  ReplyStatus(req, Status::FromErrno(err, std::string("refused on ") + kCtlDirName));
   return true;
 }
 
 bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err) {
   if (!IsVirtualName(parent, name)) return false;
-  fuse_reply_err(req, err);
+  ReplyStatus(req, Status::FromErrno(err, std::string("refused on ") + kCtlDirName));
   return true;
 }
 
 ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
-  if (mask_.error() != 0 || geteuid() != 0) return;
+  if (!mask_.status().ok() || geteuid() != 0) return;
   // Root with group root is what the daemon's threads are already (and root's supplementary
   // groups decide nothing its capabilities do not): no switch, no read of its groups from /proc,
   // which cost a create or unlink by root 50-120 us (docs/performance-journal.md).
@@ -118,25 +186,26 @@ ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
   auto id = ScopedFsIdentity::Enter(FsIdentity{c.uid, c.gid, c.groups});
   if (!id.ok()) {
     Logger().error("acting as uid {}: {}", c.uid, id.status().ToString());
-    err_ = id.status().ErrnoOr(EPERM);
+    // A refusal that names no errno is EPERM: the request may not be served as its caller.
+    st_ = id.status().error_number() != 0
+              ? id.status()
+              : Status::FromErrno(EPERM, "acting as uid " + std::to_string(c.uid));
     return;
   }
   id_.emplace(std::move(id).value());
 }
 
-int ChargeOpen(fuse_req_t req, UidCharge* out) {
+Result<UidCharge> ChargeOpen(fuse_req_t req) {
   const uid_t uid = fuse_req_ctx(req)->uid;
   // Root is trusted (docs/security.md) and its programs open as many files as they like, as on
   // ext4: the limit keeps users from starving each other and root.
-  if (uid == 0) return 0;
+  if (uid == 0) return UidCharge{};
   auto charge = FsOf(req).uid_limits().Charge(uid, UidResource::kFiles, 1);
   if (!charge.ok()) {
     Logger().info("open by pid {} uid {} refused: {}", fuse_req_ctx(req)->pid, uid,
                   charge.status().ToString());
-    return charge.status().ErrnoOr();
   }
-  *out = std::move(charge).value();
-  return 0;
+  return charge;
 }
 
 std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req) {
@@ -146,56 +215,40 @@ std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req) {
 }
 
 void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  fuse_entry_param e{};
-  int err = FsOf(req).inodes().Lookup(parent, name, fuse_req_ctx(req)->uid, &e);
-  if (err) {
-    fuse_reply_err(req, err);
-  } else {
-    fuse_reply_entry(req, &e);
-  }
+  ReplyEntry(req, FsOf(req).inodes().Lookup(parent, name, fuse_req_ctx(req)->uid));
 }
 
-int StatInode(Inode& in, struct stat* st) {
-  if (fstatat(in.fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return errno;
+Result<struct stat> StatInode(Inode& in) {
+  struct stat st {};
+  if (fstatat(in.fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+    return Status::FromErrno(errno, "stat of inode " + std::to_string(in.ino));
+  }
   // Data accepted by write-behind counts, though the backing file has not seen it yet.
-  if (S_ISREG(st->st_mode)) in.wb.ApplyPending(st);
-  return 0;
-}
-
-// True when `gid` is the caller's group or one of its supplementary groups. A caller whose groups
-// cannot be read counts as outside the group: the bit it decides then goes, which is the safe side.
-bool CallerInGroup(fuse_req_t req, gid_t gid) {
-  if (fuse_req_ctx(req)->gid == gid) return true;
-  std::vector<gid_t> groups(64);
-  int n = fuse_req_getgroups(req, static_cast<int>(groups.size()), groups.data());
-  if (n > static_cast<int>(groups.size())) {
-    groups.resize(static_cast<size_t>(n));
-    n = fuse_req_getgroups(req, n, groups.data());
-  }
-  if (n < 0) return false;
-  groups.resize(std::min(groups.size(), static_cast<size_t>(n)));
-  return std::find(groups.begin(), groups.end(), gid) != groups.end();
+  if (S_ISREG(st.st_mode)) in.data.ApplyPending(&st);
+  return st;
 }
 
 // What a write or truncate by a process without CAP_FSETID clears on ext4
 // (setattr_should_drop_suidgid): set-user-ID always; set-group-ID when group execute is set, or
-// when the writer is not in the file's group. Applies it to the inode. Returns an errno.
+// when the writer is not in the file's group. Applies it to the inode.
 //
 // The FUSE kernel does part of this itself -- set-user-ID, and set-group-ID with group execute,
 // as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
 // leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
-int KillPrivs(fuse_req_t req, Inode& in, bool* killed) {
+Status KillPrivs(fuse_req_t req, Inode& in, bool* killed) {
   if (killed != nullptr) *killed = false;
   struct stat st {};
-  if (fstatat(in.fd, "", &st, AT_EMPTY_PATH) != 0) return errno;
+  if (fstatat(in.fd, "", &st, AT_EMPTY_PATH) != 0) {
+    return Status::FromErrno(errno, "stat of inode " + std::to_string(in.ino));
+  }
   // Most files have neither bit: the writer's groups (a /proc read) only when one is set. The
   // rule itself is DropSetIdForWriter's (fs/setid.h), shared with the control file's pwrite.
-  if ((st.st_mode & (S_ISUID | S_ISGID)) == 0) return 0;
+  if ((st.st_mode & (S_ISUID | S_ISGID)) == 0) return Status::Ok();
   const Caller c = CallerOf(req);
   auto dropped = DropSetIdForWriter(in.fd, c.gid, c.groups);
-  if (!dropped.ok()) return dropped.status().ErrnoOr();
+  if (!dropped.ok()) return dropped.status();
   if (killed != nullptr) *killed = dropped.value();
-  return 0;
+  return Status::Ok();
 }
 
 // Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a

@@ -10,6 +10,8 @@
 #include <fuse_lowlevel.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,42 +19,76 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "dnvme/identity.h"
 #include "dnvme/status.h"
-#include "engine/posix/identity.h"
 #include "fs/control/control.h"
 #include "fs/core/fs.h"
+#include "fs/fuse/passthrough.h"
 
 namespace dnvme::fs::ops {
 
 // attr/entry cache: the backing dir changes only through us (the InodeTable's lookups use it too).
 inline constexpr double kTimeout = kEntryTimeout;
 
-inline Fs& FsOf(fuse_req_t req) { return *static_cast<Fs*>(fuse_req_userdata(req)); }
+// The session's userdata is the Fs as a SessionHost (fs/transport/session_io.h): back to the Fs.
+inline Fs& FsOfSession(void* userdata) { return *static_cast<Fs*>(HostOf(userdata)); }
+inline Fs& FsOf(fuse_req_t req) { return FsOfSession(fuse_req_userdata(req)); }
 
 inline std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
 inline FileHandle& Fh(fuse_file_info* fi) { return *reinterpret_cast<FileHandle*>(fi->fh); }
 
+// A syscall's outcome as a Status: Ok when it returned 0, else its errno (read at once: pass the
+// call itself, `SyscallStatus(unlinkat(...), "unlink")`, with nothing in between).
+inline Status SyscallStatus(int rc, const char* what) {
+  return rc == 0 ? Status::Ok() : Status::FromErrno(errno, what);
+}
+
 // Who sent `req`: uid, gid, pid (fuse_req_ctx) and the supplementary groups, which libfuse reads
 // from /proc/PID/task/TID/status -- a file read, so only for requests that need them (ctl).
 Caller CallerOf(fuse_req_t req);
 
-// Replies made from a Status or a Result: an error is answered with status.ErrnoOr() (EIO when it
-// carries no errno), a value with the matching fuse_reply_*.
+// The replies, made from a Status or a Result: the only callers of fuse_reply_* (the rule
+// tests/layering_test.sh keeps). An error is answered by ReplyStatus with status.ErrnoOr() (EIO
+// when it carries no errno) -- the one place a Status becomes the errno the kernel sees -- a
+// value with the matching fuse_reply_*. A success that carries nothing (unlink, fsync...) is
+// ReplyStatus(req, Status::Ok()).
 void ReplyStatus(fuse_req_t req, const Status& st);
 void ReplyEntry(fuse_req_t req, const Result<fuse_entry_param>& e);
 void ReplyAttr(fuse_req_t req, const Result<struct stat>& st, double timeout);
-void ReplyBuf(fuse_req_t req, const std::string& bytes);
+void ReplyBuf(fuse_req_t req, const Result<std::string>& bytes);
+// Bytes that live elsewhere (a read's buffer, a directory listing), sent as they are.
+void ReplyData(fuse_req_t req, const Result<std::span<const char>>& bytes);
+// A read's answer: `st`'s error, else the pieces `iov` points at (datapath::ReadReply).
+void ReplyIov(fuse_req_t req, const Status& st, std::span<const struct iovec> iov);
 void ReplyWritten(fuse_req_t req, const Result<size_t>& written);
+void ReplyLseek(fuse_req_t req, const Result<off_t>& off);
+void ReplyReadlink(fuse_req_t req, const Result<std::string>& target);
+void ReplyStatfs(fuse_req_t req, const Result<struct statvfs>& sv);
+// getxattr and listxattr: `size` 0 asked for the length (`got` is it), otherwise for the bytes
+// (`got` of them at `bytes`).
+void ReplyXattr(fuse_req_t req, size_t size, const Result<size_t>& got, const char* bytes);
+// forget and forget_multi, which the kernel expects no answer to.
+void ReplyNone(fuse_req_t req);
+// The answer to an open or opendir (ReplyOpen) or a create (ReplyCreate, with the new entry):
+// `fi` as libfuse sends it, through the backing file when `how.passthrough`
+// (fs/fuse/passthrough.h), with `extra` FOPEN_* flags fuse_file_info cannot carry (libfuse 3.14;
+// VirtualOpenFlags). An error is ReplyStatus's. Returns false when the opener was interrupted
+// meanwhile (the reply failed with ENOENT): the kernel never releases that handle, so the caller
+// does.
+bool ReplyOpen(fuse_req_t req, const fuse_file_info& fi, const OpenMode& how = {},
+               uint32_t extra = 0);
+bool ReplyCreate(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,
+                 const OpenMode& how = {});
 // Answers an open or opendir of a control node with the `fi` VirtualOpen/VirtualOpendir filled
-// in. When the opener was interrupted meanwhile (the reply fails with ENOENT) the kernel never
-// releases the handle, so it is released here.
+// in. When the opener was interrupted meanwhile (ReplyOpen) the handle is released here.
 void ReplyVirtualOpen(fuse_req_t req, fuse_ino_t ino, const Status& st, fuse_file_info* fi);
 
-// Answers `err` when `ino` is a control node (fs/fuse/control_dir.h); false otherwise.
+// Answers `err` (ReplyStatus) when `ino` is a control node (fs/fuse/control_dir.h); false
+// otherwise.
 bool RefuseVirtual(fuse_req_t req, fuse_ino_t ino, int err);
 // Answers `err` when (parent, name) names the control dir or an entry inside it.
 bool RefuseVirtualName(fuse_req_t req, fuse_ino_t parent, const char* name, int err);
@@ -92,16 +128,18 @@ class CallerUmask {
   }
   CallerUmask(const CallerUmask&) = delete;
   CallerUmask& operator=(const CallerUmask&) = delete;
-  // 0, or why this thread could not get a umask of its own: the create must then fail rather
+  // Ok, or why this thread could not get a umask of its own: the create must then fail rather
   // than run under the daemon's umask, which is not the caller's.
-  int error() const { return err_; }
+  Status status() const {
+    return err_ == 0 ? Status::Ok() : Status::FromErrno(err_, "unshare(CLONE_FS) for the umask");
+  }
 
  private:
   int err_ = 0;
   mode_t saved_ = 0;
 };
 // Runs the rest of a request's handler as its caller: fsuid, fsgid and supplementary groups
-// (ScopedFsIdentity, engine/posix/identity.h) and umask (CallerUmask). Every operation that
+// (ScopedFsIdentity, dnvme/identity.h) and umask (CallerUmask). Every operation that
 // creates, removes, renames or opens a *name* in BACKING_DIR runs inside one, so the backing file
 // system decides and creates exactly as for the caller -- a new object belongs to the caller from
 // its first moment (no create-as-root-then-chown window), and a name another user swapped for a
@@ -112,43 +150,43 @@ class ActAsCaller {
   explicit ActAsCaller(fuse_req_t req);
   ActAsCaller(const ActAsCaller&) = delete;
   ActAsCaller& operator=(const ActAsCaller&) = delete;
-  // 0, or the errno to answer when the request cannot be served as its caller.
-  int error() const { return err_ != 0 ? err_ : mask_.error(); }
+  // Ok, or why the request cannot be served as its caller (its answer).
+  Status status() const { return st_.ok() ? mask_.status() : st_; }
 
  private:
   CallerUmask mask_;
   std::optional<ScopedFsIdentity> id_;
-  int err_ = 0;
+  Status st_;
 };
 
 // Charges one open file to the request's caller (UidResource::kFiles, max_files_per_uid): the
-// descriptors an open makes the daemon hold are the opener's share. Returns the errno to answer
-// (EMFILE, the reason logged) when the caller has reached its limit. Root's opens are not
-// charged.
-int ChargeOpen(fuse_req_t req, UidCharge* out);
+// descriptors an open makes the daemon hold are the opener's share. Returns the charge (empty for
+// root, whose opens are not charged), or the refusal to answer (EMFILE, the reason logged) when
+// the caller has reached its limit.
+Result<UidCharge> ChargeOpen(fuse_req_t req);
 
 // The identity a non-root writer's data is written under (FileRef's write_as), or null for root
 // and for a daemon that does not run as root (its writes are its own).
 std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req);
 
+// Looks `name` up under `parent` for the request's caller (InodeTable::Lookup) and answers with
+// the entry.
 void ReplyEntry(fuse_req_t req, fuse_ino_t parent, const char* name);
 
-int StatInode(Inode& in, struct stat* st);
-
-// True when `gid` is the caller's group or one of its supplementary groups. A caller whose groups
-// cannot be read counts as outside the group: the bit it decides then goes, which is the safe side.
-bool CallerInGroup(fuse_req_t req, gid_t gid);
+// The inode's attributes, with the data write-behind accepted and the backing file has not seen
+// yet.
+Result<struct stat> StatInode(Inode& in);
 
 // What a write or truncate by a process without CAP_FSETID clears on ext4
 // (setattr_should_drop_suidgid): set-user-ID always; set-group-ID when group execute is set, or
-// when the writer is not in the file's group. Applies it to the inode. Returns an errno.
+// when the writer is not in the file's group. Applies it to the inode.
 //
 // The FUSE kernel does part of this itself -- set-user-ID, and set-group-ID with group execute,
 // as a SETATTR before a page-cache write or with a truncate -- but never the third case, and
 // leaves all of it to us for a direct write (which only carries FUSE_WRITE_KILL_SUIDGID).
 // `killed` (optional) says whether the mode changed: the kernel's cached mode is then stale (a
 // direct write updates none of its own), and a WRITE drops it (Mount::ForgetCachedAttributes).
-int KillPrivs(fuse_req_t req, Inode& in, bool* killed = nullptr);
+Status KillPrivs(fuse_req_t req, Inode& in, bool* killed = nullptr);
 
 // Whether a WRITE comes from a process without CAP_FSETID. A direct write (an O_DIRECT client, a
 // direct_io open) says so exactly with FUSE_WRITE_KILL_SUIDGID. A page-cache write never carries

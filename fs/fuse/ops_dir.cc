@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/caps.h"
 #include "fs/core/fs.h"
 #include "fs/fuse/control_dir.h"
@@ -35,31 +35,36 @@ struct DirHandle : OpenHandle {
   }
 };
 
-void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (auto v = VirtualOpendir(ino, fi)) return ReplyVirtualOpen(req, ino, *v, fi);
-  Inode& in = FsOf(req).inodes().Get(ino);
-  UidCharge files;
-  if (int err = ChargeOpen(req, &files); err != 0) return (void)fuse_reply_err(req, err);
+namespace {
+
+// An OPENDIR's handle: charged to the caller (ChargeOpen), the backing directory's stream.
+Result<std::unique_ptr<DirHandle>> OpenDir(fuse_req_t req, Inode& in) {
+  DNVME_ASSIGN_OR_RETURN(UidCharge files, ChargeOpen(req));
   int fd = openat(in.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    fuse_reply_err(req, errno);
-    return;
-  }
+  if (fd < 0) return Status::FromErrno(errno, "opendir");
   auto dh = std::make_unique<DirHandle>();
   dh->files = std::move(files);
   dh->dp = fdopendir(fd);
   if (dh->dp == nullptr) {
-    int err = errno;
+    Status st = Status::FromErrno(errno, "fdopendir");
     close(fd);
-    fuse_reply_err(req, err);
-    return;
+    return st;
   }
-  fi->fh = reinterpret_cast<uint64_t>(dh.get());
+  return dh;
+}
+
+}  // namespace
+
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (auto v = VirtualOpendir(ino, fi)) return ReplyVirtualOpen(req, ino, *v, fi);
+  Result<std::unique_ptr<DirHandle>> dh = OpenDir(req, FsOf(req).inodes().Get(ino));
+  if (!dh.ok()) return ReplyStatus(req, dh.status());
+  fi->fh = reinterpret_cast<uint64_t>(dh.value().get());
   fi->cache_readdir = 0;
   Fs& fs = FsOf(req);
-  DirHandle* raw = dh.release();
+  DirHandle* raw = dh.value().release();
   fs.handles().Track(raw);
-  if (fuse_reply_open(req, fi) == -ENOENT) fs.handles().Dispose(raw);
+  if (!ReplyOpen(req, *fi)) fs.handles().Dispose(raw);
 }
 
 // Packs the control dir's entries into one reply of at most `size` bytes, as many as fit.
@@ -74,7 +79,7 @@ void ReplyVirtualDir(fuse_req_t req, size_t size, bool plus,
     if (need > size - used) break;  // the kernel never counted it (the lookup is not taken)
     used += need;
   }
-  fuse_reply_buf(req, buf.data(), used);
+  ReplyData(req, std::span<const char>(buf.data(), used));
 }
 
 void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
@@ -89,12 +94,12 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
     seekdir(dh->dp, off);
     dh->offset = off;
   }
-  int err = 0;
+  Status err;
   while (true) {
     errno = 0;
     struct dirent* d = readdir(dh->dp);
     if (d == nullptr) {
-      err = errno;
+      if (errno != 0) err = Status::FromErrno(errno, "readdir");  // else the end
       break;
     }
     const bool dots = std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0;
@@ -105,13 +110,22 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
     size_t need;
     if (plus) {
       fuse_entry_param e{};
-      const int lerr = dots ? 0 : fs.inodes().Lookup(ino, d->d_name, fuse_req_ctx(req)->uid, &e);
-      if (lerr == ENOENT) continue;  // removed while listing
-      if (lerr != 0 && lerr != ENFILE) {
+      Status lerr;
+      if (!dots) {
+        Result<fuse_entry_param> looked =
+            fs.inodes().Lookup(ino, d->d_name, fuse_req_ctx(req)->uid);
+        if (looked.ok()) {
+          e = looked.value();
+        } else {
+          lerr = looked.status();
+        }
+      }
+      if (lerr.error_number() == ENOENT) continue;  // removed while listing
+      if (!lerr.ok() && lerr.error_number() != ENFILE) {
         err = lerr;
         break;
       }
-      if (dots || lerr == ENFILE) {
+      if (dots || !lerr.ok()) {
         // No lookup (node id 0): "." and "..", and a name over the reader's share of inodes
         // (max_inodes_per_uid; its own LOOKUP will answer ENFILE).
         e = fuse_entry_param{};
@@ -137,11 +151,8 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
     used += need;
     dh->offset = d->d_off;
   }
-  if (err && used == 0) {
-    fuse_reply_err(req, err);
-  } else {
-    fuse_reply_buf(req, buf.data(), used);
-  }
+  if (!err.ok() && used == 0) return ReplyStatus(req, err);
+  ReplyData(req, std::span<const char>(buf.data(), used));
 }
 
 void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -155,14 +166,13 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_
 void OpReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualReleasedir(ino)) return ReplyStatus(req, *v);
   FsOf(req).handles().Dispose(reinterpret_cast<DirHandle*>(fi->fh));
-  fuse_reply_err(req, 0);
+  ReplyStatus(req, Status::Ok());
 }
 
 void OpFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
   if (auto v = VirtualNoop(ino)) return ReplyStatus(req, *v);
   int fd = dirfd(reinterpret_cast<DirHandle*>(fi->fh)->dp);
-  int rc = datasync ? fdatasync(fd) : fsync(fd);
-  fuse_reply_err(req, rc == 0 ? 0 : errno);
+  ReplyStatus(req, SyscallStatus(datasync ? fdatasync(fd) : fsync(fd), "fsync of a directory"));
 }
 
 }  // namespace dnvme::fs::ops

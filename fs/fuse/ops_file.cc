@@ -1,6 +1,7 @@
 // FUSE ops on open files: open/create (the backing file registered with the engine once), read
 // and write through the data path (fs/core/read_path.cc), flush/release/fsync (which drain the
-// inode's write-behind), fallocate and lseek. Errors leave as errno only here (Status::ErrnoOr).
+// inode's write-behind), fallocate and lseek. Errors travel as Status and leave through the
+// Reply* helpers (ops_common.h).
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -20,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/caps.h"
 #include "fs/core/fs.h"
 #include "fs/core/read_path.h"
@@ -28,7 +29,6 @@
 #include "fs/fuse/ops.h"
 #include "fs/fuse/ops_common.h"
 #include "fs/fuse/passthrough.h"
-#include "fs/transport/write_source.h"
 
 namespace dnvme::fs::ops {
 
@@ -38,17 +38,17 @@ namespace dnvme::fs::ops {
 // that would wait for a lease to be broken -- a user's lease on its own file, which its holder
 // may keep for lease-break-time, 45 s -- is answered EWOULDBLOCK at once instead of holding this
 // loop thread (docs/security.md).
-int OpenBacking(Inode& in, int flags, UniqueFd* out) {
+Result<UniqueFd> OpenBacking(Inode& in, int flags) {
   const int strip = O_DIRECT | O_APPEND | O_CREAT | O_EXCL | O_NOCTTY;
   int fd = ReopenNoWait(in.fd, (flags & ~strip) | O_CLOEXEC);
-  if (fd < 0) return errno;
-  out->Reset(fd);
-  return 0;
+  if (fd < 0) return Status::FromErrno(errno, "open");
+  return UniqueFd(fd);
 }
 
-// `write_as`: the identity a non-root writer's data is written under (WriterIdentity).
-int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
-               std::shared_ptr<const FsIdentity> write_as, UidCharge files, FileHandle** out) {
+// `write_as`: the identity a non-root writer's data is written under (WriterIdentity). The
+// handle is tracked by `fs`.
+Result<FileHandle*> MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
+                               std::shared_ptr<const FsIdentity> write_as, UidCharge files) {
   auto fh = std::make_unique<FileHandle>();
   fh->files = std::move(files);
   fh->inode = &in;
@@ -63,15 +63,15 @@ int MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
                                              access == FileAccess::kRead ? nullptr : write_as);
     if (!ref.ok()) {
       Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
-      return ref.status().ErrnoOr();
+      return ref.status();
     }
     fh->file = std::move(ref).value();
-    fh->wb_errors = in.wb.Sample();
+    in.data.Open(&fh->open, !fh->writable);
   }
   fh->fd = std::move(fd);
-  *out = fh.release();
-  fs.handles().Track(*out);
-  return 0;
+  FileHandle* raw = fh.release();
+  fs.handles().Track(raw);
+  return raw;
 }
 
 void FillOpenFlags(Fs& fs, fuse_file_info* fi, FileHandle* fh) {
@@ -120,16 +120,18 @@ void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
     const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi.flags) : OpenMode{};
     fh->passthrough = how.passthrough;
     if (leased) fs.AfterExternalWrite(in);
-    int rc;
-    if (entry) {
-      rc = how.passthrough ? ReplyCreatePassthrough(req, *entry, fi, how.backing_id)
-                           : fuse_reply_create(req, &*entry, &fi);
-    } else {
-      rc = how.passthrough ? ReplyOpenPassthrough(req, fi, how.backing_id)
-                           : fuse_reply_open(req, &fi);
-    }
-    if (rc == -ENOENT) AbandonOpen(fs, fh);  // the opener was interrupted
+    const bool answered = entry ? ReplyCreate(req, *entry, fi, how) : ReplyOpen(req, fi, how);
+    if (!answered) AbandonOpen(fs, fh);  // the opener was interrupted
   });
+}
+
+// An OPEN's handle: the open charged to the caller, the backing file opened, the engine told.
+Result<FileHandle*> OpenHandle(fuse_req_t req, Fs& fs, Inode& in, int flags) {
+  DNVME_ASSIGN_OR_RETURN(UidCharge files, ChargeOpen(req));
+  DNVME_ASSIGN_OR_RETURN(UniqueFd fd, OpenBacking(in, flags));
+  const bool writes = (flags & O_ACCMODE) != O_RDONLY;
+  return MakeHandle(fs, in, flags, std::move(fd), writes ? WriterIdentity(req) : nullptr,
+                    std::move(files));
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -141,20 +143,9 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Fs& fs = FsOf(req);
   Inode& in = fs.inodes().Get(ino);
   // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
-  UidCharge files;
-  UniqueFd fd;
-  int err = ChargeOpen(req, &files);
-  if (!err) err = OpenBacking(in, fi->flags, &fd);
-  FileHandle* fh = nullptr;
-  if (!err) {
-    const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
-    err = MakeHandle(fs, in, fi->flags, std::move(fd), writes ? WriterIdentity(req) : nullptr,
-                     std::move(files), &fh);
-  }
-  if (err) {
-    fuse_reply_err(req, err);
-    return;
-  }
+  Result<FileHandle*> made = OpenHandle(req, fs, in, fi->flags);
+  if (!made.ok()) return ReplyStatus(req, made.status());
+  FileHandle* fh = made.value();
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fs, fi, fh);
   FinishOpen(req, fs, fh, *fi, std::nullopt);
@@ -173,6 +164,41 @@ void RemoveIfStill(Inode& dir, const char* name, const struct stat& mine) {
   }
 }
 
+namespace {
+
+// The backing file of a CREATE, opened as the caller (ActAsCaller): made with O_EXCL
+// (`*created`), or, when the name exists and the client's create is not exclusive, opened as it
+// is (O_NOFOLLOW | O_NONBLOCK: ExistingFileOk checks it).
+Result<UniqueFd> OpenForCreate(fuse_req_t req, Inode& dir, const char* name, int flags,
+                               int client_flags, mode_t mode, bool* created) {
+  ActAsCaller as(req);
+  DNVME_RETURN_IF_ERROR(as.status());
+  *created = true;
+  int fd = openat(dir.fd, name, flags | O_CREAT | O_EXCL, mode);
+  if (fd < 0 && errno == EEXIST && !(client_flags & O_EXCL)) {
+    *created = false;
+    fd = openat(dir.fd, name, flags | O_NOFOLLOW | O_NONBLOCK);
+  }
+  if (fd < 0) return Status::FromErrno(errno, "create");
+  return UniqueFd(fd);
+}
+
+// A name that existed already is opened only when it is a regular file (EISDIR, EEXIST
+// otherwise), then made blocking again.
+Status ExistingFileOk(int fd, const struct stat& mine) {
+  if (!S_ISREG(mine.st_mode)) {
+    return Status::FromErrno(S_ISDIR(mine.st_mode) ? EISDIR : EEXIST,
+                             "create over an existing name");
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    return Status::FromErrno(errno, "fcntl");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
               fuse_file_info* fi) {
   if (RefuseVirtualName(req, parent, name, IsHiddenName(parent, name) ? EEXIST : EPERM)) return;
@@ -185,49 +211,46 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   // found missing; one that appeared since (another client, BACKING_DIR itself) is opened as
   // open(2) would -- but never through a symlink (ELOOP) nor a FIFO or device (EEXIST), which a
   // user with access to BACKING_DIR could have swapped in (docs/security.md).
-  UidCharge files;
-  if (int err = ChargeOpen(req, &files); err != 0) return (void)fuse_reply_err(req, err);
-  int fd;
+  Result<UidCharge> charged = ChargeOpen(req);
+  if (!charged.ok()) return ReplyStatus(req, charged.status());
+  UidCharge files = std::move(charged).value();
   bool created = true;
-  {
-    ActAsCaller as(req);
-    if (as.error()) return (void)fuse_reply_err(req, as.error());
-    fd = openat(dir.fd, name, flags | O_CREAT | O_EXCL, mode);
-    if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
-      created = false;
-      fd = openat(dir.fd, name, flags | O_NOFOLLOW | O_NONBLOCK);
-    }
-    if (fd < 0) return (void)fuse_reply_err(req, errno);
-  }
-  UniqueFd owned(fd);
+  Result<UniqueFd> opened = OpenForCreate(req, dir, name, flags, fi->flags, mode, &created);
+  if (!opened.ok()) return ReplyStatus(req, opened.status());
+  UniqueFd owned = std::move(opened).value();
   struct stat mine {};
-  if (fstat(fd, &mine) != 0) return (void)fuse_reply_err(req, errno);
+  if (fstat(owned.get(), &mine) != 0) return ReplyStatus(req, Status::FromErrno(errno, "fstat"));
   if (!created) {
-    if (!S_ISREG(mine.st_mode)) {
-      return (void)fuse_reply_err(req, S_ISDIR(mine.st_mode) ? EISDIR : EEXIST);
-    }
-    const int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
-      return (void)fuse_reply_err(req, errno);
+    if (Status st = ExistingFileOk(owned.get(), mine); !st.ok()) return ReplyStatus(req, st);
   }
+  Status st;
   fuse_entry_param e{};
-  int err = fs.inodes().Lookup(parent, name, fuse_req_ctx(req)->uid, &e);
   FileHandle* fh = nullptr;
-  if (!err) {
+  if (Result<fuse_entry_param> looked = fs.inodes().Lookup(parent, name, fuse_req_ctx(req)->uid);
+      !looked.ok()) {
+    st = looked.status();
+  } else {
+    e = looked.value();
     // The name may mean another object by now: the handle is of the file we opened, and the
     // entry must agree with it.
-    if (mine.st_ino != e.attr.st_ino || mine.st_dev != e.attr.st_dev) err = ESTALE;
-    const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
-    if (!err) {
-      err = MakeHandle(fs, fs.inodes().Get(e.ino), fi->flags, std::move(owned),
-                       writes ? WriterIdentity(req) : nullptr, std::move(files), &fh);
+    if (mine.st_ino != e.attr.st_ino || mine.st_dev != e.attr.st_dev) {
+      st = Status::FromErrno(ESTALE, "create: the name now means another file");
+    } else {
+      const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
+      Result<FileHandle*> made =
+          MakeHandle(fs, fs.inodes().Get(e.ino), fi->flags, std::move(owned),
+                     writes ? WriterIdentity(req) : nullptr, std::move(files));
+      if (made.ok()) {
+        fh = made.value();
+      } else {
+        st = made.status();
+      }
     }
-    if (err) fs.inodes().Forget(e.ino, 1);
+    if (!st.ok()) fs.inodes().Forget(e.ino, 1);
   }
-  if (err) {
+  if (!st.ok()) {
     if (created) RemoveIfStill(dir, name, mine);
-    fuse_reply_err(req, err);
-    return;
+    return ReplyStatus(req, st);
   }
   fi->fh = reinterpret_cast<uint64_t>(fh);
   FillOpenFlags(fs, fi, fh);
@@ -241,10 +264,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     // A ctl read may wait for its session's queued requests and be answered from the lane that
     // runs them (VirtualRead): `req` stays valid until that one reply.
     return VirtualRead(FsOf(req), fuse_req_ctx(req)->uid, size, off, fi,
-                       [req](const Result<std::string>& got) {
-                         if (!got.ok()) return ReplyStatus(req, got.status());
-                         ReplyBuf(req, got.value());
-                       });
+                       [req](const Result<std::string>& got) { ReplyBuf(req, got); });
   }
   Fs& fs = FsOf(req);
   FileHandle& fh = Fh(fi);
@@ -253,80 +273,60 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   // answered from the engine's completion, freeing this thread for the next one (measured slower
   // on 2 cores, see options.h, hence off by default).
   if (fh.client_direct && fs.mount().opts().async_reply &&
-      ReadAsync(fs.mount(), fh, size, off, [req](Result<std::span<const char>> got) {
-        if (got.ok()) {
-          fuse_reply_buf(req, got.value().data(), got.value().size());
-        } else {
-          fuse_reply_err(req, got.status().ErrnoOr());
-        }
-      })) {
+      ReadAsync(fs.mount(), fh, size, off,
+                [req](Result<std::span<const char>> got) { ReplyData(req, got); })) {
     return;
   }
   char* scratch = ThreadScratch(size);
-  if (scratch == nullptr) {
-    fuse_reply_err(req, ENOMEM);
-    return;
-  }
+  if (scratch == nullptr) return ReplyStatus(req, Status::FromErrno(ENOMEM, "read scratch buffer"));
   datapath::ReadReply reply;
   Result<int64_t> n = Read(fs.mount(), fh, scratch, size, off, &reply);
-  if (!n.ok()) {
-    fuse_reply_err(req, n.status().ErrnoOr());
-  } else {
-    fuse_reply_iov(req, reply.iov.data(), static_cast<int>(reply.iov.size()));
-  }
+  ReplyIov(req, n.status(), reply.iov);
 }
 
-void OpWriteBuf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* bufv, off_t off, fuse_file_info* fi) {
-  if (IsVirtual(ino)) {
-    // A ctl request is answered later, from its writer's lane (VirtualWrite): `req` stays valid
-    // until that one reply.
-    return VirtualWrite(FsOf(req), CallerOf(req), bufv, fi,
-                        [req](const Result<size_t>& written) { ReplyWritten(req, written); });
-  }
+namespace {
+
+// A WRITE of a regular file: what the writer may no longer keep (set-user-ID), then the inode's
+// data path. Returns the bytes accepted.
+Result<size_t> WriteFile(fuse_req_t req, fuse_ino_t ino, FileHandle& fh, IncomingWrite& write,
+                         off_t off) {
   Fs& fs = FsOf(req);
-  FileHandle& fh = Fh(fi);
-  // What the transport knows of this request, taken once, before anything else: its write flags
-  // (only a direct write's say who wrote, WriterUnprivileged; a page-cache write's are not
-  // looked up) and the pool its payload may be adopted from.
-  Transport* const transport = fs.mount().transport();
-  const IncomingWrite incoming =
-      transport ? transport->IncomingWriteOf(*bufv, !fh.page_cache_writes) : IncomingWrite{};
-  if (WriterUnprivileged(req, fh, incoming.write_flags)) {
+  // Only a direct write's flags say who wrote (WriterUnprivileged); a page-cache write's are not
+  // looked up.
+  const auto flags = fh.page_cache_writes ? std::nullopt : write.write_flags();
+  if (WriterUnprivileged(req, fh, flags)) {
     bool killed = false;
-    if (int err = KillPrivs(req, *fh.inode, &killed); err != 0) {
-      fuse_reply_err(req, err);
-      return;
+    if (Status st = KillPrivs(req, *fh.inode, &killed); !st.ok()) {
+      return st.WithContext("clearing set-user-ID");
     }
     // The kernel keeps its cached mode through a direct write (and through the set-group-ID case
     // it leaves to us after a page-cache one): without this an exec or a permission check could
     // still see the cleared bit until the attributes time out.
     if (killed) fs.mount().ForgetCachedAttributes(ino);
   }
-  const size_t size = fuse_buf_size(bufv);
+  const size_t size = write.size();
   MountCounters::NoteMax(fs.mount().counters().largest_write, size);
   char* scratch = ThreadScratch(size);
-  if (scratch == nullptr) {
-    fuse_reply_err(req, ENOMEM);
-    return;
-  }
-  // The payload as the transport received it: the pool its memory may be adopted from, if any.
-  WriteSource src(bufv, incoming.pool);
-  fh.inode->ra.Invalidate();
-  int err =
-      fh.inode->wb.Write(fh.file, fh.page_cache_writes, src, size, off, scratch, &fh.wb_errors)
-          .ErrnoOr();
-  if (!err) fh.wrote = true;
-  // Again now that the bytes are accepted: a reader that drained before them may have fetched
-  // the old bytes meanwhile (datapath/read_ahead.h, Generation).
-  fh.inode->ra.Invalidate();
+  if (scratch == nullptr) return Status::FromErrno(ENOMEM, "write scratch buffer");
+  Status st = fh.inode->data.Write(fh.open, fh.file, fh.page_cache_writes, write.source(), size,
+                                   off, scratch);
+  if (!st.ok()) return st;
   // Bytes now in write-behind that a `dnvme run` client's direct transfer must not pass: it
   // drains before its next one (fs/broker/leases.h).
-  if (!err && fh.inode->leases.count() > 0) fh.inode->leases.MarkMountDirty();
-  if (err) {
-    fuse_reply_err(req, err);
-  } else {
-    fuse_reply_write(req, size);
+  if (fh.inode->leases.count() > 0) fh.inode->leases.MarkMountDirty();
+  return size;
+}
+
+}  // namespace
+
+void OpWrite(fuse_req_t req, fuse_ino_t ino, IncomingWrite& write, off_t off, fuse_file_info* fi) {
+  if (IsVirtual(ino)) {
+    // A ctl request is answered later, from its writer's lane (VirtualWrite): `req` stays valid
+    // until that one reply.
+    return VirtualWrite(FsOf(req), CallerOf(req), &write.payload(), fi,
+                        [req](const Result<size_t>& written) { ReplyWritten(req, written); });
   }
+  ReplyWritten(req, WriteFile(req, ino, Fh(fi), write, off));
 }
 
 void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -336,25 +336,22 @@ void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // close-on-exec of a copy comes here too); a reader's close hears nothing and waits for
   // nothing.
   FileHandle& fh = Fh(fi);
-  int err =
-      S_ISREG(fh.inode->type) && fh.wrote ? fh.inode->wb.DrainAndPeek(fh.wb_errors).ErrnoOr() : 0;
-  fuse_reply_err(req, err);
+  ReplyStatus(req, S_ISREG(fh.inode->type) ? fh.inode->data.Flush(fh.open) : Status::Ok());
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (auto v = VirtualRelease(FsOf(req), ino, fi)) return ReplyStatus(req, *v);
   FileHandle* fh = &Fh(fi);
   if (S_ISREG(fh->inode->type)) {
-    Status st = fh->inode->wb.Drain(nullptr);
+    // Read-ahead in flight uses the inode, which may be forgotten once no file is open.
+    Status st = fh->inode->data.Release();
     if (!st.ok()) {
       Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, st.ToString());
     }
-    // Read-ahead in flight uses the inode, which may be forgotten once no file is open.
-    fh->inode->ra.Quiesce();
     EndOpen(FsOf(req), *fh->inode, fh->passthrough);
   }
   FsOf(req).handles().Dispose(fh);
-  fuse_reply_err(req, 0);
+  ReplyStatus(req, Status::Ok());
 }
 
 void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
@@ -362,12 +359,11 @@ void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
   FileHandle& fh = Fh(fi);
   // Every description opened before a write-behind error hears of it at its fsync, once (as
   // Linux's errseq): a reader's too.
-  int err = S_ISREG(fh.inode->type) ? fh.inode->wb.Drain(&fh.wb_errors).ErrnoOr() : 0;
-  if (!err) {
-    int rc = datasync ? fdatasync(fh.fd.get()) : fsync(fh.fd.get());
-    if (rc != 0) err = errno;
+  Status st = S_ISREG(fh.inode->type) ? fh.inode->data.Sync(fh.open) : Status::Ok();
+  if (st.ok()) {
+    st = SyscallStatus(datasync ? fdatasync(fh.fd.get()) : fsync(fh.fd.get()), "fsync");
   }
-  fuse_reply_err(req, err);
+  ReplyStatus(req, st);
 }
 
 void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
@@ -375,32 +371,20 @@ void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t l
   if (RefuseVirtual(req, ino, EOPNOTSUPP)) return;
   Fs& fs = FsOf(req);
   Inode& in = fs.inodes().Get(ino);
-  int err = in.wb.Drain(nullptr).ErrnoOr();
-  in.ra.Invalidate();
-  if (!err) {
-    // It allocates: as the caller, so a user stops at the space users may take (docs/security.md).
+  ReplyStatus(req, in.data.Change([&] {
+    // It allocates: as the caller, so a user stops at the space users may take
+    // (docs/security.md).
     ActAsCaller as(req);
-    err = as.error();
-    if (!err && fallocate(Fh(fi).fd.get(), mode, offset, length) != 0) err = errno;
-  }
-  in.ra.Invalidate();  // after the change too (datapath/read_ahead.h, Generation)
-  fuse_reply_err(req, err);
+    DNVME_RETURN_IF_ERROR(as.status());
+    return SyscallStatus(fallocate(Fh(fi).fd.get(), mode, offset, length), "fallocate");
+  }));
 }
 
 void OpLseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi) {
   if (RefuseVirtual(req, ino, EINVAL)) return;
-  Fs& fs = FsOf(req);
-  int err = fs.inodes().Get(ino).wb.Drain(nullptr).ErrnoOr();
-  if (err) {
-    fuse_reply_err(req, err);
-    return;
-  }
-  off_t r = lseek(Fh(fi).fd.get(), off, whence);
-  if (r < 0) {
-    fuse_reply_err(req, errno);
-  } else {
-    fuse_reply_lseek(req, r);
-  }
+  if (Status st = FsOf(req).inodes().Get(ino).data.Drain(); !st.ok()) return ReplyStatus(req, st);
+  const off_t r = lseek(Fh(fi).fd.get(), off, whence);
+  ReplyLseek(req, r < 0 ? Result<off_t>(Status::FromErrno(errno, "lseek")) : Result<off_t>(r));
 }
 
 }  // namespace dnvme::fs::ops

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/caps.h"
 #include "fs/core/fs.h"
 #include "fs/fuse/control_dir.h"
@@ -28,7 +28,7 @@
 namespace dnvme::fs::ops {
 
 void OpInit(void* userdata, fuse_conn_info* conn) {
-  Fs& fs = *static_cast<Fs*>(userdata);
+  Fs& fs = FsOfSession(userdata);
   // Measured on the reference VM (docs/performance-journal.md): 512 KiB-1 MiB is best, 4 MiB and
   // more lose to the daemon's own read-ahead (the kernel then floods us with parallel requests).
   // With larger requests the kernel's read-ahead must be as large, or reads stay at its size.
@@ -76,7 +76,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (fs.mount().conn_opts() != nullptr) fuse_apply_conn_info_opts(fs.mount().conn_opts(), conn);
 }
 
-void OpDestroy(void* userdata) { static_cast<Fs*>(userdata)->DrainAll(); }
+void OpDestroy(void* userdata) { FsOfSession(userdata).DrainAll(); }
 
 fuse_lowlevel_ops MakeOps() {
   fuse_lowlevel_ops ops{};
@@ -98,7 +98,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.open = OpOpen;
   ops.create = OpCreate;
   ops.read = OpRead;
-  ops.write_buf = OpWriteBuf;
+  ops.write_buf = WriteEntry<OpWrite>;
   ops.flush = OpFlush;
   ops.release = OpRelease;
   ops.fsync = OpFsync;
@@ -124,69 +124,6 @@ namespace dnvme::fs {
 const fuse_lowlevel_ops& Operations() {
   static const fuse_lowlevel_ops table = ops::MakeOps();
   return table;
-}
-
-namespace {
-
-ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
-  ssize_t n = read(fd, buf, len);
-  if (n > 0)
-    static_cast<Fs*>(userdata)->mount().protocol().ObserveRequest(buf, static_cast<size_t>(n));
-  return n;
-}
-
-// A large reply by vmsplice + splice (-o splice_reply), as writev(2) would answer (bytes, or -1
-// with errno); nullopt when it was not sent that way and is still to be written.
-std::optional<ssize_t> SpliceReply(Fs& fs, int fd, const iovec* iov, int count) {
-  size_t total = 0;
-  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
-  if (total < kMinSplicedReply) return std::nullopt;
-  MountCounters& c = fs.mount().counters();
-  datapath::PipePool::Lease pipe = fs.mount().reply_pipes()->TryAcquire();
-  Result<std::optional<size_t>> sent = std::optional<size_t>();  // no pipe free: written
-  if (pipe) sent = SpliceMessage(*pipe, fd, iov, count);
-  if (!sent.ok()) {  // the device refused the reply (ENOENT: the request was interrupted)
-    errno = sent.status().ErrnoOr();
-    return -1;
-  }
-  if (!sent.value()) {
-    c.replies_unspliced.fetch_add(1, std::memory_order_relaxed);
-    return std::nullopt;
-  }
-  c.replies_spliced.fetch_add(1, std::memory_order_relaxed);
-  c.bytes_replied_spliced.fetch_add(*sent.value(), std::memory_order_relaxed);
-  return static_cast<ssize_t>(*sent.value());
-}
-
-ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
-  Fs& fs = *static_cast<Fs*>(userdata);
-  ssize_t written;
-  if (Transport* t = fs.mount().transport(); t != nullptr && t->TakeReply(iov, count, &written)) {
-    return written;
-  }
-  // INIT's reply goes through WriteReply, which amends it; replies after it may be spliced.
-  if (fs.mount().reply_pipes() != nullptr && fs.mount().protocol().init_replied()) {
-    if (std::optional<ssize_t> n = SpliceReply(fs, fd, iov, count)) return *n;
-  }
-  return fs.mount().protocol().WriteReply(fd, iov, count);
-}
-
-ssize_t IoSpliceSend(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,
-                     unsigned int flags, void*) {
-  return splice(fdin, offin, fdout, offout, len, flags);
-}
-
-}  // namespace
-
-const fuse_custom_io& SessionIo() {
-  static const fuse_custom_io io = [] {
-    fuse_custom_io i{};
-    i.read = IoRead;
-    i.writev = IoWritev;
-    i.splice_send = IoSpliceSend;  // replies from pipes, as libfuse does without custom io
-    return i;
-  }();
-  return io;
 }
 
 }  // namespace dnvme::fs

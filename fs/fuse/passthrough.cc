@@ -10,8 +10,8 @@
 #include <mutex>
 #include <vector>
 
-#include "engine/common/log.h"
-#include "engine/posix/identity.h"
+#include "dnvme/identity.h"
+#include "dnvme/log.h"
 #include "fs/caps.h"
 #include "fs/transport/protocol_ext.h"
 
@@ -111,23 +111,6 @@ fuse_attr AttrOf(const struct stat& s) {
   return a;
 }
 
-wire::OpenOut OpenOutOf(const fuse_file_info& fi, int32_t backing_id) {
-  wire::OpenOut o{};
-  o.fh = fi.fh;
-  // Not FOPEN_DIRECT_IO (it would override passthrough) nor KEEP_CACHE: reads and mmap go to
-  // the backing file's page cache, not the FUSE inode's.
-  o.open_flags = wire::kOpenPassthrough;
-  o.backing_id = backing_id;
-  return o;
-}
-
-// Sends a fuse_open_out built by hand (libfuse 3.14's fuse_reply_open fills it from
-// fuse_file_info alone).
-int SendOpenOut(fuse_req_t req, wire::OpenOut o) {
-  iovec iov{&o, sizeof(o)};
-  return fuse_reply_iov(req, &iov, 1);
-}
-
 }  // namespace
 
 OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
@@ -145,12 +128,12 @@ OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
   }
   // A passthrough reader must see every byte written so far, and nothing the daemon read ahead
   // may survive writes it does not see.
-  if (Status st = in.wb.Drain(nullptr); !st.ok()) {
+  if (Status st = in.data.Drain(); !st.ok()) {
     Logger().debug("inode {} opened through the daemon: write-behind {}", in.ino, st.ToString());
     ++m.other;
     return {};
   }
-  in.ra.Invalidate();
+  in.data.Invalidate();
   std::optional<int32_t> id = OpenBacking(fs, in);
   if (!id) {
     fs.mount().counters().passthrough_refused.fetch_add(1, std::memory_order_relaxed);
@@ -177,11 +160,17 @@ void EndOpen(Fs& fs, Inode& in, bool passthrough) {
   fs.mount().counters().backing_files.fetch_sub(1, std::memory_order_relaxed);
 }
 
-int ReplyOpenPassthrough(fuse_req_t req, const fuse_file_info& fi, int32_t backing_id) {
-  return SendOpenOut(req, OpenOutOf(fi, backing_id));
+wire::OpenOut PassthroughOpenOut(const fuse_file_info& fi, int32_t backing_id) {
+  wire::OpenOut o{};
+  o.fh = fi.fh;
+  // Not FOPEN_DIRECT_IO (it would override passthrough) nor KEEP_CACHE: reads and mmap go to
+  // the backing file's page cache, not the FUSE inode's.
+  o.open_flags = wire::kOpenPassthrough;
+  o.backing_id = backing_id;
+  return o;
 }
 
-int ReplyOpenWithFlags(fuse_req_t req, const fuse_file_info& fi, uint32_t extra) {
+wire::OpenOut OpenOutWithFlags(const fuse_file_info& fi, uint32_t extra) {
   // What libfuse's fill_open sends for `fi`, then `extra`.
   uint32_t flags = extra;
   if (fi.direct_io) flags |= FOPEN_DIRECT_IO;
@@ -192,11 +181,10 @@ int ReplyOpenWithFlags(fuse_req_t req, const fuse_file_info& fi, uint32_t extra)
   wire::OpenOut o{};
   o.fh = fi.fh;
   o.open_flags = flags;
-  return SendOpenOut(req, o);
+  return o;
 }
 
-int ReplyCreatePassthrough(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,
-                           int32_t backing_id) {
+fuse_entry_out EntryOutOf(const fuse_entry_param& e) {
   fuse_entry_out entry{};
   entry.nodeid = e.ino;
   entry.generation = e.generation;
@@ -205,9 +193,7 @@ int ReplyCreatePassthrough(fuse_req_t req, const fuse_entry_param& e, const fuse
   entry.attr_valid = TimeoutSec(e.attr_timeout);
   entry.attr_valid_nsec = TimeoutNsec(e.attr_timeout);
   entry.attr = AttrOf(e.attr);
-  wire::OpenOut o = OpenOutOf(fi, backing_id);
-  iovec iov[2] = {{&entry, sizeof(entry)}, {&o, sizeof(o)}};
-  return fuse_reply_iov(req, iov, 2);
+  return entry;
 }
 
 }  // namespace dnvme::fs::ops

@@ -35,10 +35,12 @@
 #pragma once
 
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 
 #include <cstdint>
 
 #include "fs/core/fs.h"
+#include "fs/transport/protocol_ext.h"
 
 namespace dnvme::fs::ops {
 
@@ -52,14 +54,16 @@ struct OpenMode {
 OpenMode BeginOpen(Fs& fs, Inode& in, int flags);
 void EndOpen(Fs& fs, Inode& in, bool passthrough);
 
-// The replies of a passthrough open and create (libfuse 3.14's fuse_reply_open/create have no
-// backing_id). Return what fuse_reply_iov returns (-ENOENT: the opener was interrupted).
-int ReplyOpenPassthrough(fuse_req_t req, const fuse_file_info& fi, int32_t backing_id);
-int ReplyCreatePassthrough(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info& fi,
-                           int32_t backing_id);
-// An open reply with FOPEN_* flags libfuse 3.14's fuse_file_info cannot carry (`extra`, e.g.
-// FOPEN_PARALLEL_DIRECT_WRITES, FOPEN_STREAM) on top of those it can (direct_io, keep_cache,
-// nonseekable, noflush, cache_readdir), built the same way. Returns what fuse_reply_iov returns.
-int ReplyOpenWithFlags(fuse_req_t req, const fuse_file_info& fi, uint32_t extra);
+// The bodies of the open and create replies libfuse 3.14 cannot build: its fuse_reply_open and
+// fuse_reply_create have no backing_id, and its fuse_file_info no FOPEN_* flag beyond direct_io,
+// keep_cache, nonseekable, noflush and cache_readdir. ReplyOpen and ReplyCreate
+// (fs/fuse/ops_common.h) send them.
+// A passthrough open's fuse_open_out.
+wire::OpenOut PassthroughOpenOut(const fuse_file_info& fi, int32_t backing_id);
+// What libfuse sends for `fi` (its fill_open), with the FOPEN_* flags `extra` (e.g.
+// FOPEN_PARALLEL_DIRECT_WRITES, FOPEN_STREAM) on top.
+wire::OpenOut OpenOutWithFlags(const fuse_file_info& fi, uint32_t extra);
+// The fuse_entry_out of a create's reply (libfuse's fill_entry).
+fuse_entry_out EntryOutOf(const fuse_entry_param& e);
 
 }  // namespace dnvme::fs::ops

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::fs {
 namespace {

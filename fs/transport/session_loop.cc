@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/options.h"
 
 namespace dnvme::fs {

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/options.h"
 
 namespace dnvme::fs {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 #include "fs/transport/session_loop.h"
 #include "fs/transport/splice_loop.h"
 #include "fs/transport/uring_loop.h"

@@ -1,7 +1,7 @@
 // Transport: how FUSE requests get from /dev/fuse to the handlers (fs/fuse/), and what a handler
 // may learn from it about the request it serves.
 //
-// Three forms, picked by the mount's options (CreateTransport):
+// Four forms, picked by the mount's options (CreateTransport):
 //   kSplice   our loop; each request is spliced into the thread's pipe, so a page-cache WRITE's
 //             payload reaches write_buf as page references (datapath/splice_io.h moves them to
 //             the disk without a copy). The loop itself steers: it reads (read(2)) instead while
@@ -15,12 +15,13 @@
 //   kUring    FUSE over io_uring (fs/transport/uring_loop.h): one queue per CPU, requests served
 //             on the CPU that issued them; chosen by -o io_uring=1 where the kernel enables it.
 //
-// The handler names its request by the payload libfuse handed it (the fuse_bufvec of
-// write_buf): the transport finds its own buffer or pipe from that, so ownership moves
-// explicitly (payload_pool()->Adopt) and nothing passes through thread-local state.
+// A WRITE reaches its handler through the transport's own door (WriteEntry,
+// fs/transport/session_io.h), which names the request by the payload libfuse handed to write_buf:
+// the transport finds its own buffer or pipe from that, so ownership moves explicitly
+// (payload_pool()->Adopt) and nothing passes through thread-local state.
 //
 // Thread contract: Run on the main thread (it blocks until the session ends and joins every
-// thread it started). IncomingWriteOf, WriteFlags, payload_pool and StatsJson may be called from
+// thread it started). WriteFlags, payload_pool and StatsJson may be called from
 // any handler while Run runs; kind() and Describe() any time.
 #pragma once
 
@@ -40,17 +41,6 @@
 #include "fs/transport/request_buffer.h"
 
 namespace dnvme::fs {
-
-// What a WRITE handler needs to know of its request beyond what libfuse hands it, taken in one
-// step when the handler starts (Transport::IncomingWriteOf), so the data path below it never
-// asks the transport again.
-struct IncomingWrite {
-  // fuse_write_in::write_flags (FUSE_WRITE_KILL_SUIDGID, ...), which libfuse 3.14 reads but does
-  // not hand to write_buf; nullopt when not asked for or when the transport cannot know them.
-  std::optional<uint32_t> write_flags;
-  // The pool the payload was received into (payload_pool); null when it is not ours to keep.
-  RequestBufferPool* pool = nullptr;
-};
 
 class Transport {
  public:
@@ -72,13 +62,6 @@ class Transport {
   // The pool WRITE payloads are received into, whose buffers may change hands (Adopt); null when
   // payloads are not ours to keep.
   virtual RequestBufferPool* payload_pool() = 0;
-  // Both of the above for the WRITE whose payload is `bufv`; the flags only when `want_flags`
-  // (finding them costs a search of the transport's buffers, and a page-cache write's are not
-  // looked at).
-  IncomingWrite IncomingWriteOf(const fuse_bufvec& bufv, bool want_flags) {
-    return {want_flags ? WriteFlags(bufv) : std::nullopt, payload_pool()};
-  }
-
   // Shown every request the loop receives before libfuse handles it (our loops; libfuse's own
   // shows them through the session's custom io): what INIT offers (fs/transport/protocol_ext.h).
   void set_protocol(ProtocolExtensions* p) { protocol_ = p; }

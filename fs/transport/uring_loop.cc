@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme::fs {
 namespace {

@@ -41,7 +41,7 @@
 
 namespace dnvme {
 
-class AioBackendFactory;  // engine/aio/backend.h: the seam tests use to inject libaio faults
+class AioBackendFactory;  // dnvme/aio_backend.h: the seam tests use to inject libaio faults
 class HandleImpl;
 struct IoFile;
 

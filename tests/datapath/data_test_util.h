@@ -1,6 +1,6 @@
 // Shared by the data path's unit tests (WriteBehind, ReadAhead; tests/datapath/, and
 // tests/fs/transport/write_source_test.cc with the FUSE transport's sources): an engine whose
-// libaio backend can fail completions on demand (the engine's backend seam, engine/aio/backend.h),
+// libaio backend can fail completions on demand (the engine's backend seam, dnvme/aio_backend.h),
 // scratch files, and counters. No mount, no FUSE session.
 //
 // Thread safety: Faults is atomics (read by engine workers); the rest is used by the test thread.
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "datapath/counters.h"
+#include "dnvme/aio_backend.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
-#include "engine/aio/backend.h"
 #include "tests/engine/test_util.h"
 
 namespace dnvme::datapath::test {

@@ -62,6 +62,18 @@ class ReadAheadTest : public test::DataPathTest {
     return at - off;
   }
 
+  // The window's read of `n` bytes at `off` (ReadAhead::Read, reply mode).
+  static int64_t Serve(ReadAhead& ra, const FileRef& f, int64_t off, int64_t n, int64_t size,
+                       ReadReply* reply, uint64_t generation, bool starts_sequence = false) {
+    WindowRead w;
+    w.off = off;
+    w.n = n;
+    w.file_size = size;
+    w.generation = generation;
+    w.starts_sequence = starts_sequence;
+    return ra.Read(f, w, reply);
+  }
+
   std::unique_ptr<PinnedPool> chunks_;
   ReadAheadShared shared_;
 };
@@ -72,7 +84,7 @@ TEST_F(ReadAheadTest, SequentialReaderIsServedFromTheWindowWithoutCopies) {
   int64_t served = 0;
   for (int64_t off = 0; off < 8 * kMiB; off += 512 * kKiB) {
     ReadReply r;
-    const int64_t n = ra.Serve(f, off, 512 * kKiB, kFile, &r, ra.Generation());
+    const int64_t n = Serve(ra, f, off, 512 * kKiB, kFile, &r, ra.Generation());
     EXPECT_EQ(CheckReply(r, off), n);
     EXPECT_EQ(r.pins.size(), r.iov.size()) << "every piece keeps its chunk alive";
     served += n;
@@ -89,7 +101,7 @@ TEST_F(ReadAheadTest, RandomReadsFetchNothing) {
   ReadAhead ra(&shared_);
   for (int64_t off : {5 * kMiB, kMiB, 9 * kMiB + 4096, 3 * kMiB}) {
     ReadReply r;
-    EXPECT_EQ(ra.Serve(f, off, 64 * kKiB, kFile, &r, ra.Generation()), 0);
+    EXPECT_EQ(Serve(ra, f, off, 64 * kKiB, kFile, &r, ra.Generation()), 0);
   }
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
 }
@@ -98,9 +110,9 @@ TEST_F(ReadAheadTest, AFirstReadElsewhereIsNotYetASequence) {
   FileRef f = PatternFile("later");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  EXPECT_EQ(ra.Serve(f, kMiB, 256 * kKiB, kFile, &r0, ra.Generation()), 0);
+  EXPECT_EQ(Serve(ra, f, kMiB, 256 * kKiB, kFile, &r0, ra.Generation()), 0);
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
-  const int64_t n = ra.Serve(f, kMiB + 256 * kKiB, 256 * kKiB, kFile, &r1, ra.Generation());
+  const int64_t n = Serve(ra, f, kMiB + 256 * kKiB, 256 * kKiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(n, 256 * kKiB) << "the second read in order is";
   EXPECT_EQ(CheckReply(r1, kMiB + 256 * kKiB), n);
   ra.Quiesce();
@@ -111,18 +123,18 @@ TEST_F(ReadAheadTest, ASmallSkipContinuesTheSequenceALargerOneEndsIt) {
   FileRef f = PatternFile("skip");
   ReadAhead ra(&shared_);
   ReadReply r0, r1, r2, r3;
-  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r0, ra.Generation()), 256 * kKiB);
+  EXPECT_EQ(Serve(ra, f, 0, 256 * kKiB, kFile, &r0, ra.Generation()), 256 * kKiB);
   // 30 bytes skipped (a zip local header read some other way): still in sequence.
   const int64_t at = 256 * kKiB + 30;
-  EXPECT_EQ(ra.Serve(f, at, 100 * kKiB, kFile, &r1, ra.Generation()), 100 * kKiB);
+  EXPECT_EQ(Serve(ra, f, at, 100 * kKiB, kFile, &r1, ra.Generation()), 100 * kKiB);
   EXPECT_EQ(CheckReply(r1, at), 100 * kKiB);
   // A skip past max_skip is a seek: not served, the window is not extended.
   const uint64_t fetched = counters_.read_ahead_fetches.load();
   const int64_t far = at + 100 * kKiB + 64 * kKiB + 4096;
-  EXPECT_EQ(ra.Serve(f, far + 5 * kMiB, 4096, kFile, &r2, ra.Generation()), 0);
+  EXPECT_EQ(Serve(ra, f, far + 5 * kMiB, 4096, kFile, &r2, ra.Generation()), 0);
   EXPECT_EQ(counters_.read_ahead_fetches.load(), fetched);
   // The next read continues from there: a sequence again.
-  EXPECT_GT(ra.Serve(f, far + 5 * kMiB + 4096, 4096, kFile, &r3, ra.Generation()), 0);
+  EXPECT_GT(Serve(ra, f, far + 5 * kMiB + 4096, 4096, kFile, &r3, ra.Generation()), 0);
   ra.Quiesce();
 }
 
@@ -131,12 +143,12 @@ TEST_F(ReadAheadTest, ReadsOfMaxReadOrMoreAreNotReadAhead) {
   FileRef f = PatternFile("big");
   ReadAhead ra(&shared_);
   ReadReply r0, r1, r2;
-  EXPECT_GT(ra.Serve(f, 0, kMiB, kFile, &r0, ra.Generation()), 0);
+  EXPECT_GT(Serve(ra, f, 0, kMiB, kFile, &r0, ra.Generation()), 0);
   const uint64_t fetched = counters_.read_ahead_fetches.load();
-  EXPECT_EQ(ra.Serve(f, kMiB, 2 * kMiB, kFile, &r1, ra.Generation()), 0)
+  EXPECT_EQ(Serve(ra, f, kMiB, 2 * kMiB, kFile, &r1, ra.Generation()), 0)
       << "one large read is its own request";
   EXPECT_EQ(counters_.read_ahead_fetches.load(), fetched);
-  EXPECT_EQ(ra.Serve(f, 3 * kMiB, kMiB, kFile, &r2, ra.Generation()), 0)
+  EXPECT_EQ(Serve(ra, f, 3 * kMiB, kMiB, kFile, &r2, ra.Generation()), 0)
       << "and it ended the sequence";
   ra.Quiesce();
 }
@@ -150,36 +162,12 @@ TEST_F(ReadAheadTest, AReaderThatDrainedBeforeAChangeFetchesNothing) {
   const uint64_t before = ra.Generation();
   ra.Invalidate();  // the change, made after the reader drained
   ReadReply r0;
-  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r0, before), 0);
+  EXPECT_EQ(Serve(ra, f, 0, 256 * kKiB, kFile, &r0, before), 0);
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u) << "nothing fetched for a stale reader";
   // A reader that sampled after the change reads ahead as usual.
   ReadReply r1;
-  EXPECT_EQ(ra.Serve(f, 0, 256 * kKiB, kFile, &r1, ra.Generation()), 256 * kKiB);
+  EXPECT_EQ(Serve(ra, f, 0, 256 * kKiB, kFile, &r1, ra.Generation()), 256 * kKiB);
   EXPECT_EQ(CheckReply(r1, 0), 256 * kKiB);
-  ra.Quiesce();
-}
-
-TEST_F(ReadAheadTest, ReadIntoCopiesAndRefillsTheWindowAtOnce) {
-  // `dnvme run`'s reader: bytes land in its buffer, and the chunk a read emptied is fetched
-  // again for the bytes after the window before the call returns (a reply would hold it).
-  MakePool(4);  // the whole window
-  FileRef f = PatternFile("into");
-  ReadAhead ra(&shared_);
-  std::vector<char> buf(static_cast<size_t>(kChunk));
-  Result<int64_t> got =
-      ra.ReadInto(*engine_, f, 0, kChunk, kFile, true, buf.data(), ra.Generation());
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(*got, kChunk);
-  EXPECT_TRUE(dnvme::test::MatchesPattern(buf.data(), buf.size(), 0));
-  EXPECT_EQ(counters_.read_ahead_fetches.load(), 5u)
-      << "four chunks for the window, and the one this read emptied fetched again";
-  // Not in use_window mode: read straight into the buffer, nothing fetched.
-  ReadAhead direct(&shared_);
-  const uint64_t before = counters_.read_ahead_fetches.load();
-  got = direct.ReadInto(*engine_, f, kChunk, kChunk, kFile, false, buf.data(), direct.Generation());
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_TRUE(dnvme::test::MatchesPattern(buf.data(), buf.size(), kChunk));
-  EXPECT_EQ(counters_.read_ahead_fetches.load(), before);
   ra.Quiesce();
 }
 
@@ -187,8 +175,8 @@ TEST_F(ReadAheadTest, ReadsAtTheEndOfTheFileStopThere) {
   FileRef f = PatternFile("end");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  ra.Serve(f, kFile - 3 * kMiB, kMiB, kFile, &r0, ra.Generation());
-  const int64_t n = ra.Serve(f, kFile - 2 * kMiB, 2 * kMiB, kFile, &r1, ra.Generation());
+  Serve(ra, f, kFile - 3 * kMiB, kMiB, kFile, &r0, ra.Generation());
+  const int64_t n = Serve(ra, f, kFile - 2 * kMiB, 2 * kMiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(CheckReply(r1, kFile - 2 * kMiB), n);
   EXPECT_EQ(n, 2 * kMiB);
   ra.Quiesce();
@@ -203,9 +191,9 @@ TEST_F(ReadAheadTest, FailedFetchEndsWhatTheWindowServes) {
   faults_.fail_offset = 2 * kMiB + 512 * kKiB + 100;
   ReadAhead ra(&shared_);
   ReadReply r0;
-  ra.Serve(f, kMiB, 512 * kKiB, kFile, &r0, ra.Generation());
+  Serve(ra, f, kMiB, 512 * kKiB, kFile, &r0, ra.Generation());
   ReadReply r1;
-  const int64_t n = ra.Serve(f, kMiB + 512 * kKiB, 2 * kMiB, kFile, &r1, ra.Generation());
+  const int64_t n = Serve(ra, f, kMiB + 512 * kKiB, 2 * kMiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(n, kMiB) << "served up to the failed chunk, not past it";
   EXPECT_EQ(CheckReply(r1, kMiB + 512 * kKiB), n);
   EXPECT_GT(faults_.injected.load(), 0u);
@@ -217,8 +205,8 @@ TEST_F(ReadAheadTest, ASmallPoolGivesAPartialWindowAndInvalidateDropsIt) {
   FileRef f = PatternFile("small");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  ra.Serve(f, 0, 256 * kKiB, kFile, &r0, ra.Generation());
-  const int64_t n = ra.Serve(f, 256 * kKiB, 4 * kMiB, kFile, &r1, ra.Generation());
+  Serve(ra, f, 0, 256 * kKiB, kFile, &r0, ra.Generation());
+  const int64_t n = Serve(ra, f, 256 * kKiB, 4 * kMiB, kFile, &r1, ra.Generation());
   EXPECT_EQ(n, 2 * kMiB - 256 * kKiB) << "the two chunks the pool had";
   EXPECT_EQ(CheckReply(r1, 256 * kKiB), n);
   // The replies were sent: their chunks go back once the window lets them go.
@@ -226,7 +214,7 @@ TEST_F(ReadAheadTest, ASmallPoolGivesAPartialWindowAndInvalidateDropsIt) {
   r1 = ReadReply();
   ra.Invalidate();
   ReadReply r2;
-  EXPECT_EQ(ra.Serve(f, 2 * kMiB, kMiB, kFile, &r2, ra.Generation()), 0)
+  EXPECT_EQ(Serve(ra, f, 2 * kMiB, kMiB, kFile, &r2, ra.Generation()), 0)
       << "a dropped window is not a sequence";
   ra.Quiesce();
   // A fetch's callback returns its chunk as it finishes, on the engine's thread: wait (bounded).
@@ -247,7 +235,7 @@ TEST_F(ReadAheadTest, ConcurrentReadersShareThePool) {
       for (int64_t off = 0; off < kFile; off += 256 * kKiB) {
         ReadReply r;
         const int64_t n =
-            windows[i]->Serve(files[i], off, 256 * kKiB, kFile, &r, windows[i]->Generation());
+            Serve(*windows[i], files[i], off, 256 * kKiB, kFile, &r, windows[i]->Generation());
         if (CheckReply(r, off, i) != n) ++bad;
         if (off % (4 * kMiB) == 0) windows[i]->Invalidate();  // a write came by
       }
@@ -266,7 +254,7 @@ TEST_F(ReadAheadTest, AWindowStartsSmallAndGrowsWithTheReader) {
   FileRef f = PatternFile("grow");
   ReadAhead ra(&shared_);
   ReadReply r0;
-  EXPECT_EQ(ra.Serve(f, 0, 4 * kKiB, kFile, &r0, ra.Generation()), 4 * kKiB);
+  EXPECT_EQ(Serve(ra, f, 0, 4 * kKiB, kFile, &r0, ra.Generation()), 4 * kKiB);
   EXPECT_EQ(ra.window(), kChunk) << "a sequence starts with initial_window";
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 1u) << "a header read fetches one chunk";
   // Read on in 256 KiB pieces: the window doubles each time the reader consumed a whole window.
@@ -274,7 +262,7 @@ TEST_F(ReadAheadTest, AWindowStartsSmallAndGrowsWithTheReader) {
   int64_t served = 4 * kKiB, asked = 4 * kKiB;
   for (int64_t off = 4 * kKiB; off < 20 * kMiB; off += 256 * kKiB) {
     ReadReply r;
-    const int64_t n = ra.Serve(f, off, 256 * kKiB, kFile, &r, ra.Generation());
+    const int64_t n = Serve(ra, f, off, 256 * kKiB, kFile, &r, ra.Generation());
     EXPECT_EQ(CheckReply(r, off), n);
     served += n;
     asked += 256 * kKiB;
@@ -294,11 +282,11 @@ TEST_F(ReadAheadTest, TheFirstReadOfAReadOnlyOpenStartsASequenceAnywhere) {
   ReadReply r0, r1;
   // A loader that seeks past a header first: its first read, 5 MiB + 100 in.
   const int64_t at = 5 * kMiB + 100;
-  EXPECT_EQ(ra.Serve(f, at, 64 * kKiB, kFile, &r0, ra.Generation(), /*starts_sequence=*/true),
+  EXPECT_EQ(Serve(ra, f, at, 64 * kKiB, kFile, &r0, ra.Generation(), /*starts_sequence=*/true),
             64 * kKiB);
   EXPECT_EQ(CheckReply(r0, at), 64 * kKiB);
   EXPECT_EQ(ra.window(), kChunk);
-  EXPECT_EQ(ra.Serve(f, at + 64 * kKiB, 64 * kKiB, kFile, &r1, ra.Generation()), 64 * kKiB)
+  EXPECT_EQ(Serve(ra, f, at + 64 * kKiB, 64 * kKiB, kFile, &r1, ra.Generation()), 64 * kKiB)
       << "and the next read continues it";
   ra.Quiesce();
 }
@@ -309,36 +297,20 @@ TEST_F(ReadAheadTest, ASeekDropsTheWindowAndANewSequenceFetchesAgain) {
   ReadAhead ra(&shared_);
   {
     ReadReply r;
-    EXPECT_EQ(ra.Serve(f, 0, 64 * kKiB, kFile, &r, ra.Generation()), 64 * kKiB);
+    EXPECT_EQ(Serve(ra, f, 0, 64 * kKiB, kFile, &r, ra.Generation()), 64 * kKiB);
   }
   EXPECT_EQ(counters_.read_ahead_fetches.load(), 4u);
   {
     ReadReply r;
-    EXPECT_EQ(ra.Serve(f, 20 * kMiB, 64 * kKiB, kFile, &r, ra.Generation()), 0) << "a seek";
+    EXPECT_EQ(Serve(ra, f, 20 * kMiB, 64 * kKiB, kFile, &r, ra.Generation()), 0) << "a seek";
   }
   EXPECT_EQ(ra.window(), 0);
   // The dropped chunks go back to the pool as their fetches complete.
   for (int i = 0; i < 500 && chunks_->available() != 4; ++i) usleep(10000);
   ASSERT_EQ(chunks_->available(), 4u) << "a seek holds no chunks";
   ReadReply r;
-  EXPECT_EQ(ra.Serve(f, 0, kMiB, kFile, &r, ra.Generation()), kMiB) << "offset 0 starts again";
+  EXPECT_EQ(Serve(ra, f, 0, kMiB, kFile, &r, ra.Generation()), kMiB) << "offset 0 starts again";
   EXPECT_EQ(CheckReply(r, 0), kMiB);
-  ra.Quiesce();
-}
-
-TEST_F(ReadAheadTest, RandomReadIntoCallsFetchNothing) {
-  // dnvme run's reader: a large read that starts no sequence must not refill a window either.
-  shared_.initial_window = kChunk;
-  FileRef f = PatternFile("randinto");
-  ReadAhead ra(&shared_);
-  std::vector<char> buf(static_cast<size_t>(300 * kKiB));
-  for (int64_t off : {5 * kMiB + 100, kMiB + 7, 9 * kMiB + 4096, 3 * kMiB + 1}) {
-    Result<int64_t> got = ra.ReadInto(*engine_, f, off, static_cast<int64_t>(buf.size()), kFile,
-                                      true, buf.data(), ra.Generation());
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    EXPECT_TRUE(dnvme::test::MatchesPattern(buf.data(), buf.size(), off));
-  }
-  EXPECT_EQ(counters_.read_ahead_fetches.load(), 0u);
   ra.Quiesce();
 }
 
@@ -351,13 +323,13 @@ TEST_F(ReadAheadTest, TwoInterleavedReadersOfOneFileKeepTheWindow) {
   for (int64_t off = 0; off < 3 * kMiB; off += 256 * kKiB) {
     for (int64_t at : {off, off + 128 * kKiB}) {  // reader B trails reader A by half a read
       ReadReply r;
-      const int64_t n = ra.Serve(f, at, 128 * kKiB, kFile, &r, ra.Generation());
+      const int64_t n = Serve(ra, f, at, 128 * kKiB, kFile, &r, ra.Generation());
       EXPECT_EQ(CheckReply(r, at), n);
       served += n;
       asked += 128 * kKiB;
     }
     ReadReply back;  // and a read behind both, still inside the window
-    const int64_t n = ra.Serve(f, off, 64 * kKiB, kFile, &back, ra.Generation());
+    const int64_t n = Serve(ra, f, off, 64 * kKiB, kFile, &back, ra.Generation());
     EXPECT_EQ(CheckReply(back, off), n);
     served += n;
     asked += 64 * kKiB;
@@ -371,8 +343,8 @@ TEST_F(ReadAheadTest, OffWithoutAPool) {
   FileRef f = PatternFile("off");
   ReadAhead ra(&shared_);
   ReadReply r0, r1;
-  ra.Serve(f, 0, kMiB, kFile, &r0, ra.Generation());
-  EXPECT_EQ(ra.Serve(f, kMiB, kMiB, kFile, &r1, ra.Generation()), 0);
+  Serve(ra, f, 0, kMiB, kFile, &r0, ra.Generation());
+  EXPECT_EQ(Serve(ra, f, kMiB, kMiB, kFile, &r1, ra.Generation()), 0);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Fault injection through the libaio seam (engine/aio/backend.h): a backend that wraps the real
+// Fault injection through the libaio seam (dnvme/aio_backend.h): a backend that wraps the real
 // libaio one and makes io_submit answer EAGAIN/EINTR or accept part of a batch, shortens
 // completions, turns a completion into -EIO/-ENOSPC, and corrupts data in flight. Each test checks
 // that the engine still moves exactly the right bytes, or reports the failure with path, offset
@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "dnvme/aio_backend.h"
 #include "dnvme/handle.h"
-#include "engine/aio/backend.h"
 #include "tests/engine/test_util.h"
 
 namespace dnvme {

@@ -1,10 +1,10 @@
-// The identity switch (engine/posix/identity.h) and the engine's writer identity (adopt_fd's
+// The identity switch (dnvme/identity.h) and the engine's writer identity (adopt_fd's
 // write_as): a thread acting for a user gets exactly the user's file-system identity, comes back
 // with exactly its own effective capabilities (a dormant one stays dormant, although the kernel
 // raises every permitted file-system capability when fsuid returns to 0), and a write submitted
 // for a user is that user's write to the kernel (it clears set-user-ID, as the user's own would).
 // These need root (switching needs CAP_SETUID/CAP_SETGID); as another user they skip.
-#include "engine/posix/identity.h"
+#include "dnvme/identity.h"
 
 #include <linux/capability.h>
 #include <sys/fsuid.h>
@@ -15,8 +15,8 @@
 #include <memory>
 #include <thread>
 
+#include "dnvme/fd.h"
 #include "dnvme/handle.h"
-#include "engine/posix/file.h"
 #include "tests/engine/test_util.h"
 
 namespace dnvme {

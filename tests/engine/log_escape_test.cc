@@ -1,4 +1,4 @@
-// LogEscape (engine/common/log.h): untrusted text made safe for one log line, and the logger's
+// LogEscape (dnvme/log.h): untrusted text made safe for one log line, and the logger's
 // own backstop that keeps every record on one line.
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/common/log.h"
+#include "dnvme/log.h"
 
 namespace dnvme {
 namespace {

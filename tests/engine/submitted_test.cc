@@ -1,7 +1,7 @@
 // AioHandle::submit_pwrite's Submitted notice (include/dnvme/handle.h): it comes once every byte
 // of the write is in the kernel -- every O_DIRECT request accepted by io_submit, the unaligned
 // edges in the page cache -- and before the completion, without waiting for it. Real libaio on
-// real files, through a backend (engine/aio/backend.h) that counts what io_submit accepted and can
+// real files, through a backend (dnvme/aio_backend.h) that counts what io_submit accepted and can
 // hold completions back (a "gate"), so the tests see the moment between submission and
 // completion that a killed process would leave behind.
 #include <fcntl.h>
@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "dnvme/aio_backend.h"
 #include "dnvme/handle.h"
-#include "engine/aio/backend.h"
 #include "engine/posix/file.h"
 #include "tests/engine/test_util.h"
 

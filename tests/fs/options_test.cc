@@ -10,7 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -407,6 +412,290 @@ TEST(MountOptionsEngine, KeysAndConfigFileWithExplicitKeysWinning) {
   ExpectRefused("config=", "option 'config' needs a file name");
   auto missing = Parse("config=/nonexistent/dnvme.json");
   EXPECT_FALSE(missing.ok());
+}
+
+// ---- Every row of the table (MountOptionTable), by its kind ----
+
+// A JSON file of engine keys that lives as long as the test, for config= rows.
+class ConfigFile {
+ public:
+  ConfigFile() {
+    const int fd = mkstemp(path_);
+    if (fd >= 0) close(fd);
+    std::ofstream(path_) << R"({"queue_depth": 8})";
+  }
+  ~ConfigFile() { unlink(path_); }
+  std::string path() const { return path_; }
+
+ private:
+  char path_[64] = "/tmp/dnvme-options-table-XXXXXX";
+};
+
+// A number or a size as -o writes it; -1 for text that is neither.
+int64_t SizeOf(const std::string& text) {
+  auto n = ParseSize(text);
+  return n.ok() ? n.value() : -1;
+}
+
+// The refusal of `opts` must be a usage error naming the option and holding each of `words`.
+void ExpectRefusedWith(const MountOptionSpec& s, const std::string& opts,
+                       const std::vector<std::string>& words) {
+  auto o = Parse(opts);
+  ASSERT_FALSE(o.ok()) << opts << " was accepted";
+  EXPECT_EQ(o.status().code(), Status::Code::kInvalidArgument) << opts;
+  const std::string& m = o.status().message();
+  EXPECT_NE(m.find("option '" + std::string(s.name) + "'"), std::string::npos) << opts << ": " << m;
+  for (const std::string& w : words) {
+    EXPECT_NE(m.find(w), std::string::npos) << opts << ": " << m << " (expected '" << w << "')";
+  }
+}
+
+TEST(MountOptionTable, RowsAreWellFormed) {
+  std::set<std::string> names;
+  for (const MountOptionSpec& s : MountOptionTable()) {
+    SCOPED_TRACE(s.name);
+    EXPECT_TRUE(names.insert(s.name).second) << "two rows named " << s.name;
+    EXPECT_EQ(FindConfigKey(s.name), nullptr) << "an engine key of the same name would win";
+    EXPECT_EQ(FindMountOption(s.name), &s);
+    EXPECT_NE(std::string(s.help), "");
+    EXPECT_EQ(std::holds_alternative<std::monostate>(s.field), s.kind == OptionKind::kConfig)
+        << "every row but config= sets a member";
+    if (s.kind == OptionKind::kInt) {
+      EXPECT_LE(s.min, s.max);
+      EXPECT_LE(s.max, INT_MAX) << "integers are parsed as int";
+    }
+    if (s.kind == OptionKind::kEnum) {
+      EXPECT_FALSE(s.names.empty());
+    }
+    if (s.kind == OptionKind::kString || s.kind == OptionKind::kConfig) {
+      EXPECT_NE(s.value_name, nullptr);
+      EXPECT_NE(s.missing, nullptr);
+    }
+  }
+  EXPECT_EQ(FindMountOption("allow_other"), nullptr);
+  EXPECT_EQ(FindMountOption("block_size"), nullptr);
+}
+
+// The default each row's help gives is what parsing no option yields; where the help gives it in
+// words, the value those words describe.
+TEST(MountOptionTable, EachDefault) {
+  auto o = Parse("");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  const MountOptions plain;
+  const std::map<std::string, std::function<bool(const MountOptions&)>> in_words = {
+      {"config", [](const MountOptions& m) { return m.engine == HandleConfig(); }},
+      {"splice_read", [](const MountOptions& m) { return !m.splice_read.has_value(); }},
+      {"max_read", [](const MountOptions& m) { return m.max_read == m.max_request; }},
+      {"ctl_max_bytes",
+       [](const MountOptions& m) { return m.ctl_max_bytes == MachineRamBytes() / 4; }},
+      {"ctl_max_pinned",
+       [](const MountOptions& m) {
+         return m.ctl_max_pinned == std::min<int64_t>(MachineRamBytes() / 16, int64_t{4} << 30);
+       }},
+      {"max_files_per_uid",
+       [](const MountOptions& m) { return m.max_files_per_uid == DefaultMaxFilesPerUid(); }},
+      {"max_inodes_per_uid",
+       [](const MountOptions& m) { return m.max_inodes_per_uid == 4 * m.max_files_per_uid; }},
+      {"log_file", [](const MountOptions& m) { return m.log_file.empty(); }},
+      {"nonempty", [](const MountOptions& m) { return !m.nonempty; }},
+  };
+  for (const MountOptionSpec& s : MountOptionTable()) {
+    SCOPED_TRACE(s.name);
+    EXPECT_FALSE(OptionDefaultText(s).empty());
+    if (s.default_text == nullptr) {
+      EXPECT_EQ(OptionValueText(s, *o), OptionDefaultText(s));
+      EXPECT_EQ(OptionValueText(s, plain), OptionDefaultText(s));
+    } else {
+      ASSERT_TRUE(in_words.count(s.name)) << "a default in words the test does not check";
+      EXPECT_TRUE(in_words.at(s.name)(*o)) << OptionDefaultText(s);
+    }
+  }
+}
+
+// Valid values of each row: its bounds, every name, every boolean form; the member then holds
+// the value (read back through OptionValueText, as -o would take it again).
+TEST(MountOptionTable, EachValidValue) {
+  ConfigFile config;
+  const MountOptions plain;
+  for (const MountOptionSpec& s : MountOptionTable()) {
+    SCOPED_TRACE(s.name);
+    const std::string key = s.name;
+    std::vector<std::pair<std::string, std::string>> cases;  // -o text, the value it gives
+    switch (s.kind) {
+      case OptionKind::kBool:
+        cases = {{key, "1"},        {key + "=1", "1"},  {key + "=yes", "1"},  {key + "=true", "1"},
+                 {key + "=0", "0"}, {key + "=no", "0"}, {key + "=false", "0"}};
+        break;
+      case OptionKind::kFlag:
+        cases = {{key, "1"}};
+        break;
+      case OptionKind::kInt:
+        cases = {{key + "=" + std::to_string(s.min), std::to_string(s.min)},
+                 {key + "=" + std::to_string(s.max), std::to_string(s.max)}};
+        break;
+      case OptionKind::kSize:
+        if (s.min > 0 || s.max < std::numeric_limits<int64_t>::max()) {
+          cases = {{key + "=" + std::to_string(s.min), std::to_string(s.min)},
+                   {key + "=" + std::to_string(s.max), std::to_string(s.max)}};
+        } else {  // unbounded: twice the default, which every rule between options allows
+          const int64_t twice = 2 * SizeOf(OptionValueText(s, plain));
+          cases = {{key + "=" + std::to_string(twice), std::to_string(twice)}};
+        }
+        break;
+      case OptionKind::kEnum:
+        for (const OptionName& n : s.names) {
+          std::string want = n.name;
+          for (const OptionName& m : s.names) {
+            if (m.listed && m.value == n.value) want = m.name;  // an alias reads as its name
+          }
+          cases.push_back({key + "=" + n.name, want});
+        }
+        break;
+      case OptionKind::kString:
+        cases = {{key + "=/tmp/some\\,where", "/tmp/some,where"}};  // an escaped comma
+        break;
+      case OptionKind::kConfig:
+        break;
+    }
+    for (const auto& [opts, want] : cases) {
+      auto o = Parse(opts);
+      ASSERT_TRUE(o.ok()) << opts << ": " << o.status().ToString();
+      const std::string got = OptionValueText(s, *o);
+      if (s.kind == OptionKind::kInt || s.kind == OptionKind::kSize) {
+        EXPECT_EQ(SizeOf(got), SizeOf(want)) << opts << " read back as " << got;
+      } else {
+        EXPECT_EQ(got, want) << opts;
+      }
+      EXPECT_TRUE(o->fuse_opts.empty()) << opts << " went to libfuse";
+    }
+    if (s.kind == OptionKind::kConfig) {
+      auto o = Parse(key + "=" + config.path());
+      ASSERT_TRUE(o.ok()) << o.status().ToString();
+      EXPECT_EQ(o->engine.queue_depth, 8);
+    }
+  }
+  // A flag takes any value as the bare option (as before the table).
+  auto o = Parse("nonempty=0");
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->nonempty);
+}
+
+// Out-of-range and garbage values of each row are usage errors naming the option, and range
+// errors give the value and the allowed range.
+TEST(MountOptionTable, EachBadValueIsRefused) {
+  for (const MountOptionSpec& s : MountOptionTable()) {
+    SCOPED_TRACE(s.name);
+    const std::string key = s.name;
+    const std::string range = OptionRangeText(s);
+    auto out_of_range = [&](int64_t n) {
+      ExpectRefusedWith(s, key + "=" + std::to_string(n),
+                        {"must be " + range, "(got " + std::to_string(n) + ")"});
+    };
+    switch (s.kind) {
+      case OptionKind::kBool:
+        ExpectRefusedWith(s, key + "=maybe", {"'maybe' is not a boolean"});
+        ExpectRefusedWith(s, key + "=2", {"'2'"});
+        break;
+      case OptionKind::kFlag:
+        break;
+      case OptionKind::kInt:
+        ExpectRefusedWith(s, key + "=x", {"'x' is not an integer"});
+        ExpectRefusedWith(s, key + "=3M", {"is not an integer"});
+        ExpectRefusedWith(s, key + "=", {"needs a value"});
+        ExpectRefusedWith(s, key, {"needs a value"});
+        out_of_range(s.min - 1);
+        out_of_range(s.max + 1);
+        break;
+      case OptionKind::kSize:
+        ExpectRefusedWith(s, key + "=lots", {"not a number"});
+        ExpectRefusedWith(s, key + "=-1", {"negative"});
+        ExpectRefusedWith(s, key + "=12Q", {"unknown unit"});
+        ExpectRefusedWith(s, key, {"needs a value"});
+        if (s.min > 0) out_of_range(s.min - 1);
+        if (s.max < std::numeric_limits<int64_t>::max()) out_of_range(s.max + 1);
+        if (s.pages) out_of_range(std::max<int64_t>(s.min, 4096) + 512);
+        break;
+      case OptionKind::kEnum: {
+        std::string listed;
+        for (const OptionName& n : s.names) {
+          if (n.listed) listed += (listed.empty() ? "" : ", ") + std::string(n.name);
+        }
+        ExpectRefusedWith(s, key + "=bogus", {"'bogus' is not one of " + listed});
+        ExpectRefusedWith(s, key, {"is not one of " + listed});
+        break;
+      }
+      case OptionKind::kString:
+      case OptionKind::kConfig:
+        ExpectRefusedWith(s, key + "=", {std::string("needs ") + s.missing});
+        ExpectRefusedWith(s, key, {std::string("needs ") + s.missing});
+        break;
+    }
+  }
+}
+
+TEST(MountOptionTable, HelpListsEveryRowWithItsRangeAndDefault) {
+  const std::string usage = UsageText();
+  for (const MountOptionSpec& s : MountOptionTable()) {
+    SCOPED_TRACE(s.name);
+    const size_t at = usage.find("\n  " + std::string(s.name));
+    ASSERT_NE(at, std::string::npos) << usage;
+    // The row's words, from its line and the indented lines it wraps onto.
+    std::istringstream lines(usage.substr(at + 1));
+    std::string line, text, words, w;
+    std::getline(lines, text);
+    while (std::getline(lines, line) && line.rfind(std::string(31, ' '), 0) == 0) text += line;
+    for (std::istringstream in(text); in >> w;) words += w + " ";
+    if (!OptionRangeText(s).empty()) {
+      EXPECT_NE(words.find("(" + OptionRangeText(s) + ";"), std::string::npos) << words;
+    }
+    EXPECT_NE(words.find("default " + OptionDefaultText(s) + ")"), std::string::npos) << words;
+  }
+  for (const ConfigKey& k : ConfigKeys()) {
+    EXPECT_NE(usage.find("\n  " + std::string(k.name)), std::string::npos) << k.name;
+  }
+  for (const std::string& line : {std::string("  -d "), std::string("every other -o option")}) {
+    EXPECT_NE(usage.find(line), std::string::npos) << line;
+  }
+  auto md = ParseArgs({"--help-markdown"});
+  ASSERT_TRUE(md.ok()) << md.status().ToString();
+  EXPECT_TRUE(md->show_help_markdown);
+  EXPECT_FALSE(md->show_help);
+}
+
+// docs/tuning.md's table of mount options is OptionsMarkdown(), word for word: change a row and
+// this fails until the docs are regenerated (`dnvmefs --help-markdown`).
+TEST(MountOptionTable, DocsTableIsGeneratedFromTheRows) {
+  // The source tree: from this file's name (absolute, or relative to the build directory the
+  // test runs in), else the first directory above the working or scratch directory with the docs.
+  std::vector<std::string> roots;
+  const std::string here = __FILE__;
+  roots.push_back(here.substr(0, here.rfind("tests/fs/")));
+  char cwd[PATH_MAX] = "";
+  const char* scratch = getenv("DNVME_TEST_DIR");  // ctest's: a folder of the build directory
+  for (const char* start : {static_cast<const char*>(getcwd(cwd, sizeof(cwd))), scratch}) {
+    if (start == nullptr) continue;
+    for (std::string d = start; !d.empty(); d = d.substr(0, d.rfind('/'))) roots.push_back(d + "/");
+  }
+  std::string doc;
+  for (const std::string& root : roots) {
+    std::ifstream f(root + "docs/tuning.md");
+    if (!f) continue;
+    std::stringstream text;
+    text << f.rdbuf();
+    doc = text.str();
+    break;
+  }
+  ASSERT_FALSE(doc.empty()) << "docs/tuning.md not found from " << here << " or " << cwd;
+  const std::string begin = "<!-- BEGIN dnvmefs --help-markdown";
+  const std::string end = "<!-- END dnvmefs --help-markdown -->";
+  const size_t b = doc.find(begin);
+  ASSERT_NE(b, std::string::npos) << "docs/tuning.md lost its marker " << begin;
+  const size_t from = doc.find('\n', b) + 1;
+  const size_t to = doc.find(end, from);
+  ASSERT_NE(to, std::string::npos) << "docs/tuning.md lost its marker " << end;
+  EXPECT_EQ(doc.substr(from, to - from), OptionsMarkdown())
+      << "docs/tuning.md's table of mount options is not the table's: replace the lines between "
+         "the markers with the output of `dnvmefs --help-markdown`";
 }
 
 }  // namespace

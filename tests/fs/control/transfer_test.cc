@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/posix/file.h"
+#include "dnvme/fd.h"
 #include "fs/control/control.h"
 #include "tests/engine/test_util.h"
 

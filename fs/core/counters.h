@@ -9,11 +9,13 @@
 #include <string>
 
 #include "datapath/counters.h"
+#include "fs/transport/session_io.h"
 
 namespace dnvme::fs {
 
-// The data path's counters (datapath/counters.h) and the transport's.
-struct MountCounters : datapath::Counters {
+// The data path's counters (datapath/counters.h) and the transport's (its replies: ReplyCounters,
+// fs/transport/session_io.h).
+struct MountCounters : datapath::Counters, ReplyCounters {
   // The largest WRITE and READ the kernel sent (bounded by max_request and the kernel's
   // fs.fuse.max_pages_limit): shows whether larger requests are in effect.
   std::atomic<uint64_t> largest_write{0}, largest_read{0};
@@ -22,9 +24,6 @@ struct MountCounters : datapath::Counters {
   // through the daemon).
   std::atomic<uint64_t> passthrough_opens{0}, passthrough_refused{0};
   std::atomic<int64_t> backing_files{0};
-  // Replies sent by splice (-o splice_reply) and their bytes; large replies that found no free
-  // reply pipe (or did not fit one) were written instead.
-  std::atomic<uint64_t> replies_spliced{0}, bytes_replied_spliced{0}, replies_unspliced{0};
   // Raises `at_most` to `n` if it is smaller.
   static void NoteMax(std::atomic<uint64_t>& at_most, uint64_t n) {
     uint64_t cur = at_most.load(std::memory_order_relaxed);

@@ -3,7 +3,9 @@
 // Workers talk to an AioBackend, never to libaio directly, so tests can wrap the real backend and
 // inject what real disks rarely do on demand: io_submit answering EAGAIN or EINTR or accepting only
 // part of a batch, completions with a short byte count, completions with -EIO. (LevelDB's Env plays
-// the same role for its fault-injection tests.)
+// the same role for its fault-injection tests, and is public for the same reason.) It is public
+// because HandleOptions::backend (dnvme/handle.h) takes a factory: the unit tests of the engine,
+// of datapath/ and of fs/transport/ pass one; production code passes none (the real libaio).
 //
 // Thread contract: one AioBackend belongs to one worker thread and is only called from it. A
 // factory may be called from several threads (one Create per worker at handle start-up).

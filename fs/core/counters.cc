@@ -1,4 +1,4 @@
-#include "fs/data/counters.h"
+#include "fs/core/counters.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,0 +1,127 @@
+// One file's data path (file_data.h): the rules of using its WriteBehind and ReadAhead.
+#include "datapath/file_data.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace dnvme::datapath {
+
+void FileData::Open(OpenFile* o, bool read_only) {
+  o->errors = wb_.Sample();
+  o->read_only = read_only;
+}
+
+Status FileData::Write(OpenFile& o, const FileRef& file, bool page_cache_writes, ExtentSource& src,
+                       size_t size, int64_t off, char* scratch) {
+  ra_.Invalidate();
+  Status st = wb_.Write(file, page_cache_writes, src, size, off, scratch, &o.errors);
+  if (st.ok()) o.wrote.store(true, std::memory_order_relaxed);
+  // Again now that the bytes are accepted: a reader that drained before them may have fetched
+  // the old bytes meanwhile (ReadAhead::Generation).
+  ra_.Invalidate();
+  return st;
+}
+
+Result<int64_t> FileData::Readable(const FileRef& file, int64_t off, int64_t size) {
+  int64_t file_size = 0;
+  return DrainAndClamp(file, off, size, &file_size);
+}
+
+Result<int64_t> FileData::DrainAndClamp(const FileRef& file, int64_t off, int64_t size,
+                                        int64_t* file_size) {
+  // A flush error is the writers' to hear (at fsync or close), not a reader's.
+  (void)wb_.Drain(nullptr);
+  struct stat st {};
+  if (fstat(file.buffered_fd(), &st) != 0) return Status::FromErrno(errno, "fstat before a read");
+  *file_size = st.st_size;
+  if (off >= st.st_size) return int64_t{0};
+  return std::min<int64_t>(size, st.st_size - off);
+}
+
+Result<int64_t> FileData::ReadShrunk(int fd, char* buf, int64_t n, int64_t off) const {
+  ssize_t (*const read_at)(int, void*, size_t, off_t) =
+      shared_->pread != nullptr ? shared_->pread : ::pread;
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t got = read_at(fd, buf + done, static_cast<size_t>(n - done), off + done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return Status::FromErrno(errno, "pread after the file shrank");
+    if (got == 0) break;  // the end of the file as it is now
+    done += got;
+  }
+  return done;
+}
+
+Result<int64_t> FileData::Read(OpenFile& o, const FileRef& file, const FileRead& r) {
+  Counters* const counters = shared_->reads.counters;
+  // Before the drain: a change after it makes what the window would fetch suspect.
+  const uint64_t generation = ra_.Generation();
+  int64_t file_size = 0;
+  Result<int64_t> readable = DrainAndClamp(file, r.off, r.size, &file_size);
+  if (!readable.ok() || *readable == 0) return readable;
+  const int64_t n = *readable;
+  if (r.window == Window::kDrop) ra_.Invalidate();
+  int64_t served = 0;
+  if (r.window == Window::kUse) {
+    WindowRead w;
+    w.off = r.off;
+    w.n = n;
+    w.file_size = file_size;
+    w.generation = generation;
+    w.starts_sequence = o.read_only && !o.read_before.exchange(true);
+    w.copy_to = r.reply == nullptr ? r.buf : nullptr;
+    served = ra_.Read(file, w, r.reply);
+  }
+  if (served == n) return n;
+  char* const rest = r.buf + served;
+  const int64_t want = n - served;
+  Status st = shared_->reads.engine()->sync_pread(rest, want, file, r.off + served);
+  int64_t got = want;
+  if (st.code() == Status::Code::kEndOfFile) {
+    // Truncated meanwhile: what is there now, as read(2) would answer.
+    Result<int64_t> now = ReadShrunk(r.shrunk_fd, rest, want, r.off + served);
+    if (!now.ok()) return now.status();
+    got = *now;
+  } else if (!st.ok()) {
+    if (counters != nullptr) counters->errors.fetch_add(1, std::memory_order_relaxed);
+    ra_.Invalidate();
+    return st;
+  } else if (counters != nullptr) {
+    counters->bytes_read_engine.fetch_add(static_cast<uint64_t>(want), std::memory_order_relaxed);
+  }
+  if (r.reply != nullptr && got > 0) r.reply->iov.push_back({rest, static_cast<size_t>(got)});
+  return served + got;
+}
+
+Status FileData::Change(const std::function<Status()>& change) {
+  Status st = wb_.Drain(nullptr);
+  ra_.Invalidate();
+  if (st.ok()) st = change();
+  ra_.Invalidate();  // after the change too (ReadAhead::Generation)
+  return st;
+}
+
+void FileData::Invalidate() { ra_.Invalidate(); }
+
+Status FileData::Drain() { return wb_.Drain(nullptr); }
+
+Status FileData::Report(OpenFile& o) { return wb_.Report(&o.errors); }
+
+Status FileData::Flush(const OpenFile& o) {
+  if (!o.wrote.load(std::memory_order_relaxed)) return Status::Ok();
+  return wb_.DrainAndPeek(o.errors);
+}
+
+Status FileData::Sync(OpenFile& o) { return wb_.Drain(&o.errors); }
+
+void FileData::Close() { wb_.Close(); }
+
+Status FileData::Release() {
+  Status st = wb_.Drain(nullptr);
+  ra_.Quiesce();
+  return st;
+}
+
+}  // namespace dnvme::datapath

@@ -1,0 +1,148 @@
+// FileData: one file's data path -- its WriteBehind and its ReadAhead -- and the rules of using
+// them, written once for both users: the mount (an Inode holds one) and `dnvme run` (an
+// AdoptedFile holds one). Callers never touch the WriteBehind or the ReadAhead themselves.
+//
+// The rules it keeps (each was once written at every call site):
+//   - A reader sees every accepted byte: a read drains the write-behind first, then clamps to the
+//     file's size as it is after the drain.
+//   - What the window fetched may predate a change: a read samples the read-ahead's generation
+//     before it drains (ReadAhead::Generation), and every change -- a write, a truncate, a
+//     fallocate, a write by someone else -- invalidates the window before it is made and again
+//     once it is made, so a reader that drained in between neither serves nor fetches old bytes.
+//   - The file may shrink between the size and the read (a truncate by someone the daemon does
+//     not order against: a passthrough writer, another process): the engine then answers end of
+//     file, and the rest is read as read(2) would answer, through the caller's buffered
+//     descriptor.
+//   - A read at offset 0 starts a sequential sequence, and so does the first read of a read-only
+//     open wherever it is (a loader that seeks past a header first).
+//   - Errors of flushes reach each open file description once (ErrorCursor in OpenFile): a
+//     writer's close peeks (Flush), an fsync takes (Sync), a reader hears nothing.
+//
+// Thread contract: every method may be called from any thread; the state is the WriteBehind's and
+// the ReadAhead's, each guarded by its own mutex (never both held at once). An OpenFile is used by
+// the threads serving its description; its fields are atomics or used under the WriteBehind's
+// mutex. The object must outlive its flushes and fetches: Release() or the destructor waits.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "datapath/extent_source.h"
+#include "datapath/read_ahead.h"
+#include "datapath/write_behind.h"
+#include "dnvme/handle.h"
+#include "dnvme/status.h"
+
+namespace dnvme::datapath {
+
+// What every file's data path shares: the write-behind's and the read-ahead's pools, knobs and
+// engine (the read-ahead's engine also serves the on-demand reads). Owned by the user of the
+// library (the mount, the preloaded library), outlives every FileData.
+struct FileDataShared {
+  WriteBehindShared writes;
+  ReadAheadShared reads;
+  // How the rest of a read is read when the file shrank under it (pread(2) by default): the
+  // preloaded library passes libc's own, past its interposers.
+  ssize_t (*pread)(int fd, void* buf, size_t n, off_t off) = nullptr;
+};
+
+// One open file description's place in its file's data path.
+struct OpenFile {
+  ErrorCursor errors;                    // flush errors heard of (under the WriteBehind's mutex)
+  bool read_only = false;                // set by FileData::Open
+  std::atomic<bool> read_before{false};  // has read yet (the first read may start a sequence)
+  std::atomic<bool> wrote{false};        // has written (only a writer's close hears of errors)
+};
+
+// How a read may use the read-ahead window.
+enum class Window {
+  kUse,   // serve from it and let a sequential reader's window move on
+  kSkip,  // read only what is asked, now (an O_DIRECT reader asked for no caching)
+  kDrop,  // as kSkip, and drop the window first: the file may change behind it (a file another
+          // process has open, or mapped)
+};
+
+// One read: up to `size` bytes at `off`.
+struct FileRead {
+  int64_t off = 0;
+  int64_t size = 0;
+  Window window = Window::kUse;
+  // Pinned, aligned, at least `size` bytes: where the bytes read on demand go, at their place
+  // (buf + their offset in the read). With `reply` null the whole read is copied here.
+  char* buf = nullptr;
+  // Null: the read is copied into `buf`. Otherwise the pieces are appended here (read-ahead
+  // chunks, kept alive by the reply, and `buf`), in file order; nothing is copied.
+  ReadReply* reply = nullptr;
+  // A buffered descriptor of the file, for the rest of a read that found the file shrunk.
+  int shrunk_fd = -1;
+};
+
+class FileData {
+ public:
+  explicit FileData(const FileDataShared* shared, FlushHooks hooks = {})
+      : shared_(shared), wb_(&shared->writes, std::move(hooks)), ra_(&shared->reads) {}
+  FileData(const FileData&) = delete;
+  FileData& operator=(const FileData&) = delete;
+
+  // A description opened now: errors before it are not its own (except one nobody heard of).
+  void Open(OpenFile* o, bool read_only);
+
+  // Accepts `size` bytes at `off` from `src` (WriteBehind::Write), the window invalidated before
+  // and after. Returns an earlier flush error `o` has not heard of, or this write's own.
+  Status Write(OpenFile& o, const FileRef& file, bool page_cache_writes, ExtentSource& src,
+               size_t size, int64_t off, char* scratch);
+  // A read (see FileRead): the bytes read, 0 at or past the end of the file, or the error.
+  Result<int64_t> Read(OpenFile& o, const FileRef& file, const FileRead& r);
+  // For a caller that submits the read itself (an O_DIRECT reader answered from the engine's
+  // completion): drains, then clamps `size` at `off` to the file's size. 0 at or past the end.
+  Result<int64_t> Readable(const FileRef& file, int64_t off, int64_t size);
+  // The bytes at [off, off + n) as they are now, after the engine answered end of file for them:
+  // what the file holds there, through `fd` (buffered).
+  Result<int64_t> ReadShrunk(int fd, char* buf, int64_t n, int64_t off) const;
+
+  // Runs `change` (a truncate, a fallocate, a write by other means) once the write-behind landed,
+  // with the window invalidated before and after. Returns the write-behind's error (then `change`
+  // does not run) or `change`'s.
+  Status Change(const std::function<Status()>& change);
+  // The file changed behind the data path (a write announced by someone else): drops the window.
+  void Invalidate();
+
+  // Lands the write-behind without taking errors (a reader, a truncate, lseek, utimes): the
+  // latest error while no description has heard of it.
+  Status Drain();
+  // A flush error `o` has not heard of (then it has), without waiting: before a write changes
+  // anything.
+  Status Report(OpenFile& o);
+  // close(2) of a description: a writer's waits and peeks at an unheard error (its fsync still
+  // reports it); a reader's waits for nothing.
+  Status Flush(const OpenFile& o);
+  // fsync(2): lands the write-behind and takes an error `o` has not heard of.
+  Status Sync(OpenFile& o);
+  // Lands the write-behind, then refuses every later write (EBADF): `dnvme run`'s lease ends.
+  void Close();
+  // The last open of the file goes: lands the write-behind (its error returned, for the log) and
+  // waits for the fetches in flight (they use the file).
+  Status Release();
+
+  // Folds data not yet on disk into `st` (size and mtime, WriteBehind::ApplyPending).
+  void ApplyPending(struct stat* st) { wb_.ApplyPending(st); }
+  // For tests and stats.
+  int flushes_inflight() { return wb_.inflight(); }
+  int fetches_inflight() { return ra_.inflight(); }
+  int64_t window() { return ra_.window(); }
+
+ private:
+  // Readable(), and the file's size in `*file_size`.
+  Result<int64_t> DrainAndClamp(const FileRef& file, int64_t off, int64_t size, int64_t* file_size);
+
+  const FileDataShared* shared_;
+  WriteBehind wb_;
+  ReadAhead ra_;
+};
+
+}  // namespace dnvme::datapath
