@@ -44,6 +44,10 @@ inline int FailWith(const Status& st) {
   errno = st.ErrnoOr();
   return -1;
 }
+// The bytes of a libc-shaped transfer: `moved`, or FailWith its error.
+inline ssize_t BytesOrFail(const Result<int64_t>& moved) {
+  return moved.ok() ? static_cast<ssize_t>(moved.value()) : FailWith(moved.status());
+}
 // 0 for Ok, else FailWith(st): a call whose whole outcome is `st`.
 inline int ZeroOrFail(const Status& st) { return st.ok() ? 0 : FailWith(st); }
 // A call's result after libc's `rc`: an earlier error `first` (a write-behind error), if any, is

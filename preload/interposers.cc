@@ -100,7 +100,8 @@ ssize_t write(int fd, const void* buf, size_t n) {
 
 ssize_t pread(int fd, void* buf, size_t n, off_t off) {
   if (pl::IsLarge(n) && pl::StateOf(fd) != pl::kNotOurs && off >= 0) {
-    if (auto r = pl::AdoptedForTransfer(fd)) return pl::DirectIo(r, false, buf, n, off);
+    if (auto r = pl::AdoptedForTransfer(fd))
+      return pl::BytesOrFail(pl::DirectIo(r, false, buf, n, off));
   }
   pl::BeforeMountUse(fd);
   return pl::Libc().pread(fd, buf, n, off);
@@ -110,7 +111,7 @@ ssize_t pread64(int fd, void* buf, size_t n, off_t off) { return pread(fd, buf, 
 ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) {
   if (pl::IsLarge(n) && pl::StateOf(fd) != pl::kNotOurs && off >= 0) {
     if (auto r = pl::AdoptedForTransfer(fd))
-      return pl::DirectIo(r, true, const_cast<void*>(buf), n, off);
+      return pl::BytesOrFail(pl::DirectIo(r, true, const_cast<void*>(buf), n, off));
   }
   pl::BeforeMountWrite(fd);
   return pl::Libc().pwrite(fd, buf, n, off);
@@ -120,7 +121,7 @@ ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) { return pwrite(f
 ssize_t readv(int fd, const iovec* iov, int cnt) {
   if (cnt > 0 && pl::IsLarge(pl::IovBytes(iov, cnt)) && pl::StateOf(fd) != pl::kNotOurs) {
     if (auto r = pl::AdoptedForTransfer(fd)) {
-      return pl::DirectVecAtOffset(fd, r, false, iov, cnt);
+      return pl::BytesOrFail(pl::DirectVecAtOffset(fd, r, false, iov, cnt));
     }
   }
   pl::BeforeMountUse(fd);
@@ -130,7 +131,7 @@ ssize_t readv(int fd, const iovec* iov, int cnt) {
 ssize_t writev(int fd, const iovec* iov, int cnt) {
   if (cnt > 0 && pl::IsLarge(pl::IovBytes(iov, cnt)) && pl::StateOf(fd) != pl::kNotOurs) {
     if (auto r = pl::AdoptedForTransfer(fd)) {
-      return pl::DirectVecAtOffset(fd, r, true, iov, cnt);
+      return pl::BytesOrFail(pl::DirectVecAtOffset(fd, r, true, iov, cnt));
     }
   }
   pl::BeforeMountWrite(fd);
@@ -140,7 +141,8 @@ ssize_t writev(int fd, const iovec* iov, int cnt) {
 ssize_t preadv(int fd, const iovec* iov, int cnt, off_t off) {
   if (cnt > 0 && off >= 0 && pl::IsLarge(pl::IovBytes(iov, cnt)) &&
       pl::StateOf(fd) != pl::kNotOurs) {
-    if (auto r = pl::AdoptedForTransfer(fd)) return pl::DirectVec(r, false, iov, cnt, off);
+    if (auto r = pl::AdoptedForTransfer(fd))
+      return pl::BytesOrFail(pl::DirectVec(r, false, iov, cnt, off));
   }
   pl::BeforeMountUse(fd);
   return pl::Libc().preadv(fd, iov, cnt, off);
@@ -150,7 +152,8 @@ ssize_t preadv64(int fd, const iovec* iov, int cnt, off_t off) { return preadv(f
 ssize_t pwritev(int fd, const iovec* iov, int cnt, off_t off) {
   if (cnt > 0 && off >= 0 && pl::IsLarge(pl::IovBytes(iov, cnt)) &&
       pl::StateOf(fd) != pl::kNotOurs) {
-    if (auto r = pl::AdoptedForTransfer(fd)) return pl::DirectVec(r, true, iov, cnt, off);
+    if (auto r = pl::AdoptedForTransfer(fd))
+      return pl::BytesOrFail(pl::DirectVec(r, true, iov, cnt, off));
   }
   pl::BeforeMountWrite(fd);
   return pl::Libc().pwritev(fd, iov, cnt, off);

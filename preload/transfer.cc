@@ -23,12 +23,21 @@ namespace {
 // `io(off)` (a direct pread/pwrite-like transfer) at the descriptor's offset -- the kernel's, in
 // the program's descriptor -- which it advances.
 template <typename Io>
-ssize_t AtOffset(int fd, Io io) {
-  off_t off = lseek(fd, 0, SEEK_CUR);
-  if (off < 0) return -1;
-  ssize_t got = io(off);
-  if (got > 0 && lseek(fd, off + got, SEEK_SET) < 0) return -1;
+Result<int64_t> AtOffset(int fd, Io io) {
+  const off_t off = lseek(fd, 0, SEEK_CUR);
+  if (off < 0) return Status::FromErrno(errno, "lseek");
+  Result<int64_t> got = io(off);
+  if (got.ok() && *got > 0 && lseek(fd, off + *got, SEEK_SET) < 0) {
+    return Status::FromErrno(errno, "lseek");
+  }
   return got;
+}
+
+// What the mount reads (a mapped file, bounce buffers the engine could not pin).
+Result<int64_t> ReadThroughMount(AdoptedFile& f, void* buf, size_t n, off_t off) {
+  const ssize_t got = Libc().pread(f.witness, buf, n, off);
+  if (got < 0) return Status::FromErrno(errno, "read through the mount");
+  return static_cast<int64_t>(got);
 }
 
 // Before a direct transfer: the mount's write-behind data of the file lands first when some
@@ -41,51 +50,43 @@ Status DrainMountIfDirty(AdoptedFile& f) {
 
 }  // namespace
 
-ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, size_t n,
-                 off_t off) {
+Result<int64_t> DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, size_t n,
+                         off_t off) {
   AdoptedFile& f = *fp;
   if ((write && !f.can_write) || (!write && !f.can_read)) {
-    errno = EBADF;
-    return -1;
+    return Status::FromErrno(EBADF, write ? "write of a file not open for writing"
+                                          : "read of a file not open for reading");
   }
+  Counters& counters = ProcessCounters();
   if (write) {
     // An earlier write's error is reported now, by the next write.
-    if (Status err = TakeFirstError(f); !err.ok()) {
-      errno = err.ErrnoOr();
-      return -1;
-    }
+    DNVME_RETURN_IF_ERROR(TakeFirstError(f));
     if (BrokerGone(*f.conn)) {
       // The daemon is gone: its mount answers ENOTCONN, and so does this write rather than go on
       // around a dead mount and be contradicted at close. What earlier writes returned is in the
       // backing file (docs/preload.md, Durability).
-      ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
-      errno = ENOTCONN;
-      return -1;
+      counters.errors.fetch_add(1, std::memory_order_relaxed);
+      return Status::FromErrno(ENOTCONN, "write: the mount's daemon is gone");
     }
   }
   // Someone wrote through the mount: what was read ahead may be older than the file, and the
   // mount's write-behind lands before this transfer.
   if (f.word->mount_dirty.load(std::memory_order_seq_cst) != 0) {
     f.data.Invalidate();
-    ProcessCounters().drains.fetch_add(1, std::memory_order_relaxed);
-    if (Status st = LeaseCall(f, broker::Op::kDrain, 0, 0); !st.ok()) {
-      errno = st.ErrnoOr();
-      return -1;
-    }
+    DNVME_RETURN_IF_ERROR(DrainMountIfDirty(f));
   }
-  Status st;
-  ssize_t done = static_cast<ssize_t>(n);
+  Result<int64_t> done = static_cast<int64_t>(n);
   if (write) {
     // ext4 runs an O_DIRECT write that extends the file synchronously, one request after the
     // other (it must update the size when the data is in): reserve the space and extend the file
     // first, so the engine's requests run queue_depth deep into the new range. A reader may see
     // the new size before the bytes, as with any write still in progress.
-    if (Status err = Reserve(f, off, static_cast<int64_t>(off) + static_cast<int64_t>(n));
-        !err.ok()) {
-      ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
-      errno = err.ErrnoOr();
-      return -1;
+    if (Status st = Reserve(f, off, static_cast<int64_t>(off) + static_cast<int64_t>(n));
+        !st.ok()) {
+      counters.errors.fetch_add(1, std::memory_order_relaxed);
+      return st;
     }
+    Status st;
     if (WritePool() != nullptr) {
       st = SubmitWrite(f, static_cast<const char*>(buf), n, off);
       // Pieces submitted before a failure may still land: announce the range all the same.
@@ -95,48 +96,41 @@ ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, void* buf, 
       st = f.data.Change(
           [&] { return engine->sync_pwrite(buf, static_cast<int64_t>(n), f.file, off); });
     }
+    if (!st.ok()) done = st;
+  } else if (IsMapped(f)) {
+    // The program may have written through its mapping: those pages are the kernel's, and only
+    // the mount reads them.
+    return ReadThroughMount(f, buf, n, off);
   } else {
-    if (IsMapped(f)) {
-      // The program may have written through its mapping: those pages are the kernel's, and
-      // only the mount reads them.
-      return Libc().pread(f.witness, buf, n, off);
-    }
-    Result<int64_t> got = ReadThrough(f, static_cast<char*>(buf), static_cast<int64_t>(n), off);
-    if (got.status().code() == Status::Code::kResourceExhausted) {
+    done = ReadThrough(f, static_cast<char*>(buf), static_cast<int64_t>(n), off);
+    if (done.status().code() == Status::Code::kResourceExhausted) {
       // The engine could not pin bounce buffers for a buffer O_DIRECT cannot reach (an
       // unprivileged program's RLIMIT_MEMLOCK already spent): the mount reads it, slower but
       // whole, rather than the program seeing ENOMEM for a read that works without us.
       static std::atomic<bool> told{false};
       if (!told.exchange(true)) {
         dnvme::Logger().warn("dnvme run: {}; such reads go through the mount",
-                             got.status().ToString());
+                             done.status().ToString());
       }
-      ProcessCounters().mount_fallbacks.fetch_add(1, std::memory_order_relaxed);
-      return Libc().pread(f.witness, buf, n, off);
+      counters.mount_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      return ReadThroughMount(f, buf, n, off);
     }
-    if (got.ok()) done = static_cast<ssize_t>(*got);
-    st = got.status();
   }
-  if (!st.ok()) {
-    ProcessCounters().errors.fetch_add(1, std::memory_order_relaxed);
-    dnvme::Logger().debug("dnvme run: {}", st.ToString());
-    errno = st.ErrnoOr();
-    return -1;
+  if (!done.ok()) {
+    counters.errors.fetch_add(1, std::memory_order_relaxed);
+    dnvme::Logger().debug("dnvme run: {}", done.status().ToString());
+    return done;
   }
-  Counters& counters = ProcessCounters();
   if (write) {
     counters.writes.fetch_add(1, std::memory_order_relaxed);
     counters.bytes_written.fetch_add(n, std::memory_order_relaxed);
     NoteWritten(f, off, static_cast<int64_t>(n));
     if (IsMapped(f) || f.word->shared.load(std::memory_order_seq_cst) != 0) {
-      if (Status a = Announce(f); !a.ok()) {
-        errno = a.ErrnoOr();
-        return -1;
-      }
+      DNVME_RETURN_IF_ERROR(Announce(f));
     }
   } else {
     counters.reads.fetch_add(1, std::memory_order_relaxed);
-    counters.bytes_read.fetch_add(static_cast<uint64_t>(done), std::memory_order_relaxed);
+    counters.bytes_read.fetch_add(static_cast<uint64_t>(*done), std::memory_order_relaxed);
   }
   return done;
 }
@@ -147,33 +141,35 @@ size_t IovBytes(const iovec* iov, int cnt) {
   return total;
 }
 
-ssize_t DirectVec(const std::shared_ptr<AdoptedFile>& f, bool write, const iovec* iov, int cnt,
-                  off_t off) {
-  ssize_t total = 0;
+Result<int64_t> DirectVec(const std::shared_ptr<AdoptedFile>& f, bool write, const iovec* iov,
+                          int cnt, off_t off) {
+  int64_t total = 0;
   for (int i = 0; i < cnt; ++i) {
     if (iov[i].iov_len == 0) continue;
-    ssize_t got = DirectIo(f, write, iov[i].iov_base, iov[i].iov_len, off + total);
-    if (got < 0 && total > 0 && write) {
+    Result<int64_t> got = DirectIo(f, write, iov[i].iov_base, iov[i].iov_len, off + total);
+    if (!got.ok()) {
+      if (total == 0) return got;
       // The call returns the bytes already written; the error (a write-behind error DirectIo
       // took, say) must still reach the program: keep it for the next write, fsync or close.
-      KeepFirstError(*f, Status::FromErrno(errno, "write"));
+      if (write) KeepFirstError(*f, got.status());
+      return total;
     }
-    if (got < 0) return total > 0 ? total : -1;
-    total += got;
-    if (static_cast<size_t>(got) < iov[i].iov_len) break;
+    total += *got;
+    if (static_cast<size_t>(*got) < iov[i].iov_len) break;
   }
   return total;
 }
 
-ssize_t DirectVecAtOffset(int fd, const std::shared_ptr<AdoptedFile>& f, bool write,
-                          const iovec* iov, int cnt) {
+Result<int64_t> DirectVecAtOffset(int fd, const std::shared_ptr<AdoptedFile>& f, bool write,
+                                  const iovec* iov, int cnt) {
   return AtOffset(fd, [&](off_t off) { return DirectVec(f, write, iov, cnt, off); });
 }
 
 bool DirectAtOffset(int fd, bool write, void* buf, size_t n, ssize_t* got) {
   auto f = AdoptedForTransfer(fd);
   if (!f) return false;
-  *got = AtOffset(fd, [&](off_t off) { return DirectIo(f, write, buf, n, off); });
+  Result<int64_t> moved = AtOffset(fd, [&](off_t off) { return DirectIo(f, write, buf, n, off); });
+  *got = BytesOrFail(moved);
   return true;
 }
 

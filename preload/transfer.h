@@ -22,16 +22,18 @@
 
 namespace dnvme::preload {
 
-// Transfer of [buf, buf + n) at `off`; returns the bytes moved or -1 with errno. Reads stop at
-// end of file.
-ssize_t DirectIo(const std::shared_ptr<AdoptedFile>& f, bool write, void* buf, size_t n, off_t off);
+// Transfer of [buf, buf + n) at `off`; returns the bytes moved or the error. Reads stop at end of
+// file.
+Result<int64_t> DirectIo(const std::shared_ptr<AdoptedFile>& f, bool write, void* buf, size_t n,
+                         off_t off);
 
 // Vectored: one direct transfer per element, in order, from `off`; stops at the first short one.
-ssize_t DirectVec(const std::shared_ptr<AdoptedFile>& f, bool write, const iovec* iov, int cnt,
-                  off_t off);
+// An error after some bytes moved returns those bytes (a write's error is kept for the next call).
+Result<int64_t> DirectVec(const std::shared_ptr<AdoptedFile>& f, bool write, const iovec* iov,
+                          int cnt, off_t off);
 // The same at `fd`'s file offset, which it advances (readv/writev).
-ssize_t DirectVecAtOffset(int fd, const std::shared_ptr<AdoptedFile>& f, bool write,
-                          const iovec* iov, int cnt);
+Result<int64_t> DirectVecAtOffset(int fd, const std::shared_ptr<AdoptedFile>& f, bool write,
+                                  const iovec* iov, int cnt);
 
 // The bytes of an iovec array.
 size_t IovBytes(const iovec* iov, int cnt);

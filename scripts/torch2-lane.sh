@@ -28,12 +28,14 @@ TREE=/var/tmp/dnvme-trixie
 MIRROR=http://deb.debian.org/debian
 JOBS=$(nproc)
 CTEST_ARGS=()
+CMAKE_ARGS=()
 BINDS=()
 RUN=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --bind) BINDS+=("$(realpath -e "${2:?--bind needs a directory}")") || exit 2; shift 2 ;;
     --run) RUN=${2:?--run needs a command}; shift 2 ;;
+    --cmake) CMAKE_ARGS+=("${2:?--cmake needs an argument}"); shift 2 ;;
     --tree) TREE=${2:?--tree needs a directory}; shift 2 ;;
     --mirror) MIRROR=${2:?--mirror needs a URL}; shift 2 ;;
     --jobs) JOBS=${2:?--jobs needs a number}; shift 2 ;;

@@ -1,7 +1,8 @@
 // The FUSE low-level operations of dnvmefs, one function per op, in the files of fs/fuse/
 // (ops_table.cc puts them into the table libfuse calls; Operations() below hands it out).
 // A passthrough of BACKING_DIR in which file data goes through the engine (datapath/). Every
-// request gets exactly one reply, and errors become errno only in these functions.
+// request gets exactly one reply, through the Reply* helpers (ops_common.h), where a Status
+// becomes an errno.
 //
 // Thread contract: called by the loop threads, any number at once; each op's state lives in the
 // inode (fs/core/inode.h) and its locks.

@@ -126,7 +126,7 @@ void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
 }
 
 // An OPEN's handle: the open charged to the caller, the backing file opened, the engine told.
-Result<FileHandle*> OpenHandle(fuse_req_t req, Fs& fs, Inode& in, int flags) {
+Result<FileHandle*> OpenFileHandle(fuse_req_t req, Fs& fs, Inode& in, int flags) {
   DNVME_ASSIGN_OR_RETURN(UidCharge files, ChargeOpen(req));
   DNVME_ASSIGN_OR_RETURN(UniqueFd fd, OpenBacking(in, flags));
   const bool writes = (flags & O_ACCMODE) != O_RDONLY;
@@ -143,7 +143,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Fs& fs = FsOf(req);
   Inode& in = fs.inodes().Get(ino);
   // No O_TRUNC here: without atomic O_TRUNC (OpInit) the kernel truncates with a SETATTR.
-  Result<FileHandle*> made = OpenHandle(req, fs, in, fi->flags);
+  Result<FileHandle*> made = OpenFileHandle(req, fs, in, fi->flags);
   if (!made.ok()) return ReplyStatus(req, made.status());
   FileHandle* fh = made.value();
   fi->fh = reinterpret_cast<uint64_t>(fh);

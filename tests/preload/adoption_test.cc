@@ -49,7 +49,8 @@ TEST_F(PreloadTest, AdoptsAFileTheBrokerOpensForIt) {
   EXPECT_NE(broker().WordOf(f->lease), nullptr);
   // The engine reads the backing file the broker handed over.
   std::vector<char> got(256 << 10);
-  ASSERT_EQ(DirectIo(f, false, got.data(), got.size(), 4096), static_cast<ssize_t>(got.size()));
+  ASSERT_EQ(DirectIo(f, false, got.data(), got.size(), 4096).value(),
+            static_cast<int64_t>(got.size()));
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i], static_cast<char>((i + 4096) * 7 + 3)) << i;
   }
@@ -61,9 +62,7 @@ TEST_F(PreloadTest, ReadOnlyDescriptorAsksForReadAndRefusesWrites) {
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(broker().Requests(Op::kOpen).at(0).flags, static_cast<uint32_t>(O_RDONLY));
   std::vector<char> buf(4096);
-  errno = 0;
-  EXPECT_EQ(DirectIo(f, true, buf.data(), buf.size(), 0), -1);
-  EXPECT_EQ(errno, EBADF);
+  EXPECT_EQ(DirectIo(f, true, buf.data(), buf.size(), 0).status().ErrnoOr(), EBADF);
 }
 
 TEST_F(PreloadTest, WriteOnlyDescriptorAsksForWriteAndRefusesReads) {
@@ -74,9 +73,7 @@ TEST_F(PreloadTest, WriteOnlyDescriptorAsksForWriteAndRefusesReads) {
   EXPECT_FALSE(f->can_read);
   EXPECT_TRUE(f->can_write);
   std::vector<char> buf(4096);
-  errno = 0;
-  EXPECT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0), -1);
-  EXPECT_EQ(errno, EBADF);
+  EXPECT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0).status().ErrnoOr(), EBADF);
 }
 
 TEST_F(PreloadTest, ANumberThatNamesAnotherFileNowIsAdoptedAgain) {
@@ -239,7 +236,8 @@ TEST_F(PreloadTest, WriteToASharedLeaseIsAnnouncedBeforeItReturns) {
   ASSERT_NE(f, nullptr);
   broker().WordOf(f->lease)->shared.store(1);  // as the daemon does when another opens it
   std::vector<char> data(256 << 10, 'x');
-  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 8192), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 8192).value(),
+            static_cast<int64_t>(data.size()));
   auto wrote = broker().Requests(Op::kWrote);
   ASSERT_EQ(wrote.size(), 1u);
   EXPECT_EQ(wrote[0].offset, 8192);
@@ -256,7 +254,8 @@ TEST_F(PreloadTest, EndOfTheLeaseDrainsAndSendsClose) {
   ASSERT_NE(f, nullptr);
   const uint64_t lease = f->lease;
   std::vector<char> data(3 << 20, 'y');  // extends the file: space reserved, write-behind
-  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 0).value(),
+            static_cast<int64_t>(data.size()));
   EXPECT_TRUE(broker().Requests(Op::kWrote).empty());  // not shared: announced later
   f.reset();
   EXPECT_EQ(CloseFd(fd), 0);
@@ -288,11 +287,13 @@ TEST_F(PreloadTest, MountDirtyIsDrainedBeforeADirectRead) {
   ASSERT_NE(f, nullptr);
   broker().WordOf(f->lease)->mount_dirty.store(1);
   std::vector<char> buf(128 << 10);
-  ASSERT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0), static_cast<ssize_t>(buf.size()));
+  ASSERT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0).value(),
+            static_cast<int64_t>(buf.size()));
   auto drains = broker().Requests(Op::kDrain);
   ASSERT_EQ(drains.size(), 1u);
   EXPECT_EQ(drains[0].lease, f->lease);
-  ASSERT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0), static_cast<ssize_t>(buf.size()));
+  ASSERT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0).value(),
+            static_cast<int64_t>(buf.size()));
   EXPECT_EQ(broker().Requests(Op::kDrain).size(), 1u);  // the broker cleared the flag
 }
 
@@ -303,16 +304,13 @@ TEST_F(PreloadTest, BrokerErrorsBecomeTheCallsErrno) {
   std::vector<char> buf(128 << 10, 'z');
   broker().FailWith(Op::kDrain, ENOLCK);
   broker().WordOf(f->lease)->mount_dirty.store(1);
-  errno = 0;
-  EXPECT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0), -1);
-  EXPECT_EQ(errno, ENOLCK);
+  EXPECT_EQ(DirectIo(f, false, buf.data(), buf.size(), 0).status().ErrnoOr(), ENOLCK);
   broker().FailWith(Op::kDrain, 0);
   broker().WordOf(f->lease)->mount_dirty.store(0);
   broker().FailWith(Op::kWrote, EROFS);
   broker().WordOf(f->lease)->shared.store(1);
-  errno = 0;
-  EXPECT_EQ(DirectIo(f, true, buf.data(), buf.size(), 0), -1);  // the announcement failed
-  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(DirectIo(f, true, buf.data(), buf.size(), 0).status().ErrnoOr(),
+            EROFS);  // the announcement failed
   EXPECT_EQ(FallocateAdopted(f, 0, 0, 4096).ErrnoOr(), EROFS);
 }
 

@@ -178,7 +178,8 @@ TEST_F(DescriptorTableTest, DisownSendsEveryDescriptorOfTheFileBackToTheMount) {
   auto other = Adopted("disown-other.bin", &other_fd);
   ASSERT_NE(other, nullptr);
   std::vector<char> data(256 << 10, 'd');
-  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 0).value(),
+            static_cast<int64_t>(data.size()));
   EXPECT_TRUE(Disown(a).ok());  // fcntl(F_SETFL, O_APPEND) on one of them
   for (int n : {fd, a}) {
     EXPECT_EQ(StateOf(n), kNotOurs) << n;
@@ -200,7 +201,8 @@ TEST_F(DescriptorTableTest, LandWritesWaitsForTheWriteBehind) {
   auto f = Adopted("land.bin", &fd);
   ASSERT_NE(f, nullptr);
   std::vector<char> data(2 << 20, 'l');
-  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 4096), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 4096).value(),
+            static_cast<int64_t>(data.size()));
   EXPECT_TRUE(LandWrites(fd).ok());  // fsync
   EXPECT_EQ(broker().WordOf(f->lease)->writes_inflight.load(), 0u);
   std::vector<char> back(data.size());
@@ -214,7 +216,8 @@ TEST_F(DescriptorTableTest, BeforeMapAnnouncesAndThenEveryWriteAtOnce) {
   auto f = Adopted("map.bin", &fd);
   ASSERT_NE(f, nullptr);
   std::vector<char> data(256 << 10, 'm');
-  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 0).value(),
+            static_cast<int64_t>(data.size()));
   EXPECT_TRUE(broker().Requests(Op::kWrote).empty());
   EXPECT_FALSE(IsMapped(*f));
   BeforeMap(fd);
@@ -223,8 +226,8 @@ TEST_F(DescriptorTableTest, BeforeMapAnnouncesAndThenEveryWriteAtOnce) {
   ASSERT_EQ(wrote.size(), 1u);  // what was written around the mount, before the mapping
   EXPECT_EQ(wrote[0].offset, 0);
   EXPECT_EQ(wrote[0].length, static_cast<int64_t>(data.size()));
-  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 1 << 20),
-            static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(DirectIo(f, true, data.data(), data.size(), 1 << 20).value(),
+            static_cast<int64_t>(data.size()));
   wrote = broker().Requests(Op::kWrote);
   ASSERT_EQ(wrote.size(), 2u);  // the mapping's pages are the kernel's: told before it returns
   EXPECT_EQ(wrote[1].offset, 1 << 20);

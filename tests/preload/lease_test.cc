@@ -146,9 +146,8 @@ TEST_F(LeaseTest, TheEndOfTheLeaseClosesTheWitnessAndRefusesLaterWrites) {
   EXPECT_EQ(f->witness, -1);
   EXPECT_EQ(fcntl(witness, F_GETFD), -1);
   std::vector<char> data(256 << 10, 'e');
-  errno = 0;
-  EXPECT_EQ(DirectIo(f, true, data.data(), data.size(), 0), -1);
-  EXPECT_EQ(errno, EBADF);  // the lease word may be another file's by now
+  // The lease word may be another file's by now.
+  EXPECT_EQ(DirectIo(f, true, data.data(), data.size(), 0).status().ErrnoOr(), EBADF);
   EXPECT_EQ(broker().Requests(Op::kWrote).size(), 0u);
 }
 
