@@ -72,8 +72,13 @@ class HandleImpl {
       for (auto& w : workers_) static_cast<void>(w.release());
       return;
     }
+    Quiesce();
+  }
+
+  // Waits for every pending operation, then joins the workers (their queues are empty by then).
+  void Quiesce() {
     for (auto& op : pending_) op->WaitDone();
-    workers_.clear();  // joins; queues are empty by now
+    workers_.clear();
   }
 
   Status StartWorkers() {
@@ -471,6 +476,11 @@ Status AioHandle::fsync(const std::string& path) {
 }
 
 HandleStats AioHandle::stats() const { return impl_->Stats(); }
+
+HandleStats AioHandle::Retire() {
+  impl_->Quiesce();
+  return impl_->Stats();
+}
 
 Result<PinnedBuffer> AioHandle::new_cpu_locked_buffer(size_t num_bytes) {
   return PinnedBuffer::Allocate(num_bytes, 4096);

@@ -22,11 +22,11 @@ Status Engines::Start(const HandleConfig& c) {
 
 void Engines::ReapRetiredLocked() {
   for (auto it = retired_.begin(); it != retired_.end();) {
-    // Only this list holds it, and nobody can take a new reference: destroying it waits for its
+    // Only this list holds it, and nobody can take a new reference: Retire waits for its
     // in-flight operations (their callbacks take an inode's WriteBehind or ReadAhead mutex, which
-    // this thread does not hold).
+    // this thread does not hold), so they are counted too.
     if (it->use_count() == 1) {
-      retired_stats_ += (*it)->stats();
+      retired_stats_ += (*it)->Retire();
       it->reset();
       it = retired_.erase(it);
     } else {

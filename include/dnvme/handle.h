@@ -236,6 +236,10 @@ class AioHandle {
   Status fsync(int fd);
 
   HandleStats stats() const;
+  // Waits for every operation submitted so far (callbacks included) and stops the workers, then
+  // returns the final stats: what a handle's last user calls so that operations still in flight
+  // are counted. Nothing may be submitted afterwards; destroying the handle is all that is left.
+  HandleStats Retire();
 
   // The new_cpu_locked_tensor equivalent: page-locked, page-aligned, zeroed host memory. Freed by
   // destroying the PinnedBuffer (free_cpu_locked_tensor).
