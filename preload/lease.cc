@@ -36,7 +36,11 @@ Status Announce(AdoptedFile& f) {
   }
   if (lo < 0) return Status::Ok();
   ProcessCounters().invalidations.fetch_add(1, std::memory_order_relaxed);
-  return LeaseCall(f, broker::Op::kWrote, lo, hi - lo);
+  Status st = LeaseCall(f, broker::Op::kWrote, lo, hi - lo);
+  // Not announced: the range stays pending, for the next announcement or the lease's close, so
+  // the kernel's cached pages of it are dropped after all.
+  if (!st.ok()) NoteWritten(f, lo, hi - lo);
+  return st;
 }
 
 void NoteWritten(AdoptedFile& f, int64_t off, int64_t len) {

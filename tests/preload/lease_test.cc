@@ -82,6 +82,16 @@ TEST_F(LeaseTest, ALeaseCallCarriesTheLeaseAndTheBrokersErrno) {
   NoteWritten(*f, 0, 10);
   st = Announce(*f);
   EXPECT_EQ(st.ErrnoOr(), EROFS) << st.ToString();
+  // Not announced: the range stays pending and goes with the next announcement.
+  EXPECT_TRUE(HasPending(*f));
+  broker().FailWith(Op::kWrote, 0);
+  NoteWritten(*f, 100, 10);
+  ASSERT_TRUE(Announce(*f).ok());
+  auto wrote = broker().Requests(Op::kWrote);
+  ASSERT_FALSE(wrote.empty());
+  EXPECT_EQ(wrote.back().offset, 0);
+  EXPECT_EQ(wrote.back().length, 110);
+  EXPECT_FALSE(HasPending(*f));
 }
 
 TEST_F(LeaseTest, MappedIsRememberedForTheLifeOfTheFile) {
