@@ -77,7 +77,9 @@ std::string SizeText(int64_t n) {
 
 // A bound of a range: 4G-1 rather than 4294967295.
 std::string BoundText(int64_t n) {
-  if (n % 1024 != 0 && (n + 1) % 1024 == 0) return SizeText(n + 1) + "-1";
+  if (n % 1024 != 0 && n < std::numeric_limits<int64_t>::max() && (n + 1) % 1024 == 0) {
+    return SizeText(n + 1) + "-1";
+  }
   return SizeText(n);
 }
 
