@@ -34,7 +34,10 @@ int64_t ReadAhead::Read(const FileRef& file, const WindowRead& r, ReadReply* rep
     served = Serve(file, r, &pieces);
     pieces.CopyTo(r.copy_to);
   }  // the pieces' pins go: the chunks they emptied are free for the window now
-  if (shared_->chunks != nullptr) {
+  // Refilled at once only when the window held the whole read: otherwise the caller reads the
+  // rest on demand next, and fetches queued now would run ahead of that read it waits for (the
+  // next read refills the window anyway).
+  if (shared_->chunks != nullptr && served == r.n) {
     std::lock_guard lock(m_);
     if (r.generation == generation_ && next_ == r.off + r.n) {
       DropBehindLocked(r.off + r.n);

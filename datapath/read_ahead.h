@@ -107,8 +107,9 @@ class ReadAhead {
   // continues or starts a sequence (see the file comment). Returns the bytes served; a failed
   // chunk ends them (the caller's on-demand read then reports the error properly). The pieces
   // are appended to `reply`, pointing into the chunks it keeps alive -- or, with `r.copy_to`,
-  // copied there, and the chunks this read emptied go straight back to the window for the bytes
-  // after it (a reply keeps its chunks until it is sent, so the window refills at the next read).
+  // copied there, and when the window held the whole read the chunks it emptied go straight back
+  // to the window for the bytes after it (a reply keeps its chunks until it is sent, so the window
+  // refills at the next read).
   // Nothing of the rest is read: that is the caller's (datapath/file_data.h).
   int64_t Read(const FileRef& file, const WindowRead& r, ReadReply* reply);
   // How many times the window was invalidated. A reader samples it before it drains the file's
