@@ -131,8 +131,7 @@ class FileData {
 
   // Folds data not yet on disk into `st` (size and mtime, WriteBehind::ApplyPending).
   void ApplyPending(struct stat* st) { wb_.ApplyPending(st); }
-  // For tests and stats.
-  int flushes_inflight() { return wb_.inflight(); }
+  // For tests.
   int fetches_inflight() { return ra_.inflight(); }
   int64_t window() { return ra_.window(); }
 
