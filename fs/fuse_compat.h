@@ -17,21 +17,22 @@
 //
 //   INIT's capability flags (3.17 adds the 64-bit conn->want_ext)
 //     init() may still change conn->want: 3.17 folds it into want_ext after init() returns. But
-//     fuse_apply_conn_info_opts (-o sync_read, no_splice_write, ...) of 3.17.0-3.17.2 (Debian 13
-//     has 3.17.2) changes want_ext only, and 3.17 then refuses INIT (EPROTO, "both 'want' and
-//     'want_ext' are set") for an init() that changed want too. ApplyConnInfoOpts keeps the two
-//     in step on every version.
+//     fuse_apply_conn_info_opts (-o sync_read, no_splice_write, ...) of upstream 3.17.1 and 3.17.2
+//     changes want_ext only, and then refuses INIT (EPROTO, "both 'want' and 'want_ext' are set")
+//     for an init() that changed want too (Debian 13's 3.17.2-3 carries 3.17.3's fix).
+//     ApplyConnInfoOpts keeps the two in step on every version.
 //     FUSE_PARALLEL_DIROPS: 3.14 wants it by default but never sends it to the kernel; 3.17 sends
 //     it when init() wants it (fs/fuse/ops_table.cc OpInit does), so there lookups and readdirs
 //     of one directory really run in parallel.
 //
 //   INIT's request size
-//     Both clamp conn->max_write to the session's buffer (256 pages plus a header page: 1 MiB of
-//     payload) and send max_pages for the clamped max_write; 3.14 clamps before init(), 3.17
-//     after it. The daemon's own loops read into their own buffers and raise max_pages on the
-//     wire (fs/transport/protocol_ext.h). libfuse's own loop (clone_fd=1) keeps 1 MiB buffers on
-//     3.14 and grows them on 3.17; fs/options.cc refuses max_request above 1 MiB with clone_fd=1
-//     for both.
+//     Both size the session's buffer for 256 pages (1 MiB of payload). 3.14 clamps conn->max_write
+//     to it before init(), so the max_request init() sets reaches the kernel whole; 3.17 clamps
+//     after init() (but for its own loop, clone_fd=1, whose buffers then grow), so -o max_request
+//     above 1 MiB would reach the kernel as 1 MiB. The daemon's own loops read into their own
+//     buffers: ProtocolExtensions puts max_request and its pages back into the reply
+//     (fs/transport/protocol_ext.h, Wanted::max_write). fs/options.cc refuses max_request above
+//     1 MiB with clone_fd=1 for both.
 //     The protocol minor of INIT's reply: Debian 12's 3.14 answers with the kernel's, 3.17 with
 //     its own (7.40); the kernel takes the lower of the two.
 //
@@ -60,9 +61,6 @@
 #endif
 
 namespace dnvme::fs {
-
-// Whether the installed libfuse headers have 3.17's additions (clone_fd, want_ext).
-inline constexpr bool kFuse317 = FUSE_VERSION >= FUSE_MAKE_VERSION(3, 17);
 
 // A new /dev/fuse fd reading the same connection as `master_fd` (FUSE_DEV_IOC_CLONE), as libfuse
 // opens one per loop thread for -o clone_fd=1. The fd, or -1 with errno set.
@@ -105,7 +103,7 @@ inline int SetCustomIo(fuse_session* se, const fuse_custom_io& io, int fd) {
 }
 
 // fuse_apply_conn_info_opts for init(), which may have changed conn->want already: on 3.17 the
-// options land in want_ext (3.17.0-3.17.2) or in both, so want and want_ext are made equal before
+// options land in want_ext (3.17.1, 3.17.2) or in both, so want and want_ext are made equal before
 // and after, and libfuse's conversion after init() finds nothing to refuse.
 inline void ApplyConnInfoOpts(fuse_conn_info_opts* opts, fuse_conn_info* conn) {
 #if FUSE_VERSION >= FUSE_MAKE_VERSION(3, 17)

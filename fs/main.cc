@@ -188,7 +188,8 @@ void ChooseExtensions(dnvme::fs::Fs& fs) {
       {.passthrough = want,
        .io_uring = t != nullptr && t->kind() == dnvme::fs::Transport::Kind::kUring,
        .direct_io_mmap = fs.mount().opts().direct_io == dnvme::fs::DirectIo::kWritable,
-       .spare_page = true});
+       .spare_page = true,
+       .max_write = static_cast<uint32_t>(fs.mount().opts().max_request)});
 }
 
 }  // namespace

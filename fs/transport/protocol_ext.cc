@@ -92,6 +92,14 @@ ssize_t ProtocolExtensions::WriteReply(int fd, iovec* iov, int count) {
             kernel_minor_.load());
       }
       uint32_t flags = our_flags;
+      if (h.error == 0 && wanted_.max_write > Load32(out + wire::kInitOutMaxWrite)) {
+        Store32(out + wire::kInitOutMaxWrite, wanted_.max_write);
+        const uint32_t pages = (wanted_.max_write - 1) / 4096 + 1;
+        if ((offered & wire::kMaxPages) && pages <= UINT16_MAX) {
+          Store16(out + wire::kInitOutMaxPages, static_cast<uint16_t>(pages));
+          flags |= static_cast<uint32_t>(wire::kMaxPages);
+        }
+      }
       if (h.error == 0 && wanted_.spare_page && (offered & wire::kMaxPages)) {
         // libfuse wrote max_write's own page count (or none); one more lets an unaligned buffer
         // of max_write bytes through whole. The kernel clamps it to its limit.

@@ -80,6 +80,10 @@ class ProtocolExtensions {
     bool io_uring = false;        // the transport is FUSE over io_uring (fs/transport/uring_loop.h)
     bool direct_io_mmap = false;  // FUSE_DIRECT_IO_ALLOW_MMAP, where the kernel offers it
     bool spare_page = false;      // max_pages = max_write / 4 KiB + 1 (above)
+    // The largest request the transport reads (max_request). libfuse 3.17 clamps the reply's
+    // max_write to its own 1 MiB buffers, which the daemon's loops do not use, after init()
+    // (fs/fuse_compat.h); the reply gets it back, with the pages for it. 0: libfuse's.
+    uint32_t max_write = 0;
   };
   ProtocolExtensions() = default;
   // What to ask for at INIT; call before the session loop runs (the daemon knows only after its

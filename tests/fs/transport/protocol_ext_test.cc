@@ -162,6 +162,43 @@ TEST(ProtocolExtensionsTest, OnlyTheFirstReplyIsTouchedAndOtherRequestsAreIgnore
   EXPECT_EQ(At(sent, wire::kInitOutMaxStackDepth), 0u);
 }
 
+// libfuse 3.17 clamps max_write to its own 1 MiB buffers after init(), 3.14 does not
+// (fs/fuse_compat.h): the reply gets the transport's request size back, with its pages.
+TEST(ProtocolExtensionsTest, RestoresTheMaxWriteLibfuseClampedToItsBuffers) {
+  const uint64_t offered = wire::kInitExt | wire::kMaxPages;
+  {
+    ProtocolExtensions ext;
+    ext.Want({.spare_page = true, .max_write = 4 << 20});
+    auto req = InitRequest(45, offered);
+    ext.ObserveRequest(req.data(), req.size());
+    auto sent = SendInitReply(ext, static_cast<uint32_t>(wire::kMaxPages));
+    EXPECT_EQ(At(sent, wire::kInitOutMaxWrite), 4u << 20);
+    EXPECT_TRUE(At(sent, wire::kInitOutFlags) & wire::kMaxPages);
+    EXPECT_EQ(At16(sent, wire::kInitOutMaxPages), 1025u) << "4 MiB's pages and the spare one";
+    EXPECT_EQ(ext.max_pages_asked(), 1025u);
+  }
+  {
+    ProtocolExtensions ext;  // no spare page: max_write's own pages
+    ext.Want({.max_write = 2 << 20});
+    auto req = InitRequest(45, offered);
+    ext.ObserveRequest(req.data(), req.size());
+    auto sent = SendInitReply(ext, 0);
+    EXPECT_EQ(At(sent, wire::kInitOutMaxWrite), 2u << 20);
+    EXPECT_TRUE(At(sent, wire::kInitOutFlags) & wire::kMaxPages);
+    EXPECT_EQ(At16(sent, wire::kInitOutMaxPages), 512u);
+  }
+  {
+    ProtocolExtensions ext;  // what libfuse sent already: nothing changes
+    ext.Want({.max_write = 1 << 20});
+    auto req = InitRequest(45, offered);
+    ext.ObserveRequest(req.data(), req.size());
+    auto sent = SendInitReply(ext, 0);
+    EXPECT_EQ(At(sent, wire::kInitOutMaxWrite), 1u << 20);
+    EXPECT_EQ(At(sent, wire::kInitOutFlags), 0u);
+    EXPECT_EQ(At16(sent, wire::kInitOutMaxPages), 256u);
+  }
+}
+
 // direct_io opens that may be mmapped (7.39) and one page above max_write's for unaligned
 // buffers: each only where the kernel offered it, and nothing else of the reply changes.
 TEST(ProtocolExtensionsTest, AddsDirectIoMmapAndASparePageWhereOffered) {
