@@ -16,6 +16,9 @@ struct Counters {
   std::atomic<uint64_t> bytes_written_sync{0};    // written through the engine before returning
   std::atomic<uint64_t> bytes_read_ahead_hit{0};  // served from the read-ahead window
   std::atomic<uint64_t> bytes_read_engine{0};     // read through the engine on demand
+  std::atomic<uint64_t> bytes_read_cached{0};     // read through the page cache (ReadPolicy)
+  // Part of bytes_written_behind flushed through the page cache (ReadPolicy::CachesWrites).
+  std::atomic<uint64_t> bytes_written_cached{0};
   std::atomic<uint64_t> write_behind_flushes{0};
   std::atomic<uint64_t> read_ahead_fetches{0};
   std::atomic<uint64_t> errors{0};
@@ -29,10 +32,10 @@ struct Counters {
 
   // Zeroes every counter (a forked `dnvme run` child counts what it does itself).
   void Reset() {
-    for (auto* c :
-         {&write_ops, &read_ops, &bytes_written_behind, &bytes_written_sync, &bytes_read_ahead_hit,
-          &bytes_read_engine, &write_behind_flushes, &read_ahead_fetches, &errors,
-          &bytes_written_spliced, &bytes_splice_fallback, &bytes_written_adopted}) {
+    for (auto* c : {&write_ops, &read_ops, &bytes_written_behind, &bytes_written_sync,
+                    &bytes_read_ahead_hit, &bytes_read_engine, &bytes_read_cached,
+                    &bytes_written_cached, &write_behind_flushes, &read_ahead_fetches, &errors,
+                    &bytes_written_spliced, &bytes_splice_fallback, &bytes_written_adopted}) {
       c->store(0, std::memory_order_relaxed);
     }
   }

@@ -55,7 +55,6 @@ Result<int64_t> FileData::ReadShrunk(int fd, char* buf, int64_t n, int64_t off) 
 }
 
 Result<int64_t> FileData::Read(OpenFile& o, const FileRef& file, const FileRead& r) {
-  Counters* const counters = shared_->reads.counters;
   // Before the drain: a change after it makes what the window would fetch suspect.
   const uint64_t generation = ra_.Generation();
   int64_t file_size = 0;
@@ -63,25 +62,81 @@ Result<int64_t> FileData::Read(OpenFile& o, const FileRef& file, const FileRead&
   if (!readable.ok() || *readable == 0) return readable;
   const int64_t n = *readable;
   if (r.window == Window::kDrop) ra_.Invalidate();
+  std::vector<ResidentRun> plan;
+  if (r.window == Window::kSkip) {
+    plan.push_back({r.off, n, false});  // an O_DIRECT reader asked for the device
+  } else {
+    ReadPolicy policy = shared_->policy;
+    // The mount sent this open to the engine: only what is cached comes from the cache.
+    if (!r.may_fill && policy.mode == ReadCache::kAuto) policy.mode = ReadCache::kResident;
+    plan = policy.Plan(file.buffered_fd(), r.off, n, file_size);
+  }
+  int64_t done = 0;
+  for (const ResidentRun& run : plan) {
+    const int64_t at = run.off - r.off;
+    Result<int64_t> got = run.resident ? ReadCached(file, r, at, run.len)
+                                       : ReadDevice(o, file, r, at, run.len, file_size, generation);
+    if (!got.ok()) return done > 0 ? Result<int64_t>(done) : got;  // a short read, as read(2)
+    done += *got;
+    if (*got < run.len) break;  // the file ends here now
+  }
+  return done;
+}
+
+Result<int64_t> FileData::ReadCached(const FileRef& file, const FileRead& r, int64_t at,
+                                     int64_t len) {
+  Counters* const counters = shared_->reads.counters;
+  char* const dst = r.buf + at;
+  const int64_t off = r.off + at;
+  int64_t got = 0;
+  std::shared_ptr<AioHandle> engine;
+  if (len >= shared_->policy.parallel_from && shared_->reads.engine)
+    engine = shared_->reads.engine();
+  Status st = engine ? engine->sync_pread_cached(dst, len, file, off)
+                     : Status::FromErrno(EAGAIN, "no engine");
+  if (st.ok()) {
+    got = len;
+  } else {
+    // One thread then (no engine, or the file ended inside the run: what is there now, as
+    // read(2) would answer).
+    Result<int64_t> now = ReadShrunk(file.buffered_fd(), dst, len, off);
+    if (!now.ok()) {
+      if (counters != nullptr) counters->errors.fetch_add(1, std::memory_order_relaxed);
+      return now.status();
+    }
+    got = *now;
+  }
+  if (counters != nullptr) {
+    counters->bytes_read_cached.fetch_add(static_cast<uint64_t>(got), std::memory_order_relaxed);
+  }
+  if (r.reply != nullptr && got > 0) r.reply->iov.push_back({dst, static_cast<size_t>(got)});
+  return got;
+}
+
+Result<int64_t> FileData::ReadDevice(OpenFile& o, const FileRef& file, const FileRead& r,
+                                     int64_t at, int64_t len, int64_t file_size,
+                                     uint64_t generation) {
+  Counters* const counters = shared_->reads.counters;
+  const int64_t off = r.off + at;
   int64_t served = 0;
   if (r.window == Window::kUse) {
     WindowRead w;
-    w.off = r.off;
-    w.n = n;
+    w.off = off;
+    w.n = len;
     w.file_size = file_size;
     w.generation = generation;
     w.starts_sequence = o.read_only && !o.read_before.exchange(true);
-    w.copy_to = r.reply == nullptr ? r.buf : nullptr;
+    w.copy_to = r.reply == nullptr ? r.buf + at : nullptr;
     served = ra_.Read(file, w, r.reply);
   }
-  if (served == n) return n;
-  char* const rest = r.buf + served;
-  const int64_t want = n - served;
-  Status st = shared_->reads.engine()->sync_pread(rest, want, file, r.off + served);
+  if (served == len) return len;
+  char* const rest = r.buf + at + served;
+  const int64_t want = len - served;
+  Status st = shared_->reads.engine()->sync_pread(rest, want, file, off + served);
   int64_t got = want;
   if (st.code() == Status::Code::kEndOfFile) {
     // Truncated meanwhile: what is there now, as read(2) would answer.
-    Result<int64_t> now = ReadShrunk(r.shrunk_fd, rest, want, r.off + served);
+    Result<int64_t> now = ReadShrunk(r.shrunk_fd, rest, want, off + served);
     if (!now.ok()) return now.status();
     got = *now;
   } else if (!st.ok()) {

@@ -15,6 +15,10 @@
 //     descriptor.
 //   - A read at offset 0 starts a sequential sequence, and so does the first read of a read-only
 //     open wherever it is (a loader that seeks past a header first).
+//   - Where the bytes come from is the ReadPolicy's (datapath/read_policy.h): the runs of the read
+//     the backing file's page cache holds (or, for a file that fits in memory, should hold) are
+//     read from it, the rest through the window and the engine. An O_DIRECT reader (Window::kSkip)
+//     is never served from the page cache: it asked for the device.
 //   - Errors of flushes reach each open file description once (ErrorCursor in OpenFile): a
 //     writer's close peeks (Flush), an fsync takes (Sync), a reader hears nothing.
 //
@@ -34,6 +38,7 @@
 
 #include "datapath/extent_source.h"
 #include "datapath/read_ahead.h"
+#include "datapath/read_policy.h"
 #include "datapath/write_behind.h"
 #include "dnvme/handle.h"
 #include "dnvme/status.h"
@@ -46,6 +51,9 @@ namespace dnvme::datapath {
 struct FileDataShared {
   WriteBehindShared writes;
   ReadAheadShared reads;
+  // Page cache or engine, per run of a read (kOff, the engine for everything, unless the user
+  // sets it: the mount from -o read_cache, `dnvme run` from DNVME_PRELOAD_READ_CACHE).
+  ReadPolicy policy;
   // How the rest of a read is read when the file shrank under it (pread(2) by default): the
   // preloaded library passes libc's own, past its interposers.
   ssize_t (*pread)(int fd, void* buf, size_t n, off_t off) = nullptr;
@@ -80,6 +88,10 @@ struct FileRead {
   ReadReply* reply = nullptr;
   // A buffered descriptor of the file, for the rest of a read that found the file shrunk.
   int shrunk_fd = -1;
+  // Whether a cold run of a file that fits in memory may be read through the page cache
+  // (ReadCache::kAuto): false for an open the mount sent to the engine because its opener's
+  // memory did not fit the file (ReadPolicy::ColdReadsToEngine).
+  bool may_fill = true;
 };
 
 class FileData {
@@ -138,6 +150,12 @@ class FileData {
  private:
   // Readable(), and the file's size in `*file_size`.
   Result<int64_t> DrainAndClamp(const FileRef& file, int64_t off, int64_t size, int64_t* file_size);
+  // One run of a read (`at` bytes into it, `len` long) from the page cache, into r.buf at its
+  // place (and appended to r.reply). Fewer bytes than `len`: the file ends there now.
+  Result<int64_t> ReadCached(const FileRef& file, const FileRead& r, int64_t at, int64_t len);
+  // One run through the window (unless r.window says not) and the engine.
+  Result<int64_t> ReadDevice(OpenFile& o, const FileRef& file, const FileRead& r, int64_t at,
+                             int64_t len, int64_t file_size, uint64_t generation);
 
   const FileDataShared* shared_;
   WriteBehind wb_;

@@ -1,5 +1,7 @@
 #include "datapath/write_behind.h"
 
+#include <sys/stat.h>
+
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -175,6 +177,22 @@ void WriteBehind::FinishFlush(const Status& st, bool adopted) {
 Status WriteBehind::SubmitFlushWrite(AioHandle& engine, const char* data, int64_t n,
                                      const FileRef& file, int64_t at, Completion done,
                                      const Latch& latch) {
+  bool cached = false;
+  if (shared_->policy != nullptr && shared_->policy->cache_writes) {
+    struct stat st {};
+    const int64_t size = fstat(file.buffered_fd(), &st) == 0 ? st.st_size : 0;
+    cached = shared_->policy->CachesWrites(std::max(size, at + n));
+  }
+  if (cached) {
+    shared_->counters->bytes_written_cached.fetch_add(static_cast<uint64_t>(n),
+                                                      std::memory_order_relaxed);
+    if (latch) latch->Add();
+    Status st = engine.submit_pwrite_cached(data, n, file, at, std::move(done), [latch] {
+      if (latch) latch->Done();
+    });
+    if (!st.ok() && latch) latch->Done();  // not queued: no notice will come
+    return st;
+  }
   if (!latch) return engine.submit_pwrite(data, n, file, at, std::move(done));
   latch->Add();
   Status st = engine.submit_pwrite(data, n, file, at, std::move(done), [latch] { latch->Done(); });

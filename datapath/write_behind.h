@@ -63,6 +63,7 @@
 #include "datapath/counters.h"
 #include "datapath/extent_source.h"
 #include "datapath/pipe.h"
+#include "datapath/read_policy.h"
 #include "datapath/splice_io.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
@@ -87,6 +88,10 @@ struct WriteBehindShared {
   // The current engine (the mount's config.set may swap it): asked once per submission.
   std::function<std::shared_ptr<AioHandle>()> engine;
   Counters* counters = nullptr;
+  // Whether a flush goes through the page cache (ReadPolicy::CachesWrites: a file that fits in
+  // memory under read_cache=auto) or O_DIRECT; null: always O_DIRECT. FileData's user points it
+  // at FileDataShared::policy.
+  const ReadPolicy* policy = nullptr;
 };
 
 // Told of every flush of one file as it starts (before its first engine request) and as it
@@ -164,9 +169,9 @@ class WriteBehind {
   void FlushLocked(const Latch& latch);
   void FlushAdoptedLocked(Extent e, const Latch& latch);
   // One engine write of a flush; with `latch`, counted until it is in the kernel.
-  static Status SubmitFlushWrite(AioHandle& engine, const char* data, int64_t n,
-                                 const FileRef& file, int64_t at, Completion done,
-                                 const Latch& latch);
+  // Through the page cache when shared_->policy says so for the file (fstat: its size now).
+  Status SubmitFlushWrite(AioHandle& engine, const char* data, int64_t n, const FileRef& file,
+                          int64_t at, Completion done, const Latch& latch);
   // A flush completed (engine or splice thread): record its error, wake waiters.
   void FinishFlush(const Status& st, bool adopted);
   void FinishFlushLocked(const Status& st, bool adopted);

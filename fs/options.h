@@ -17,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "datapath/read_policy.h"
 #include "dnvme/config.h"
 #include "dnvme/status.h"
 
@@ -153,6 +154,20 @@ struct MountOptions {
   // clears (docs/tuning.md). Needs kernel 6.9+ and CAP_SYS_ADMIN (kept dormant only then);
   // where either is missing the mount logs it and serves every open.
   Passthrough passthrough = Passthrough::kRead;
+  // Which reads the page cache serves (datapath/read_policy.h): `auto`, what it holds and every
+  // read of a file that fits in half the memory available (so a file read again, read by several
+  // readers at once, or read back after it was written comes from memory, as on plain ext4); the
+  // cold reads of a larger file go O_DIRECT through the engine and leave the cache alone.
+  // `resident`: only what it holds; `off`: nothing (every daemon read O_DIRECT). It also decides
+  // a read-only open of a file of engine_reads_from bytes or more: passthrough (the backing
+  // file's page cache) or the daemon's engine, with FOPEN_DIRECT_IO (ColdReadsToEngine).
+  // Measured on both reference devices: docs/performance.md, "Readers".
+  datapath::ReadCache read_cache = datapath::ReadCache::kAuto;
+  int64_t engine_reads_from = 64 << 20;
+  // Write-behind flushes of a file that fits in half the memory available go through the page
+  // cache (ReadPolicy::cache_writes): read back at once, it comes from memory. Off: measured a
+  // loss (write + fsync at the kernel's writeback speed) larger than the read-back's gain.
+  bool cache_writes = false;
   // FUSE over io_uring (fs/transport/uring_loop.h), when the kernel has it enabled
   // (/sys/module/fuse/parameters/enable_uring); otherwise logged and /dev/fuse is used.
   bool io_uring = false;
@@ -245,7 +260,8 @@ struct OptionName {
 using OptionField =
     std::variant<std::monostate, bool MountOptions::*, std::optional<bool> MountOptions::*,
                  int MountOptions::*, int64_t MountOptions::*, DirectIo MountOptions::*,
-                 Passthrough MountOptions::*, std::string MountOptions::*>;
+                 Passthrough MountOptions::*, datapath::ReadCache MountOptions::*,
+                 std::string MountOptions::*>;
 
 // One -o option: its name, how its text is read, where it goes, and what the help says.
 struct MountOptionSpec {
@@ -277,6 +293,13 @@ inline constexpr OptionName kDirectIoNames[] = {
     {static_cast<int>(DirectIo::kOff), "off"},
     {static_cast<int>(DirectIo::kWriteOnly), "wronly"},
     {static_cast<int>(DirectIo::kWritable), "writable"}};
+inline constexpr OptionName kReadCacheNames[] = {
+    {static_cast<int>(datapath::ReadCache::kAuto),
+     datapath::ReadCacheName(datapath::ReadCache::kAuto)},
+    {static_cast<int>(datapath::ReadCache::kResident),
+     datapath::ReadCacheName(datapath::ReadCache::kResident)},
+    {static_cast<int>(datapath::ReadCache::kOff),
+     datapath::ReadCacheName(datapath::ReadCache::kOff)}};
 // spdlog's level names, which SetLogLevel takes.
 inline constexpr OptionName kLogLevelNames[] = {{0, "trace"}, {1, "debug"}, {2, "info"},
                                                 {3, "warn"},  {4, "error"}, {5, "critical"},
@@ -363,6 +386,16 @@ inline std::span<const MountOptionSpec> MountOptionTable() {
           "opens the kernel serves from the backing file itself: none, read-only O_DIRECT, "
           "read-only, all (0: off); kernel 6.9+, root")
           .Names(kPassthroughNames),
+      Opt("read_cache", K::kEnum, &MO::read_cache, G::kMount,
+          "reads the page cache serves: what it holds and files that fit half the free memory, "
+          "only what it holds, none (then O_DIRECT)")
+          .Names(kReadCacheNames),
+      Opt("cache_writes", K::kBool, &MO::cache_writes, G::kMount,
+          "flush writes of files that fit half the free memory through the page cache"),
+      Opt("engine_reads_from", K::kSize, &MO::engine_reads_from, G::kMount,
+          "read-only opens of files this large whose cold reads read_cache sends to the engine "
+          "are served by the daemon, not passthrough")
+          .Pages(),
 
       Opt("ctl_max_handles", K::kInt, &MO::ctl_max_handles, G::kLimits, "control-file handles")
           .Range(0, 4096),

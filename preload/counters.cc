@@ -38,6 +38,9 @@ std::string Counters::JsonLine(pid_t pid, const AioHandle* engine) const {
          ", \"invalidations\": " + v(invalidations) +
          ", \"errors\": " + std::to_string(errors.load() + data.errors.load()) +
          ", \"stale\": " + v(stale) + ", \"readahead_bytes\": " + v(data.bytes_read_ahead_hit) +
+         ", \"cached_bytes\": " + v(data.bytes_read_cached) +
+         ", \"cached_write_bytes\": " + v(data.bytes_written_cached) +
+         ", \"engine_read_bytes\": " + v(data.bytes_read_engine) +
          ", \"map_fills\": " + v(map_fills) + ", \"map_filled\": " + v(map_filled) +
          ", \"mount_fallbacks\": " + v(mount_fallbacks) + EngineFields(engine) + "}\n";
 }

@@ -47,6 +47,18 @@ const Settings& PreloadSettings() {
       if (end && *end == '\0' && n >= 0) v.map_fill = n;
     }
     if (const char* e = getenv("DNVME_PRELOAD_STATS"); e && *e) v.stats_file = e;
+    if (const char* e = getenv("DNVME_PRELOAD_CACHE_WRITES"); e && *e && std::strcmp(e, "0") != 0) {
+      v.cache_writes = true;
+    }
+    std::string bad_read_cache;
+    if (const char* e = getenv("DNVME_PRELOAD_READ_CACHE"); e && *e) {
+      auto c = datapath::ParseReadCache(e);
+      if (c.ok()) {
+        v.read_cache = c.value();
+      } else {
+        bad_read_cache = c.status().message();
+      }
+    }
     if (const char* e = getenv("DNVME_PRELOAD_CONFIG"); e && *e) v.config_file = e;
     // The affinity mask, not the machine's CPUs: a program pinned with taskset or a cpuset gets
     // as many engine threads as it can run.
@@ -59,6 +71,10 @@ const Settings& PreloadSettings() {
     }
     if (const char* e = getenv("DNVME_PRELOAD_LOG"); !(e && *e && dnvme::SetLogLevel(e).ok())) {
       (void)dnvme::SetLogLevel("warn");  // unset or not a level: the default, not spdlog's info
+    }
+    if (!bad_read_cache.empty()) {  // after the level is set: warn is the default
+      dnvme::Logger().warn("dnvme run: DNVME_PRELOAD_READ_CACHE: {}; using auto",
+                           LogEscape(bad_read_cache));
     }
     return v;
   }();

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "datapath/read_policy.h"
+
 namespace dnvme::preload {
 
 struct Settings {
@@ -18,6 +20,12 @@ struct Settings {
   std::string stats_file;           // DNVME_PRELOAD_STATS: a JSON line per process at exit
   std::string config_file;          // DNVME_PRELOAD_CONFIG: the engine's HandleConfig
   int64_t readahead = 32 << 20;     // DNVME_PRELOAD_READAHEAD: bytes of read-ahead buffers; 0 off
+  // DNVME_PRELOAD_READ_CACHE (auto, resident, off): which reads the page cache serves
+  // (datapath/read_policy.h); a value that is none of them is warned about and auto used.
+  datapath::ReadCache read_cache = datapath::ReadCache::kAuto;
+  // DNVME_PRELOAD_CACHE_WRITES=1: writes of a file that fits go through the page cache
+  // (datapath/read_policy.h, cache_writes); off by default.
+  bool cache_writes = false;
   // DNVME_PRELOAD_MAP_FILL: read-only mappings of at least this many bytes are filled at mmap
   // (map_fill.h); 0, the default, off: measured slower than the kernel's own faults on both
   // devices here (docs/performance-journal.md, "Issue 36").

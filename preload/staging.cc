@@ -140,6 +140,11 @@ AioHandle* Engine() {
   r.initial_window = kAheadChunk;
   r.engine = ProcessEngine;
   r.counters = &ProcessCounters().data;
+  // The page cache serves what it holds, and every read of a file that fits in memory (so the
+  // next reader, this process or another, finds it there): datapath/read_policy.h.
+  g_engine.data.policy.mode = settings.read_cache;
+  g_engine.data.policy.cache_writes = settings.cache_writes;
+  w.policy = &g_engine.data.policy;
   return g_engine.engine;
 }
 

@@ -122,7 +122,8 @@ class HandleImpl {
   Result<std::shared_ptr<OpState>> Start(OpType type, const void* buffer, int64_t num_bytes,
                                          const Target& target, int64_t file_offset, bool validate,
                                          Completion on_done = nullptr,
-                                         Submitted on_submitted = nullptr) {
+                                         Submitted on_submitted = nullptr,
+                                         bool page_cache = false) {
     const std::string label = target.Label();
     const char* verb = OpTypeName(type);
     // A forked child inherits this object but not the worker threads (nor the aio contexts):
@@ -177,10 +178,11 @@ class HandleImpl {
     op->buffer = static_cast<char*>(const_cast<void*>(buffer));
     op->validate = validate;
     op->fdatasync_at_end = write && config_.fdatasync_on_write;
+    op->page_cache = page_cache;
 
     // Cut points are multiples of the file's edge alignment, so the slices' aligned bodies meet
     // exactly and only the operation's own first and last pages can be edges.
-    const int64_t align = op->file->direct_fd >= 0 ? op->file->edge_align : 4096;
+    const int64_t align = op->file->direct_fd >= 0 && !page_cache ? op->file->edge_align : 4096;
     const int64_t end = file_offset + num_bytes;
     const int64_t n_workers = static_cast<int64_t>(workers_.size());
     const int64_t per = (num_bytes + n_workers - 1) / n_workers;
@@ -215,8 +217,8 @@ class HandleImpl {
   }
 
   Status RunSync(OpType type, const void* buffer, int64_t n, const Target& target, int64_t off,
-                 bool validate) {
-    auto op = Start(type, buffer, n, target, off, validate);
+                 bool validate, bool page_cache = false) {
+    auto op = Start(type, buffer, n, target, off, validate, nullptr, nullptr, page_cache);
     if (!op.ok()) return op.status();
     op.value()->WaitDone();
     return op.value()->result.status;
@@ -423,6 +425,12 @@ Status AioHandle::sync_pread(void* buffer, int64_t n, const FileRef& file, int64
                         false);
 }
 
+Status AioHandle::sync_pread_cached(void* buffer, int64_t n, const FileRef& file, int64_t off) {
+  if (!file.valid()) return NoFile();
+  return impl_->RunSync(OpType::kRead, buffer, n, HandleImpl::Target{nullptr, -1, file.file_}, off,
+                        false, /*page_cache=*/true);
+}
+
 Status AioHandle::sync_pwrite(const void* buffer, int64_t n, const FileRef& file, int64_t off) {
   if (!file.valid()) return NoFile();
   return impl_->RunSync(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, -1, file.file_}, off,
@@ -447,6 +455,14 @@ Status AioHandle::submit_pwrite(const void* buffer, int64_t n, const FileRef& fi
   if (!file.valid()) return NoFile();
   auto op = impl_->Start(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, -1, file.file_},
                          off, false, std::move(done), std::move(submitted));
+  return op.ok() ? Status::Ok() : op.status();
+}
+
+Status AioHandle::submit_pwrite_cached(const void* buffer, int64_t n, const FileRef& file,
+                                       int64_t off, Completion done, Submitted submitted) {
+  if (!file.valid()) return NoFile();
+  auto op = impl_->Start(OpType::kWrite, buffer, n, HandleImpl::Target{nullptr, -1, file.file_},
+                         off, false, std::move(done), std::move(submitted), /*page_cache=*/true);
   return op.ok() ? Status::Ok() : op.status();
 }
 

@@ -31,6 +31,9 @@ struct OpState {
   // Set with on_submitted: the tail edge is written before the direct part, so the notice need
   // not wait for the direct part to complete. Read-only once the op is posted.
   bool tail_first = false;
+  // Every slice through the page cache (the buffered descriptor), O_DIRECT or not: a read the page
+  // cache serves or should keep (AioHandle::sync_pread_cached). Read-only once the op is posted.
+  bool page_cache = false;
 
   std::atomic<int> slices_left{0};
   std::atomic<int> slices_unsubmitted{0};

@@ -556,7 +556,7 @@ void Worker::StartSlice(Slice slice) {
   const int64_t begin = slice.offset;
   const int64_t end = slice.offset + slice.length;
   int64_t err_off = begin;
-  if (f.direct_fd < 0) {
+  if (f.direct_fd < 0 || slice.op->page_cache) {
     Status st = Buffered(slice, begin, end, &err_off);
     slice.op->SliceSubmitted();
     CompleteSlice(slice, std::move(st), err_off, end);

@@ -24,6 +24,9 @@ struct MountCounters : datapath::Counters, ReplyCounters {
   // through the daemon).
   std::atomic<uint64_t> passthrough_opens{0}, passthrough_refused{0};
   std::atomic<int64_t> backing_files{0};
+  // Read-only opens whose reads the daemon serves from the engine instead of passthrough
+  // (datapath/read_policy.h, ColdReadsToEngine: a cold file larger than its reader's memory).
+  std::atomic<uint64_t> engine_opens{0};
   // Raises `at_most` to `n` if it is smaller.
   static void NoteMax(std::atomic<uint64_t>& at_most, uint64_t n) {
     uint64_t cur = at_most.load(std::memory_order_relaxed);

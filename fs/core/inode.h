@@ -94,6 +94,9 @@ struct FileHandle : OpenHandle {
   // The kernel serves this open from the backing file (fs/fuse/passthrough.h): no READ or
   // WRITE of it reaches the daemon.
   bool passthrough = false;
+  // A read-only open the read policy sent to the engine (fs/fuse/passthrough.h, OpenMode): its
+  // cold reads never fill the page cache.
+  bool engine_reads = false;
   // This description's place in the file's data path: its share of the flush errors, whether it
   // wrote, whether it read yet (datapath/file_data.h).
   datapath::OpenFile open;

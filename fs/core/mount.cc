@@ -79,6 +79,9 @@ Status Mount::Start() {
   data_shared_.reads.initial_window = std::min<int64_t>(opts_.read_ahead, kReadAheadFirstWindow);
   data_shared_.reads.engine = engine;
   data_shared_.reads.counters = &counters_;
+  data_shared_.policy.mode = opts_.read_cache;
+  data_shared_.policy.cache_writes = opts_.cache_writes;
+  data_shared_.writes.policy = &data_shared_.policy;
   if (opts_.async_reply) {
     // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
     auto pool = PinnedPool::Create(static_cast<size_t>(kMaxFuseRequestBytes), kAsyncReplyBuffers);

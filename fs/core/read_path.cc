@@ -62,6 +62,7 @@ Result<int64_t> Read(Mount& mount, FileHandle& fh, char* scratch, size_t size, o
   r.buf = scratch;
   r.reply = reply;
   r.shrunk_fd = fh.fd.get();
+  r.may_fill = !fh.engine_reads;
   return fh.inode->data.Read(fh.open, fh.file, r);
 }
 

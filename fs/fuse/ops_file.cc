@@ -115,14 +115,23 @@ void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
   Inode& in = *fh->inode;
   const bool leased = in.leases.count() > 0;
   if (leased) in.leases.MarkShared();
-  AfterLeaseWrites(fs, in, /*share_if_busy=*/false, "the open", [req, &fs, fh, fi, entry, leased] {
-    Inode& in = *fh->inode;
-    const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi.flags) : OpenMode{};
-    fh->passthrough = how.passthrough;
-    if (leased) fs.AfterExternalWrite(in);
-    const bool answered = entry ? ReplyCreate(req, *entry, fi, how) : ReplyOpen(req, fi, how);
-    if (!answered) AbandonOpen(fs, fh);  // the opener was interrupted
-  });
+  const Opener opener{fh->fd.get(), fuse_req_ctx(req)->pid};
+  AfterLeaseWrites(
+      fs, in, /*share_if_busy=*/false, "the open",
+      [req, &fs, fh, fi, entry, leased, opener]() mutable {
+        Inode& in = *fh->inode;
+        const OpenMode how = S_ISREG(in.type) ? BeginOpen(fs, in, fi.flags, opener) : OpenMode{};
+        fh->passthrough = how.passthrough;
+        if (how.engine) {
+          // Each read(2) reaches the daemon whole (no FUSE page cache, no read-ahead of the
+          // kernel's in small requests), and mmap still works (FUSE_DIRECT_IO_ALLOW_MMAP).
+          fi.direct_io = 1;
+          fh->engine_reads = true;
+        }
+        if (leased) fs.AfterExternalWrite(in);
+        const bool answered = entry ? ReplyCreate(req, *entry, fi, how) : ReplyOpen(req, fi, how);
+        if (!answered) AbandonOpen(fs, fh);  // the opener was interrupted
+      });
 }
 
 // An OPEN's handle: the open charged to the caller, the backing file opened, the engine told.

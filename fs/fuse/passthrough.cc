@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/fuse.h>
 #include <sys/capability.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <cmath>
@@ -85,6 +86,20 @@ void CloseBacking(Fs& fs, Inode& in, int32_t id) {
   if (!st.ok()) Logger().warn("closing backing id {} of inode {}: {}", id, in.ino, st.ToString());
 }
 
+// A read-only open whose cold reads the read policy sends to the engine (passthrough.h). Asks
+// the kernel for the file's size and samples its residency: microseconds, and only for opens of
+// files of engine_reads_from bytes or more.
+bool EngineReads(Fs& fs, int flags, const Opener& opener) {
+  const MountOptions& o = fs.mount().opts();
+  if ((flags & O_ACCMODE) != O_RDONLY || opener.fd < 0 || !fs.mount().protocol().direct_io_mmap()) {
+    return false;
+  }
+  struct stat st {};
+  if (fstat(opener.fd, &st) != 0 || st.st_size < o.engine_reads_from) return false;
+  return fs.mount().data_shared()->policy.ColdReadsToEngine(opener.fd, st.st_size, opener.pid,
+                                                            o.engine_reads_from);
+}
+
 uint64_t TimeoutSec(double t) { return t <= 0 ? 0 : static_cast<uint64_t>(t); }
 uint32_t TimeoutNsec(double t) {
   if (t <= 0) return 0;
@@ -113,7 +128,7 @@ fuse_attr AttrOf(const struct stat& s) {
 
 }  // namespace
 
-OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
+OpenMode BeginOpen(Fs& fs, Inode& in, int flags, const Opener& opener) {
   OpenModes& m = in.modes;
   std::lock_guard lock(m.mu);
   if (m.passthrough > 0) {
@@ -121,6 +136,11 @@ OpenMode BeginOpen(Fs& fs, Inode& in, int flags) {
     ++m.passthrough;
     fs.mount().counters().passthrough_opens.fetch_add(1, std::memory_order_relaxed);
     return {true, m.backing_id};
+  }
+  if (EngineReads(fs, flags, opener)) {
+    ++m.other;
+    fs.mount().counters().engine_opens.fetch_add(1, std::memory_order_relaxed);
+    return {.engine = true};
   }
   if (m.other > 0 || !Wants(fs.mount().opts(), flags) || !fs.mount().protocol().passthrough()) {
     ++m.other;

@@ -47,11 +47,25 @@ namespace dnvme::fs::ops {
 struct OpenMode {
   bool passthrough = false;
   int32_t backing_id = -1;
+  // Not passthrough: a read-only open of a large cold file whose reads the daemon serves from the
+  // engine (datapath/read_policy.h, ColdReadsToEngine), sent with FOPEN_DIRECT_IO so that each
+  // read(2) reaches the daemon whole and nothing is cached twice.
+  bool engine = false;
+};
+
+// Who opens, for the read policy: the open's backing descriptor (residency is asked of it) and
+// the opener's pid (its memory cgroup is where passthrough reads would be charged).
+struct Opener {
+  int fd = -1;
+  pid_t pid = 0;
 };
 
 // Decides how the kernel opens `in` (regular files) for open(2) flags `flags`, and counts the
-// open; every BeginOpen is matched by one EndOpen with the same `passthrough`.
-OpenMode BeginOpen(Fs& fs, Inode& in, int flags);
+// open; every BeginOpen is matched by one EndOpen with the same `passthrough`. A read-only open
+// goes to the engine instead of passthrough when the mount's read policy says so for this file
+// and its opener, and the kernel lets direct_io opens be mmapped (FUSE_DIRECT_IO_ALLOW_MMAP);
+// an inode with passthrough opens keeps its every open passthrough (the kernel's rule above).
+OpenMode BeginOpen(Fs& fs, Inode& in, int flags, const Opener& opener);
 void EndOpen(Fs& fs, Inode& in, bool passthrough);
 
 // The bodies of the open and create replies libfuse 3.14 cannot build: its fuse_reply_open and

@@ -210,6 +210,13 @@ class AioHandle {
   Status sync_pread(void* buffer, int64_t num_bytes, const FileRef& file, int64_t file_offset);
   Status sync_pwrite(const void* buffer, int64_t num_bytes, const FileRef& file,
                      int64_t file_offset);
+  // A read through the page cache (the file's buffered descriptor), cut into slices on the
+  // workers as every operation is: the page cache serves what it holds and keeps what the kernel
+  // reads for it, as read(2) does, while the copy and the faults of the caller's fresh pages are
+  // shared among the workers (one thread copying a large read is what bounds it). For reads the
+  // page cache holds or should keep (datapath/read_policy.h); counted as bytes_buffered.
+  Status sync_pread_cached(void* buffer, int64_t num_bytes, const FileRef& file,
+                           int64_t file_offset);
   Status submit_pread(void* buffer, int64_t num_bytes, const FileRef& file, int64_t file_offset,
                       Completion done);
   Status submit_pwrite(const void* buffer, int64_t num_bytes, const FileRef& file,
@@ -223,6 +230,12 @@ class AioHandle {
   Status submit_pwrite(const void* buffer, int64_t num_bytes, const FileRef& file,
                        int64_t file_offset, Completion done, Submitted submitted);
 
+  // submit_pwrite with the notice, through the page cache (the buffered descriptor) on every
+  // slice: the bytes stay cached for the next reader and go to the disk by the kernel's writeback
+  // (fsync makes them durable, as for write(2)); the notice comes once every slice's pwrite(2)
+  // returned. For a file the page cache should keep (datapath/read_policy.h).
+  Status submit_pwrite_cached(const void* buffer, int64_t num_bytes, const FileRef& file,
+                              int64_t file_offset, Completion done, Submitted submitted);
   // Blocks until every queued asynchronous operation has finished; returns how many finished since
   // the previous wait() (0 when none was pending). Their outcomes, in submission order, are then in
   // completed() until the next wait().

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -953,6 +954,59 @@ TEST_F(StatsTest, RangeInsideOneBlockIsAllBuffered) {
     EXPECT_EQ(d->bytes_buffered, 10u) << d->ToJson();
     EXPECT_EQ(d->bytes_direct + d->bytes_bounce, 0u) << d->ToJson();
   }
+}
+
+// sync_pread_cached: the page cache serves and keeps the read (mincore of a mapping of the file
+// shows its pages resident afterwards, none before), every slice through the buffered descriptor
+// even on a file open O_DIRECT, the bytes exact at any offset and length, and end of file reported
+// as by sync_pread.
+TEST_F(HandleTest, CachedReadGoesThroughThePageCacheOnEveryWorkerAndKeepsThePages) {
+  constexpr int64_t kSize = 8 * kMiB + 300;
+  const std::string path = Path("cached");
+  ASSERT_TRUE(test::WritePatternFile(path, kSize, 7));
+  {
+    // Written through the page cache: land it and drop it, so the read must fetch it again.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::fdatasync(fd), 0);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+  }
+  auto resident_pages = [&] {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    void* m = ::mmap(nullptr, kSize, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) return -1;
+    std::vector<unsigned char> vec(static_cast<size_t>((kSize + 4095) / 4096));
+    int n = ::mincore(m, kSize, vec.data()) == 0 ? 0 : -1;
+    for (unsigned char v : vec) n += (n >= 0 && (v & 1)) ? 1 : 0;
+    ::munmap(m, kSize);
+    return n;
+  };
+  ASSERT_EQ(resident_pages(), 0) << "the file should have left the page cache";
+  HandleConfig c = SmallConfig(4, false, true);
+  auto h = AioHandle::Create(c);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  auto f = (*h)->open_file(path, FileAccess::kRead);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(f->direct()) << "the scratch file system takes O_DIRECT";
+  AlignedBuffer buf(kSize + 4096);
+  // An unaligned offset and length into an unaligned buffer: nothing here could go O_DIRECT.
+  const int64_t off = 4096 + 17, n = kSize - off - 5;
+  const HandleStats before = (*h)->stats();
+  Status st = (*h)->sync_pread_cached(buf.data() + 3, n, *f, off);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(test::MatchesPattern(buf.data() + 3, static_cast<size_t>(n), off, 7));
+  const HandleStats after = (*h)->stats();
+  EXPECT_EQ(after.bytes_buffered - before.bytes_buffered, static_cast<uint64_t>(n));
+  EXPECT_EQ(after.bytes_direct + after.bytes_bounce, before.bytes_direct + before.bytes_bounce);
+  EXPECT_EQ(after.requests, before.requests) << "no libaio request";
+  EXPECT_EQ(after.ops_read - before.ops_read, 1u);
+  // The pages the read touched stay: every page of [off, off + n).
+  EXPECT_GE(resident_pages(), static_cast<int>((off + n) / 4096 - off / 4096));
+  st = (*h)->sync_pread_cached(buf.data(), 2 * kMiB, *f, kSize - kMiB);
+  EXPECT_EQ(st.code(), Code::kEndOfFile) << st.ToString();
+  EXPECT_TRUE(test::MatchesPattern(buf.data(), kMiB, kSize - kMiB, 7)) << "what exists is read";
 }
 
 TEST_F(StatsTest, SingleSubmitIsOneCallPerRequest) {

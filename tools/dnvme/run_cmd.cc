@@ -1,5 +1,5 @@
 // `dnvme run [--mount MNT]... [--min-bytes SIZE] [--config FILE] [--stats FILE] [--no-torch-hook]
-// -- CMD ARGS`:
+// [--read-cache auto|resident|off] [--cache-writes] -- CMD ARGS`:
 // runs CMD with libdnvme_preload.so preloaded (docs/preload.md), so its large reads and writes of
 // files on dnvmefs mounts go to the backing files through its own engine, with no FUSE copy.
 #include <limits.h>
@@ -82,6 +82,8 @@ Command AddRunCommand(CLI::App& parent) {
     std::string config;
     std::string stats;
     bool no_torch_hook = false;
+    std::string read_cache;
+    bool cache_writes = false;
     std::vector<std::string> cmd;
   };
   auto o = std::make_shared<Opts>();
@@ -100,6 +102,15 @@ Command AddRunCommand(CLI::App& parent) {
   c.app->add_flag("--no-torch-hook", o->no_torch_hook,
                   "Leave torch.save to torch (by default a Python program's torch.save of a file "
                   "on the mount writes through deepnvme: docs/preload.md)");
+  c.app
+      ->add_option("--read-cache", o->read_cache,
+                   "Which reads the page cache serves: auto (what it holds, and every read of a "
+                   "file that fits in half the memory available), resident (only what it holds), "
+                   "off (none: every large read O_DIRECT); default auto (docs/preload.md)")
+      ->check(CLI::IsMember({"auto", "resident", "off"}));
+  c.app->add_flag("--cache-writes", o->cache_writes,
+                  "Write files that fit in half the memory available through the page cache, so "
+                  "that a read right after finds them there (off by default: slower writes)");
   c.app->add_option("cmd", o->cmd, "The command and its arguments (after --)")->required();
   c.run = [o]() -> int {
     auto min = ParseSize(o->min_bytes);
@@ -133,6 +144,8 @@ Command AddRunCommand(CLI::App& parent) {
     if (!mounts.empty()) setenv("DNVME_PRELOAD_MOUNTS", mounts.c_str(), 1);
     if (!o->config.empty()) setenv("DNVME_PRELOAD_CONFIG", o->config.c_str(), 1);
     if (!o->stats.empty()) setenv("DNVME_PRELOAD_STATS", o->stats.c_str(), 1);
+    if (!o->read_cache.empty()) setenv("DNVME_PRELOAD_READ_CACHE", o->read_cache.c_str(), 1);
+    if (o->cache_writes) setenv("DNVME_PRELOAD_CACHE_WRITES", "1", 1);
     if (o->no_torch_hook) {
       setenv("DNVME_PRELOAD_TORCH", "0", 1);
     } else if (const std::string hook = FindPythonHook(); !hook.empty()) {

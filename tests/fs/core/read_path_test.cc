@@ -32,8 +32,9 @@ constexpr int64_t kFile = 8 * kMiB;
 
 class ReadPathTest : public dnvme::test::ScratchTest {
  protected:
-  void StartMount(bool async_reply) {
+  void StartMount(bool async_reply, datapath::ReadCache read_cache = datapath::ReadCache::kOff) {
     MountOptions o;
+    o.read_cache = read_cache;
     o.engine.block_size = 256 << 10;
     o.engine.queue_depth = 8;
     o.write_behind = 8 * kMiB;
@@ -106,6 +107,41 @@ TEST_F(ReadPathTest, ABufferedReaderIsReadAheadAndAnsweredWithoutACopy) {
   EXPECT_GT(mount_->counters().read_ahead_fetches.load(), 0u);
   EXPECT_GT(pinned_pieces, 0) << "replies point into the read-ahead chunks";
   EXPECT_EQ(mount_->counters().read_ops.load(), 16u);
+  EXPECT_TRUE(inode_->data.Release().ok());
+}
+
+// The mount's default read policy on a file the page cache holds (it was just written through
+// it): every READ is read from the page cache into the scratch buffer, nothing from the device;
+// an engine open (fs/fuse/passthrough.h) of the same file, evicted, reads from the device and
+// leaves the cache alone.
+TEST_F(ReadPathTest, TheDefaultPolicyServesACachedFileFromThePageCache) {
+  StartMount(false, MountOptions().read_cache);
+  ASSERT_TRUE(WritePatternFile(Path("warm"), kFile));
+  FileHandle& fh = OpenHandle("warm", /*writable=*/false, /*client_direct=*/false);
+  for (int64_t off = 0; off < 2 * kMiB; off += kMiB) {
+    datapath::ReadReply reply;
+    Result<int64_t> n = Read(*mount_, fh, scratch_.data(), kMiB, off, &reply);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    ASSERT_EQ(reply.iov.size(), 1u);
+    EXPECT_EQ(reply.iov[0].iov_base, scratch_.data());
+    EXPECT_TRUE(MatchesPattern(scratch_.data(), kMiB, off));
+  }
+  EXPECT_EQ(mount_->counters().bytes_read_cached.load(), static_cast<uint64_t>(2 * kMiB));
+  EXPECT_EQ(mount_->counters().bytes_read_engine.load(), 0u);
+  EXPECT_EQ(mount_->counters().read_ahead_fetches.load(), 0u);
+  ASSERT_EQ(fdatasync(fh.fd.get()), 0);
+  ASSERT_EQ(posix_fadvise(fh.fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  FileHandle& engine_open = OpenHandle("warm", false, false);
+  engine_open.engine_reads = true;
+  datapath::ReadReply reply;
+  Result<int64_t> n = Read(*mount_, engine_open, scratch_.data(), kMiB, 4 * kMiB, &reply);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  std::vector<char> got = Bytes(reply);
+  EXPECT_TRUE(MatchesPattern(got.data(), got.size(), 4 * kMiB));
+  EXPECT_EQ(mount_->counters().bytes_read_cached.load(), static_cast<uint64_t>(2 * kMiB));
+  EXPECT_GT(
+      mount_->counters().bytes_read_engine.load() + mount_->counters().bytes_read_ahead_hit.load(),
+      0u);
   EXPECT_TRUE(inode_->data.Release().ok());
 }
 
