@@ -4,6 +4,7 @@
 
 Usage (root): bench/readers.py --dir DIR [--size 2G] [--rounds 3] [--clients a,b,...]
                                [--paths ext4,mount,run,tmpfs] [--mount-opts OPTS] [--bin DIR]
+                               [--run-opts OPTS] [--scenarios cold,warm,shared4,...]
 
 DIR is the device under test (bench/fastdev.sh's RAM ext4, or a directory on the disk). The
 script mounts dnvmefs itself (BIN/dnvmefs DIR/backing DIR/mnt -f [-o OPTS], in its own session;
@@ -26,6 +27,22 @@ Clients (--clients, default all; SIZE bytes of data each, rates over the file's 
   h5py         f["d"][...] of a contiguous float32 dataset (no chunks, no filter)
   safetensors  8-byte little-endian header length, JSON header of 16 F32 tensors, raw bytes
                (written here, no package): mmap, np.frombuffer per tensor, one read per page
+  pyread       a Python loop of 1 MiB readinto() calls into one bytearray (a plain loader's
+               read loop: the page cache's speed shows in it)
+  st-load      the safetensors package (python3-safetensors, Debian 13's: the torch 2.6 lane)
+               load_file(F) of a safetensors file written by its save_file
+  st-open      safe_open(F, "pt") and get_tensor of every tensor (the package's lazy reader)
+Scenarios (--scenarios, default cold,warm,shared2,shared4,shared8,readback,big; cold is every
+client's, the others fio's and pyread's only):
+  cold         the file dropped from the page cache first (drop() below)
+  warm         the same read again at once (the file read a second time)
+  sharedN      N processes of the client read the one cold file at once (fio: --numjobs=N,
+               group-reported; pyread: N processes, from the first start to the last end)
+  readback     the file written through the path by the client (fio write + fsync; pyread:
+               1 MiB writes + fsync), then read at once: save, then load or validate
+  big          read in a memory cgroup whose limit is half the file (larger than the reader's
+               free memory), after a 64 MiB hot file was read there: "hot kept" is how much of
+               the hot file the page cache still holds after the big read
 Every round, each client reads on each path, the path order reversed from one client to the next
 and every other round (so each pair of paths alternates, and consecutive cells on the same file
 share it). A file is written untimed by its own process (through the mount without `dnvme run`
@@ -61,7 +78,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
-from benchlib import size_arg  # noqa: E402
+from benchlib import MemoryCgroup, evict, resident_bytes, size_arg  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
@@ -69,17 +86,20 @@ KNOB = "/sys/module/page_reporting/parameters/min_free_ms"
 GiB = 1 << 30
 PATHS = ("ext4", "mount", "run", "tmpfs")
 # client: (kind of file it reads, what it needs)
-CLIENTS = {"fio": ("bin", ["fio"]), "dd": ("bin", []), "cp": ("bin", []),
+CLIENTS = {"fio": ("bin", ["fio"]), "pyread": ("bin", []), "dd": ("bin", []), "cp": ("bin", []),
            "np": ("npy", ["numpy"]), "np-mmap": ("npy", ["numpy"]),
            "torch": ("pt", ["torch"]), "torch-ds": ("ds", ["torch", "deepnvme"]),
            "torch-mmap": ("pt", ["torch", "mmap"]), "ds-load": ("ds", ["torch", "deepnvme"]),
-           "h5py": ("h5", ["numpy", "h5py"]), "safetensors": ("st", ["numpy"])}
+           "h5py": ("h5", ["numpy", "h5py"]), "safetensors": ("st", ["numpy"]),
+           "st-load": ("stp", ["torch", "safetensors"]), "st-open": ("stp", ["torch", "safetensors"])}
+SCENARIOS = ("cold", "warm", "shared2", "shared4", "shared8", "readback", "big")
+SCENARIO_CLIENTS = ("fio", "pyread")  # the clients of every scenario but cold
 
 # What this interpreter has: {name: None, or why not}.
 PROBE = r"""
 import inspect, json
 r = {"torch_version": None}
-for m in ("numpy", "torch", "h5py", "deepnvme"):
+for m in ("numpy", "torch", "h5py", "deepnvme", "safetensors"):
     try:
         mod, r[m] = __import__(m), None
     except Exception as e:
@@ -117,6 +137,11 @@ elif kind == "h5":
             d[i:i + step] = rng.random(min(step, size // 4 - i), dtype=np.float32)
     with h5py.File(path, "r") as f:
         assert f["d"].chunks is None and f["d"].compression is None
+elif kind == "stp":
+    import torch
+    from safetensors.torch import save_file
+    save_file({"t%02d" % i: torch.from_numpy(rng.random(per, dtype=np.float32))
+               for i in range(n)}, path)
 elif kind == "st":
     hdr = {"t%02d" % i: {"dtype": "F32", "shape": [per], "data_offsets": [i * per * 4,
                                                                           (i + 1) * per * 4]}
@@ -140,6 +165,10 @@ if client == "ds-load":
     import deepnvme
 if client == "h5py":
     import h5py
+if client.startswith("st-"):
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file
 def busy():
     f = open("/proc/stat").readline().split()[1:]
     return (int(f[0]) + int(f[1]) + int(f[2]) + int(f[5]) + int(f[6])) / os.sysconf("SC_CLK_TCK")
@@ -147,7 +176,17 @@ def touch(a):  # one read per 4 KiB page, and the last byte
     b = a.reshape(-1).view(np.uint8)
     return int(b[::4096].sum()) + int(b[-1]) if b.size else 0
 c0, t0 = busy(), time.monotonic()
-if client == "np":
+if client == "pyread":
+    buf = bytearray(1 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+elif client == "st-load":
+    s = load_file(path)
+elif client == "st-open":
+    with safe_open(path, "pt") as f:
+        s = {k: f.get_tensor(k) for k in f.keys()}
+elif client == "np":
     a = np.load(path)
 elif client == "np-mmap":
     touch(np.load(path, mmap_mode="r"))
@@ -170,7 +209,17 @@ elif client == "safetensors":
         if k != "__metadata__":
             a, b = v["data_offsets"]
             touch(np.frombuffer(m, dtype=np.float32, count=(b - a) // 4, offset=8 + hl + a))
-print(time.monotonic() - t0, busy() - c0)
+print(time.monotonic() - t0, busy() - c0, t0, time.monotonic())
+"""
+# pyread's writer (readback): 1 MiB writes of random bytes, then fsync; timed by the caller.
+PYWRITE = r"""
+import os, sys
+path, size = sys.argv[1], int(sys.argv[2])
+block = os.urandom(1 << 20)
+with open(path, "wb", buffering=0) as f:
+    for i in range(0, size, 1 << 20):
+        f.write(block[:min(1 << 20, size - i)])
+    os.fsync(f.fileno())
 """
 
 
@@ -282,6 +331,9 @@ def main():
                     default=list(CLIENTS))
     ap.add_argument("--paths", type=list_arg(PATHS, "path"), default=list(PATHS))
     ap.add_argument("--mount-opts", default="")
+    ap.add_argument("--run-opts", default="",
+                    help="options of `dnvme run` for the run path (e.g. '--read-cache off')")
+    ap.add_argument("--scenarios", type=list_arg(SCENARIOS, "scenario"), default=list(SCENARIOS))
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--warm", type=lambda t: 0 if t.strip() == "0" else size_arg(t), default=None,
                     help="memory touched and freed after each drop_caches (default: 3 x --size, "
@@ -322,7 +374,7 @@ def main():
     for x in (backing, mnt, plain, shm):
         os.makedirs(x, exist_ok=True)
     where = {"ext4": plain, "mount": mnt, "run": mnt, "tmpfs": shm}
-    run = [dnvme, "run", "--mount", mnt, "--"]
+    run = [dnvme, "run", "--mount", mnt] + a.run_opts.split() + ["--"]
     raw_file = os.path.join(d, "raw.bin")
     res, fails, sizes = {}, {}, {}
     saved, mount, cur = None, None, None
@@ -362,7 +414,8 @@ def main():
             _, c, out = timed(fio(raw_file, a.size, "read", True))
             note("raw", fio_secs(out), c - base["raw"], a.size)
 
-        def cell(client, p):
+        def ensure(client, p):
+            """The client's file on path p (written once, untimed); its path."""
             nonlocal cur
             kind = CLIENTS[client][0]
             f = os.path.join(where[p], "r." + kind)
@@ -376,29 +429,127 @@ def main():
                     cur = None
                     raise
                 sizes[kind] = os.path.getsize(f)
-            drop()
-            pre = run if p == "run" else []
+            return f
+
+        def read(client, p, f, pre=None):
+            """One timed read of f by client; (seconds, machine CPU seconds)."""
+            pre = (run if p == "run" else []) if pre is None else pre
             if client == "fio":
-                _, c, out = timed(pre + fio(f, sizes[kind], "read", False))
-                s, c = fio_secs(out), c - base[p]
-            elif client in ("dd", "cp"):
+                _, c, out = timed(pre + fio(f, os.path.getsize(f), "read", False) +
+                                  ["--invalidate=0"])
+                return fio_secs(out), c - base[p]
+            if client in ("dd", "cp"):
                 cmd = ["dd", "if=" + f, "of=/dev/null", "bs=1M"] if client == "dd" else \
                     ["cp", f, "/dev/null"]
                 s, c, _ = timed(pre + cmd)
-            else:
-                s, c = map(float, timed(pre + [PY, "-c", READ, client, f], env)[2].split())
-            note(client + " " + p, s, c, sizes[kind])
+                return s, c
+            s, c = map(float, timed(pre + [PY, "-c", READ, client, f], env)[2].split()[:2])
+            return s, c
+
+        def cell(client, p):
+            """Cold, then (fio, pyread) warm: the same read again at once."""
+            f = ensure(client, p)
+            drop()
+            s, c = read(client, p, f)
+            note(client + " " + p, s, c, os.path.getsize(f))
+            if "warm" in a.scenarios and client in SCENARIO_CLIENTS:
+                s, c = read(client, p, f)
+                note(client + ":warm " + p, s, c, os.path.getsize(f))
+
+        def shared(client, p, n):
+            """n readers of the one cold file at once: aggregate GiB/s."""
+            f = ensure(client, p)
+            size = os.path.getsize(f)
+            drop()
+            pre = run if p == "run" else []
+            if client == "fio":
+                _, c, out = timed(pre + fio(f, size, "read", False) + [
+                    "--invalidate=0", "--numjobs=%d" % n, "--group_reporting"])
+                note("%s:shared%d %s" % (client, n, p), fio_secs(out), c - n * base[p], n * size)
+                return
+            c0 = busy_s()
+            kids = [subprocess.Popen(pre + [PY, "-c", READ, client, f], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                    for _ in range(n)]
+            outs = [k.communicate() for k in kids]
+            c = busy_s() - c0
+            bad = [e for k, (_, e) in zip(kids, outs) if k.returncode != 0]
+            if bad:
+                raise RuntimeError("a reader failed: " + (bad[0].strip() or "?")[-150:])
+            spans = [list(map(float, o.split()))[2:4] for o, _ in outs]
+            wall = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
+            note("%s:shared%d %s" % (client, n, p), wall, c, n * size)
+
+        def readback(client, p):
+            """Written through the path by the client (+ fsync), then read at once."""
+            f = os.path.join(where[p], "wb.bin")
+            rm(f)
+            drop()
+            pre = run if p == "run" else []
+            try:
+                if client == "fio":
+                    _, c, out = timed(pre + fio(f, a.size, "write", False))
+                    job = json.loads(out[out.index("{"):])["jobs"][0]["write"]
+                    secs = job["io_bytes"] / job["bw_bytes"]
+                else:
+                    secs, c, _ = timed(pre + [PY, "-c", PYWRITE, f, str(a.size)])
+                note("%s:write %s" % (client, p), secs, c, a.size)
+                s, c = read(client, p, f)
+                note("%s:readback %s" % (client, p), s, c, a.size)
+            finally:
+                rm(f)
+
+        def big(client, p):
+            """Read in a memory cgroup of half the file's size, after a hot file was read
+            there; also notes how much of the hot file stayed cached."""
+            f = ensure(client, p)
+            size = os.path.getsize(f)
+            hot = os.path.join(where[p], "hot.bin")
+            with open(hot, "wb") as h:
+                h.write(os.urandom(64 << 20))
+            try:
+                drop()
+                with MemoryCgroup(size // 2, "dnvme-readers") as cg:
+                    if cg.preexec is None:
+                        raise RuntimeError(cg.reason)
+                    pre = run if p == "run" else []
+                    subprocess.run(pre + ["cat", hot], stdout=subprocess.DEVNULL, check=True,
+                                   preexec_fn=cg.preexec)
+                    # The reader joins the cgroup itself (its launcher, dnvme run, execs it).
+                    join = [PY, "-c", "import os,sys; open(sys.argv[1],'w').write(str(os.getpid()));"
+                            " os.execvp(sys.argv[2], sys.argv[2:])",
+                            os.path.join(cg.path, "cgroup.procs")]
+                    s, c = read(client, p, f, pre + join)
+                note("%s:big %s" % (client, p), s, c, size)
+                kept = resident_bytes(hot) if p != "tmpfs" else None
+                if kept is not None:
+                    res.setdefault("%s:big %s kept" % (client, p), []).append(
+                        (kept / (64 << 20), 0.0))
+            finally:
+                rm(hot)
 
         for r in range(a.rounds):
             if fio_ok and r % 2 == 0:
                 raw_read()
             for i, client in enumerate(clients):
-                for p in (a.paths if (r + i) % 2 == 0 else a.paths[::-1]):
-                    try:
-                        cell(client, p)
-                    except RuntimeError as e:
-                        print("readers.py: %s %s failed: %s" % (client, p, e), file=sys.stderr)
-                        fails.setdefault(client + " " + p, []).append(str(e))
+                jobs = [(client, cell)] if "cold" in a.scenarios or "warm" in a.scenarios else []
+                if client in SCENARIO_CLIENTS:
+                    for sc in a.scenarios:
+                        if sc.startswith("shared"):
+                            n = int(sc[len("shared"):])
+                            jobs.append(("%s:%s" % (client, sc),
+                                         lambda c, p, n=n: shared(c, p, n)))
+                        elif sc == "readback":
+                            jobs.append((client + ":readback", readback))
+                        elif sc == "big":
+                            jobs.append((client + ":big", big))
+                for j, (name, job) in enumerate(jobs):
+                    for p in (a.paths if (r + i + j) % 2 == 0 else a.paths[::-1]):
+                        try:
+                            job(client, p)
+                        except RuntimeError as e:
+                            print("readers.py: %s %s failed: %s" % (name, p, e), file=sys.stderr)
+                            fails.setdefault(name + " " + p, []).append(str(e))
             if fio_ok and r % 2 == 1:
                 raw_read()
             print("readers.py: round %d done (%.0f s)" % (r + 1, time.monotonic() - t_start),
@@ -425,34 +576,53 @@ def print_table(a, d, have, clients, skipped, res, fails):
     med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
            for k, v in res.items()}
     print("readers.py: %s, %.2f GiB per file, median of %d rounds; torch %s; mount -o %s; "
-          "%.1f GiB warmed after each drop" % (
+          "dnvme run %s; %.1f GiB warmed after each drop" % (
               d, a.size / GiB, a.rounds, have.get("torch_version"), a.mount_opts or "(defaults)",
-              WARM[0] / GiB))
+              a.run_opts or "(defaults)", WARM[0] / GiB))
     if "raw" in med:
         print("raw fio (libaio O_DIRECT qd32 1M read): %.2f GiB/s, CPU %.3f s/GiB" % med["raw"])
     else:
         print("raw fio: not run (%s)" % have["fio"])
-    print("%-12s %-6s %8s %8s %8s %10s   (x lim = cell / min(raw, tmpfs of the client); "
-          "* below ext4)" % ("client", "path", "GiB/s", "x ext4", "x lim", "CPU s/GiB"))
+    print("%-16s %-6s %8s %8s %8s %10s   (x lim = cell / min(raw, tmpfs of the client); "
+          "* below ext4; big: hot kept = share of a 64 MiB hot file still cached)" % (
+              "client", "path", "GiB/s", "x ext4", "x lim", "CPU s/GiB"))
+    rows = []
     for c in a.clients:
         if c in skipped:
-            print("%-12s %s" % (c, skipped[c]))
+            rows.append((c, None))
+            continue
+        if "cold" in a.scenarios or "warm" in a.scenarios:
+            rows.append((c, c))
+        if c in SCENARIO_CLIENTS:
+            for sc in a.scenarios:
+                if sc == "readback":
+                    rows += [(c, c + ":write"), (c, c + ":readback")]
+                elif sc != "cold":
+                    rows.append((c, c + ":" + sc))
+    for c, row in rows:
+        if row is None:
+            print("%-16s %s" % (c, skipped[c]))
             continue
         for j, p in enumerate(a.paths):
-            name = "%-12s %-6s" % (c if j == 0 else "", p)
-            if c + " " + p not in med:
-                print("%s failed: %s" % (name, fails.get(c + " " + p, ["?"])[-1]))
+            name = "%-16s %-6s" % (row if j == 0 else "", p)
+            if row + " " + p not in med:
+                if row + " " + p in fails or ":" not in row:
+                    print("%s failed: %s" % (name, fails.get(row + " " + p, ["?"])[-1]))
                 continue
-            g, cpu = med[c + " " + p]
-            ext4 = med.get(c + " ext4", (None,))[0]
-            lims = [x for x in (med.get("raw", (None,))[0], med.get(c + " tmpfs", (None,))[0])
-                    if x]
+            g, cpu = med[row + " " + p]
+            ext4 = med.get(row + " ext4", (None,))[0]
+            # The limit: raw fio, and the same row on tmpfs (for N readers, N x raw is no limit).
+            lims = [x for x in (med.get("raw", (None,))[0] if ":shared" not in row else None,
+                                med.get(row + " tmpfs", (None,))[0]) if x]
             rx = "%7.2f%s" % (g / ext4, "*" if g < ext4 else " ") if ext4 else "%7s " % "-"
             lx = "%8.2f" % (g / min(lims)) if lims else "%8s" % "-"
-            bad = " (%d of %d rounds failed)" % (len(fails[c + " " + p]), a.rounds) \
-                if c + " " + p in fails else ""
-            print("%s %8.2f %s %s %10.3f%s" % (name, g, rx, lx, cpu, bad))
+            bad = " (%d of %d rounds failed)" % (len(fails[row + " " + p]), a.rounds) \
+                if row + " " + p in fails else ""
+            kept = med.get(row + " " + p + " kept")
+            extra = "  hot kept %.0f%%" % (100 * kept[0]) if kept else ""
+            print("%s %8.2f %s %s %10.3f%s%s" % (name, g, rx, lx, cpu, bad, extra))
     print(json.dumps({"dir": d, "size": a.size, "rounds": a.rounds, "mount_opts": a.mount_opts,
+                      "run_opts": a.run_opts, "scenarios": a.scenarios,
                       "samples": {k: [[round(g, 4), round(c, 4)] for g, c in v]
                                   for k, v in res.items()},
                       "skipped": skipped, "failed": fails}))

@@ -97,33 +97,61 @@ int64_t Field(const std::string& text, std::string_view key) {
   return -1;
 }
 
-// The tightest memory cgroup (v2) limit of `pid` (0: this process) less that cgroup's anonymous
-// memory, over the cgroup and its ancestors; max() when none is set or cgroup v2 is not there.
-int64_t CgroupHeadroom(pid_t pid) {
-  const std::string self =
-      ReadSmallFile(pid == 0 ? "/proc/self/cgroup" : "/proc/" + std::to_string(pid) + "/cgroup");
-  // cgroup v2: the one line "0::/path".
-  const size_t at = self.find("0::/");
-  if (at == std::string::npos || (at != 0 && self[at - 1] != '\n')) {
-    return std::numeric_limits<int64_t>::max();
+// The cgroup path of `pid` (0: this process) in the hierarchy a line of /proc/PID/cgroup names:
+// v2's "0::/path", or v1's "N:...memory...:/path" (`v1_memory`). "" when there is none.
+std::string CgroupPath(const std::string& table, bool v1_memory) {
+  size_t at = 0;
+  while (at < table.size()) {
+    const size_t nl = std::min(table.find('\n', at), table.size());
+    const std::string line = table.substr(at, nl - at);
+    at = nl + 1;
+    const size_t c1 = line.find(':'), c2 = c1 == std::string::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(c1 + 1, c2 - c1 - 1) + ",";
+    const bool match = v1_memory ? controllers.find(",memory,") != std::string::npos
+                                 : line.compare(0, 3, "0::") == 0;
+    if (match) return line.substr(c2 + 1);
   }
-  std::string path = self.substr(at + 3, self.find('\n', at) - (at + 3));
+  return {};
+}
+
+// The tightest memory cgroup limit of `pid` (0: this process) less that cgroup's anonymous
+// memory, over the cgroup and its ancestors, in cgroup v2 (memory.max, memory.stat's anon) or v1
+// (memory.limit_in_bytes, memory.stat's total_rss); max() when none is set.
+int64_t CgroupHeadroom(pid_t pid) {
+  const std::string table =
+      ReadSmallFile(pid == 0 ? "/proc/self/cgroup" : "/proc/" + std::to_string(pid) + "/cgroup");
   int64_t best = std::numeric_limits<int64_t>::max();
-  // A container's or a slice's limit sits on an ancestor as often as on the leaf.
-  for (int depth = 0; depth < 16 && !path.empty() && path != "/"; ++depth) {
-    if (path.find("..") != std::string::npos) break;  // never outside /sys/fs/cgroup
-    const std::string dir = "/sys/fs/cgroup" + path;
-    std::string max = ReadSmallFile(dir + "/memory.max");
-    if (!max.empty() && max.compare(0, 3, "max") != 0) {
+  struct Hierarchy {
+    bool v1;
+    const char* root;
+    const char* limit;
+    std::string_view anon;
+  };
+  // v2 where it is the only hierarchy, or under "unified" beside v1's; v1's memory controller.
+  static const Hierarchy kHierarchies[] = {
+      {false, "/sys/fs/cgroup", "/memory.max", "anon "},
+      {false, "/sys/fs/cgroup/unified", "/memory.max", "anon "},
+      {true, "/sys/fs/cgroup/memory", "/memory.limit_in_bytes", "total_rss "}};
+  for (const Hierarchy& h : kHierarchies) {
+    std::string path = CgroupPath(table, h.v1);
+    if (path.empty() || path[0] != '/' || path.find("..") != std::string::npos) continue;
+    // A container's or a slice's limit sits on an ancestor as often as on the leaf.
+    for (int depth = 0; depth < 16 && !path.empty() && path != "/"; ++depth) {
+      const std::string dir = h.root + path;
+      const std::string max = ReadSmallFile(dir + h.limit);
       int64_t limit = -1;
-      std::from_chars(max.data(), max.data() + max.size(), limit);
-      if (limit >= 0) {
+      if (!max.empty() && max.compare(0, 3, "max") != 0) {
+        std::from_chars(max.data(), max.data() + max.size(), limit);
+      }
+      // v1 says "no limit" with a number near 2^63.
+      if (limit >= 0 && limit < (int64_t{1} << 60)) {
         const int64_t anon =
-            std::max<int64_t>(0, Field(ReadSmallFile(dir + "/memory.stat"), "anon "));
+            std::max<int64_t>(0, Field(ReadSmallFile(dir + "/memory.stat"), h.anon));
         best = std::min(best, std::max<int64_t>(0, limit - anon));
       }
+      path.resize(path.rfind('/'));
     }
-    path.resize(path.rfind('/'));
   }
   return best;
 }

@@ -3,7 +3,9 @@
 #
 # Mounts var/backing on var/mnt with build/bin/dnvmefs (builds nothing: run scripts/build.sh
 # first), then writes a demo "checkpoint" of SIZE like a training job would (fio psync, bs=1M,
-# fsync at the end), drops the page cache and reads it back cold, four ways in the same run:
+# fsync at the end), drops the page cache and reads it back cold, then again at once (warm: the
+# page cache holds it now, as on a node that loads the same weights twice), four ways in the
+# same run:
 #   plain ext4   the same fio client on the backing directory itself: no dnvmefs at all
 #   mount        the same client through the mount (dnvmefs)
 #   dnvme run    the same client through the mount under `dnvme run` (libdnvme_preload.so:
@@ -108,8 +110,8 @@ echo "quickstart: mounted $BACKING on $MNT ($(findmnt -rn -o SOURCE,FSTYPE,OPTIO
 
 RESULTS=$WORK/results.tsv
 : >"$RESULTS"
-fio_run() {  # label rw file fio-args... (PRE=(...) runs fio under a wrapper)
-  local label=$1 rw=$2 file=$3
+fio_run() {  # label rw file fio-args... (PRE=(...) runs fio under a wrapper; OP names the row)
+  local label=$1 rw=$2 file=$3 op=${OP:-$2}
   shift 3
   local out=$WORK/fio.json
   if ! "${PRE[@]}" fio --name=quickstart --filename="$file" --rw="$rw" --bs=1M --size="$SIZE" --numjobs=1 \
@@ -118,25 +120,27 @@ fio_run() {  # label rw file fio-args... (PRE=(...) runs fio under a wrapper)
     cat "$WORK/fio.err" >&2
     exit 1
   fi
-  $PY - "$out" "$label" "$rw" >>"$RESULTS" <<'PYEOF'
+  $PY - "$out" "$label" "$rw" "$op" >>"$RESULTS" <<'PYEOF'
 import json, sys
-path, label, rw = sys.argv[1:4]
+path, label, rw, op = sys.argv[1:5]
 text = open(path).read()
 side = json.loads(text[text.index("{"):])["jobs"][0][rw]
-print(f"{label}\t{rw}\t{side['io_bytes']}\t{side['bw_bytes'] / 2**30:.3f}\t{side['runtime'] / 1000:.3f}")
+print(f"{label}\t{op}\t{side['io_bytes']}\t{side['bw_bytes'] / 2**30:.3f}\t{side['runtime'] / 1000:.3f}")
 PYEOF
 }
 
 CKPT=$MNT/demo_checkpoint.bin
 PRE=()
-both() {  # label file fio-args...: write (fsync at the end), drop the page cache, read cold
+both() {  # label file fio-args...: write (fsync at the end), drop the page cache, read cold,
+  # then warm (fio invalidates the file's cache before a job unless told not to)
   local label=$1 file=$2
   shift 2
   fio_run "$label" write "$file" --end_fsync=1 "$@"
   drop_caches
-  fio_run "$label" read "$file" "$@"
+  fio_run "$label" read "$file" "$@" --invalidate=0
+  OP=warm fio_run "$label" read "$file" "$@" --invalidate=0
 }
-echo "quickstart: writing a $SIZE checkpoint and reading it back cold, four ways (fio, bs=1M):"
+echo "quickstart: writing a $SIZE checkpoint and reading it back cold and warm, four ways (fio, bs=1M):"
 echo "  plain ext4 (no dnvmefs) on $BACKING"
 both "plain ext4" "$PLAIN_FILE" --ioengine=psync
 rm -f "$PLAIN_FILE"
@@ -157,15 +161,16 @@ bw = {(r[0], r[1]): float(r[3]) for r in rows}
 print()
 print("the same fio client (psync, bs=1M) four ways; GiB/s and ratios, higher is better")
 print(f"{'':<12} {'op':<6} {'GiB/s':>7} {'x plain ext4':>13} {'x raw fio':>10}")
-for rw in ("write", "read"):
+for rw in ("write", "read", "warm"):
     for label in ("plain ext4", "mount", "dnvme run", "raw fio"):
         g = bw.get((label, rw), 0.0)
         plain, raw = bw.get(("plain ext4", rw), 0.0), bw.get(("raw fio", rw), 0.0)
         rp = f"{g / plain:.2f}" if plain > 0 else "-"
         rr = f"{g / raw:.2f}" if raw > 0 else "-"
         print(f"{label:<12} {rw:<6} {g:>7.3f} {rp:>13} {rr:>10}")
-print("plain ext4: no dnvmefs; mount: through dnvmefs; dnvme run: through dnvmefs with the"
-      " preload library;\nraw fio: libaio O_DIRECT qd32, the device's limit."
+print("read: cold (page cache dropped); warm: read again at once (raw fio: O_DIRECT, never"
+      " cached).\nplain ext4: no dnvmefs; mount: through dnvmefs; dnvme run: through dnvmefs with"
+      " the preload library;\nraw fio: libaio O_DIRECT qd32, the device's limit."
       " One run on a shared machine: see docs/performance.md for medians.")
 PYEOF
 

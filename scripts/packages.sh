@@ -14,6 +14,9 @@ DNVME_PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-js
   libfuse3-dev fuse3 libcap-dev pkg-config
   # FUSE over io_uring (fs/transport/uring_loop.h).
   liburing-dev)
+# Only in the torch 2.x lane's Debian 13 tree: the safetensors package (Debian 12 has none), for
+# the real loaders' tests and bench/readers.py's st-load/st-open clients.
+DNVME_LANE_PACKAGES=(python3-safetensors)
 
 # Only on the machine itself (run-tests.sh's other suites and the tools).
 DNVME_HOST_PACKAGES=(

@@ -78,7 +78,7 @@ fi
 # here too, without the machine's own tools (fuzzing, formatting, gnuplot).
 # shellcheck source=scripts/packages.sh
 source "$ROOT/scripts/packages.sh"
-PACKAGES=("${DNVME_PACKAGES[@]}")
+PACKAGES=("${DNVME_PACKAGES[@]}" "${DNVME_LANE_PACKAGES[@]}")
 STAMP="$TREE/.dnvme-torch2-lane"
 WANT="trixie ${PACKAGES[*]}"
 

@@ -591,6 +591,13 @@ def drop_caches():
         return False
 
 
+# The page cache and memory cgroups (evict, resident_bytes, io_read_bytes, MemoryCgroup): one
+# copy, bench/benchlib.py's, for the benchmarks and the tests alike.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "bench"))
+from benchlib import MemoryCgroup, evict, io_read_bytes, resident_bytes  # noqa: E402,F401
+
+
 def stats(mnt):
     """The mount's .dnvme/stats document."""
     with open(os.path.join(mnt, ".dnvme", "stats")) as f:

@@ -362,8 +362,9 @@ class ControlDirectoryTest(CtlCase):
 
 
 class StatsCountingTest(CtlCase):
-    # The read must reach the daemon (read-ahead, engine): no passthrough for read-only opens.
-    MOUNT_OPTIONS = CtlCase.MOUNT_OPTIONS + ("passthrough=off",)
+    # The read must reach the daemon's engine (read-ahead, on demand): no passthrough for
+    # read-only opens, and no page cache for what the engine can read (read_cache=off).
+    MOUNT_OPTIONS = CtlCase.MOUNT_OPTIONS + ("passthrough=off", "read_cache=off")
 
     def test_fuse_and_engine_counters_follow_the_data(self):
         size = 16 * MiB

@@ -173,6 +173,88 @@ class ReadPolicyTest(PassthroughCase):
             self.assertBytesEqual(f.read(), bytes(new), "daemon read after passthrough writes")
 
 
+class EngineOpenTest(PassthroughCase):
+    """Read-only opens the read policy sends to the engine (datapath/read_policy.h,
+    ColdReadsToEngine): served by the daemon with FOPEN_DIRECT_IO, each read(2) one READ of its
+    whole size, mmap still working; smaller files stay passthrough. read_cache=off sends every
+    large one."""
+
+    MOUNT_OPTIONS = ("read_cache=off", "engine_reads_from=8M")
+
+    def test_large_read_only_opens_are_served_by_the_engine_in_whole_requests(self):
+        size = 24 * MiB
+        data = os.urandom(size)
+        with open(self.b("e1"), "wb") as f:
+            f.write(data)
+        before = fuse(self.mnt)
+        buf = mmap.mmap(-1, MiB)  # page-aligned: a 1 MiB read spans exactly 256 pages
+        self.addCleanup(buf.close)
+        got = bytearray()
+        reads = 0
+        fd = os.open(self.m("e1"), os.O_RDONLY)
+        try:
+            while True:
+                n = os.readv(fd, [buf])
+                reads += 1
+                if n == 0:
+                    break
+                got += buf[:n]
+        finally:
+            os.close(fd)
+        self.assertBytesEqual(bytes(got), data, "read through the engine")
+        after = fuse(self.mnt)
+        self.assertEqual(after["engine_opens"], before["engine_opens"] + 1)
+        self.assertEqual(after["passthrough_opens"], before["passthrough_opens"])
+        # The request sizes the daemon receives: one READ of 1 MiB per read(2) (the end of the
+        # file may cost one more, empty).
+        self.assertEqual(after["largest_read"], MiB)
+        self.assertGreaterEqual(after["read_ops"] - before["read_ops"], size // MiB)
+        self.assertLessEqual(after["read_ops"] - before["read_ops"], reads)
+        self.assertEqual(after["bytes_read_cached"], before["bytes_read_cached"])
+        self.assertGreaterEqual(after["bytes_read_ahead_hit"] + after["bytes_read_engine"] -
+                                before["bytes_read_ahead_hit"] - before["bytes_read_engine"], size)
+        with open(self.m("e1"), "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            self.assertBytesEqual(m[5 * MiB:6 * MiB], data[5 * MiB:6 * MiB], "mmap")
+        # Under engine_reads_from: passthrough.
+        small = os.urandom(MiB)
+        with open(self.b("e2"), "wb") as f:
+            f.write(small)
+        self.assertBytesEqual(self.read(self.m("e2")), small, "small file")
+        self.assertEqual(fuse(self.mnt)["passthrough_opens"], after["passthrough_opens"] + 1)
+
+
+class AutoEngineOpenTest(PassthroughCase):
+    """The default policy (read_cache=auto): a large cold file is passthrough for an opener whose
+    memory holds it, and goes to the engine for one in a memory cgroup it does not fit."""
+
+    def test_the_openers_memory_decides(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root for a memory cgroup")
+        size = 160 * MiB
+        with open(self.b("big"), "wb") as f:
+            f.write(os.urandom(size))
+        mh.evict(self.b("big"))
+        want = subprocess.run(["sha256sum", self.b("big")], capture_output=True, text=True,
+                              check=True).stdout.split()[0]
+        mh.evict(self.b("big"))
+        with mh.MemoryCgroup(128 * MiB) as cg:
+            if cg.preexec is None:
+                self.skipTest(cg.reason)
+            before = fuse(self.mnt)
+            out = subprocess.run(["sha256sum", self.m("big")], capture_output=True, text=True,
+                                 check=True, preexec_fn=cg.preexec).stdout.split()[0]
+        self.assertEqual(out, want)
+        after = fuse(self.mnt)
+        self.assertEqual(after["engine_opens"], before["engine_opens"] + 1, "in the cgroup")
+        self.assertGreaterEqual(after["read_ops"] - before["read_ops"], size // MiB)
+        out = subprocess.run(["sha256sum", self.m("big")], capture_output=True, text=True,
+                             check=True).stdout.split()[0]
+        self.assertEqual(out, want)
+        last = fuse(self.mnt)
+        self.assertEqual(last["passthrough_opens"], after["passthrough_opens"] + 1, "outside")
+        self.assertEqual(last["engine_opens"], after["engine_opens"])
+
+
 class OffPolicyTest(mh.MountedTestCase):
     MOUNT_OPTIONS = ("passthrough=off",)
 

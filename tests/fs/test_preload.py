@@ -227,11 +227,14 @@ open(%r, "wb").write(mv)
         with open(cfg, "w") as f:
             json.dump({"intra_op_parallelism": 3}, f)
         one = {"preexec_fn": lambda: os.sched_setaffinity(0, cpus[:1])}
+        # The engine's O_DIRECT path (--read-cache off: by default a file this small is read
+        # through the page cache, PageCacheTest).
+        off_ = ("--read-cache", "off")
         for name, shift, options, kw, workers in (
-                ("aligned middle", 0, (), {}, min(4, len(cpus))),
-                ("bounced", 1, (), {}, min(4, len(cpus))),
-                ("bounced, taskset", 1, (), one, 1),
-                ("bounced, config", 1, ("--config", cfg), {}, 3)):
+                ("aligned middle", 0, off_, {}, min(4, len(cpus))),
+                ("bounced", 1, off_, {}, min(4, len(cpus))),
+                ("bounced, taskset", 1, off_, one, 1),
+                ("bounced, config", 1, off_ + ("--config", cfg), {}, 3)):
             with self.subTest(name):
                 if os.path.exists(self.stats):
                     os.unlink(self.stats)
@@ -669,8 +672,10 @@ open(%r, "wb").write(mv)
                 env = dict(os.environ)
                 if readahead is not None:
                     env["DNVME_PRELOAD_READAHEAD"] = str(readahead)
+                # The engine's path (by default this file would come through the page cache).
                 p = subprocess.run([dnvme_bin(), "run", "--stats", stats, "--mount", self.mnt,
-                                    "--", PY, "-c", code], preexec_fn=as_nobody, env=env,
+                                    "--read-cache", "off", "--", PY, "-c", code],
+                                   preexec_fn=as_nobody, env=env,
                                    capture_output=True, text=True, timeout=120)
                 self.assertEqual(p.returncode, 0, p.stderr)
                 t = read_stats(stats)[0]
@@ -817,7 +822,7 @@ class ReadAheadTest(PreloadBase):
                 os.unlink(self.stats)
             env = dict(os.environ, DNVME_PRELOAD_READAHEAD=ra)
             self.run_cmd(["dd", "if=" + self.m("seq.bin"), "of=" + out, "bs=1M", "status=none"],
-                         env=env)
+                         env=env, options=("--read-cache", "off"))
             self.assertEqual(slurp(out), want, "readahead=" + ra)
             t = self.total()
             self.assertEqual(t["errors"], 0, t)
@@ -836,11 +841,11 @@ class ReadAheadTest(PreloadBase):
                 "for off in (30, 2, 17, 9, 25):\n"
                 "    assert os.pread(fd, 1 << 20, off << 20) == "
                 "open(%r, 'rb').read()[off << 20:(off + 1) << 20]\n" % (
-                    self.m("seq.bin"), self.b("seq.bin")))
+                    self.m("seq.bin"), self.b("seq.bin")), options=("--read-cache", "off"))
         self.assertEqual(self.total()["readahead_bytes"], 1 * MiB, self.total())
 
-    def start_reader(self, path):
-        child = self.child(READER, path)
+    def start_reader(self, path, policy):
+        child = self.child(READER, path, options=("--read-cache", policy))
         self.addCleanup(lambda: (child.kill(), child.wait(30)) if child.poll() is None else None)
 
         def ask(line):
@@ -851,12 +856,22 @@ class ReadAheadTest(PreloadBase):
             return got
         return child, ask
 
+    # Both read policies: the engine's read-ahead window (off), and the page cache of the backing
+    # file, which the process's own O_DIRECT writes, truncates and the mount's write-behind must
+    # keep exact too (auto).
     def test_own_writes_and_truncates_after_read_ahead(self):
+        for policy in ("off", "auto"):
+            with self.subTest(policy):
+                if os.path.exists(self.stats):
+                    os.unlink(self.stats)
+                self.own_writes_and_truncates(policy)
+
+    def own_writes_and_truncates(self, policy):
         p = self.m("own.bin")
         data = bytearray(pattern(12, 16 * MiB))
         with open(self.b("own.bin"), "wb") as f:
             f.write(data)
-        child, ask = self.start_reader(p)
+        child, ask = self.start_reader(p, policy)
         self.assertEqual(ask("r 0 %d" % MiB), sha(data[:MiB]))  # the next 15 MiB are read ahead
         self.assertEqual(ask("w %d %d 65" % (4 * MiB, MiB)), "ok")  # direct, into read-ahead
         data[4 * MiB:5 * MiB] = b"A" * MiB
@@ -878,15 +893,21 @@ class ReadAheadTest(PreloadBase):
         self.assertEqual(child.wait(30), 0)
         t = self.total()
         self.assertEqual(t["errors"], 0, t)
-        self.assertGreater(t["readahead_bytes"], 0, t)  # it was there to be wrong
+        # Each policy's source was there to be wrong.
+        self.assertGreater(t["readahead_bytes" if policy == "off" else "cached_bytes"], 0, t)
         self.assertEqual(slurp(self.b("own.bin")), bytes(data))
 
     def test_writer_through_the_mount_after_read_ahead(self):
+        for policy in ("off", "auto"):
+            with self.subTest(policy):
+                self.writer_through_the_mount(policy)
+
+    def writer_through_the_mount(self, policy):
         p = self.m("other.bin")
         data = bytearray(pattern(13, 16 * MiB))
         with open(self.b("other.bin"), "wb") as f:
             f.write(data)
-        child, ask = self.start_reader(p)
+        child, ask = self.start_reader(p, policy)
         self.assertEqual(ask("r 0 %d" % MiB), sha(data[:MiB]))
         self.assertEqual(ask("r %d %d" % (MiB, MiB)), sha(data[MiB:2 * MiB]))
         # Another process, plain, writes ahead of the reader through the mount.
@@ -902,6 +923,188 @@ class ReadAheadTest(PreloadBase):
         child.stdin.close()
         self.assertEqual(child.wait(30), 0)
         self.assertEqual(self.total()["errors"], 0)
+
+
+# Reads a file in 1 MiB pieces when told to ("go"), then prints the SHA-256 of what it read and
+# the bytes the kernel fetched from the storage layer for it (/proc/self/io read_bytes).
+SHARED_READER = r"""
+import hashlib, os, sys
+sys.stdin.readline()
+h = hashlib.sha256()
+with open(sys.argv[1], "rb", buffering=0) as f:
+    while True:
+        b = f.read(1 << 20)
+        if not b:
+            break
+        h.update(b)
+with open("/proc/self/io") as f:
+    io = dict(line.split(": ") for line in f.read().splitlines())
+print(h.hexdigest(), int(io["read_bytes"]), flush=True)
+"""
+
+
+class PageCacheTest(PreloadBase):
+    """The read policy (datapath/read_policy.h, --read-cache): by default a file that fits in
+    memory is read through the backing file's page cache, so a second read, or readers at once,
+    come from memory as on plain ext4; a file larger than the process's memory goes O_DIRECT and
+    leaves the cache alone. Residency is the kernel's (fincore), the device's work /proc/PID/io's
+    read_bytes: what each process made the kernel fetch."""
+
+    def setUp(self):
+        super().setUp()
+        if shutil.which("fincore") is None:
+            self.skipTest("no fincore (util-linux) to see the page cache with")
+
+    def read_once(self, name, policy, readers=1, **kw):
+        """`readers` processes under dnvme run read the file at once; returns (stats of all of
+        them, [read_bytes of each])."""
+        if os.path.exists(self.stats):
+            os.unlink(self.stats)
+        kids = [subprocess.Popen(
+            [dnvme_bin(), "run", "--stats", self.stats, "--mount", self.mnt, "--read-cache",
+             policy, "--", PY, "-c", SHARED_READER, self.m(name)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kw)
+            for _ in range(readers)]
+        for k in kids:
+            k.stdin.write("go\n")
+            k.stdin.flush()
+        fetched = []
+        for k in kids:
+            out, _ = k.communicate(timeout=120)
+            self.assertEqual(k.returncode, 0, out)
+            digest, got = out.split()
+            self.assertEqual(digest, self.want, "%s read wrong bytes" % policy)
+            fetched.append(int(got))
+        return self.total(), fetched
+
+    def make(self, name, size, seed):
+        data = pattern(seed, size)
+        with open(self.b(name), "wb") as f:
+            f.write(data)
+        self.want = hashlib.sha256(data).hexdigest()
+        mh.evict(self.b(name))
+        self.assertEqual(mh.resident_bytes(self.b(name)), 0, "the file should start cold")
+
+    def test_a_file_read_again_comes_from_the_page_cache(self):
+        size = 48 * MiB + 4321
+        self.make("again.bin", size, 21)
+        t, fetched = self.read_once("again.bin", "auto")
+        self.assertEqual((t["cached_bytes"], t["engine_read_bytes"], t["readahead_bytes"]),
+                         (size, 0, 0), t)
+        self.assertGreaterEqual(fetched[0], size - 4096, "the first read fetched the file")
+        self.assertGreaterEqual(mh.resident_bytes(self.b("again.bin")), size - 4096,
+                                "and left it in the page cache")
+        t, fetched = self.read_once("again.bin", "auto")
+        self.assertEqual(t["cached_bytes"], size, t)
+        self.assertLess(fetched[0], MiB, "the second read came from memory")
+        # resident: the same, from what is cached; then cold, from the device, uncached.
+        t, fetched = self.read_once("again.bin", "resident")
+        self.assertEqual((t["cached_bytes"], fetched[0] < MiB), (size, True), t)
+        mh.evict(self.b("again.bin"))
+        t, fetched = self.read_once("again.bin", "resident")
+        # The engine reads a partial last page through the page cache: it may then be cached.
+        self.assertLess(t["cached_bytes"], 4096, t)
+        self.assertEqual(t["engine_read_bytes"] + t["readahead_bytes"] + t["cached_bytes"], size,
+                         t)
+        self.assertLess(mh.resident_bytes(self.b("again.bin")), 2 * MiB,
+                        "O_DIRECT left the cache alone (but for the edge pages)")
+        # off: the device even when everything is cached.
+        subprocess.run(["cat", self.b("again.bin")], stdout=subprocess.DEVNULL, check=True)
+        t, fetched = self.read_once("again.bin", "off")
+        self.assertEqual(t["cached_bytes"], 0, t)
+        self.assertGreaterEqual(fetched[0], size - 2 * 4096, "off reads the device")
+
+    def test_readers_at_once_read_the_device_once(self):
+        size = 64 * MiB
+        self.make("shared.bin", size, 22)
+        t, fetched = self.read_once("shared.bin", "auto", readers=4)
+        self.assertEqual(t["cached_bytes"], 4 * size, t)
+        self.assertLessEqual(sum(fetched), size + size // 2,
+                             "four readers at once fetched the file about once: %s" % fetched)
+        self.assertGreaterEqual(sum(fetched), size - 4096, fetched)
+        mh.evict(self.b("shared.bin"))
+        t, fetched = self.read_once("shared.bin", "off", readers=4)
+        self.assertGreaterEqual(sum(fetched), 4 * (size - 2 * 4096),
+                                "O_DIRECT readers each read the device: %s" % fetched)
+
+    def test_a_file_larger_than_the_readers_memory_is_read_o_direct(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root for a memory cgroup")
+        size = 160 * MiB
+        self.make("big.bin", size, 23)
+        hot = pattern(24, 8 * MiB)
+        with open(self.b("hot.bin"), "wb") as f:
+            f.write(hot)
+        with mh.MemoryCgroup(128 * MiB) as cg:
+            if cg.preexec is None:
+                self.skipTest(cg.reason)
+            # In the cgroup, half of 128 MiB less the interpreter's memory: less than the file.
+            t, _ = self.read_once("big.bin", "auto", preexec_fn=cg.preexec)
+        self.assertEqual(t["cached_bytes"], 0, t)
+        self.assertEqual(t["engine_read_bytes"] + t["readahead_bytes"], size, t)
+        self.assertLess(mh.resident_bytes(self.b("big.bin")), 2 * MiB, "nothing cached")
+        self.assertEqual(mh.resident_bytes(self.b("hot.bin")), len(hot),
+                         "what else was cached is still there")
+        # The same reader outside the cgroup: the file fits, through the page cache.
+        mh.evict(self.b("big.bin"))
+        t, _ = self.read_once("big.bin", "auto")
+        self.assertEqual(t["cached_bytes"], size, t)
+
+
+# The safetensors package on the mount: save_file, or load_file and safe_open checked against the
+# tensors it saves (seeded), metadata and a slice included.
+SAFETENSORS = r"""
+import sys, torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+op, path = sys.argv[1], sys.argv[2]
+g = torch.Generator().manual_seed(5)
+want = {"w%02d" % i: torch.rand((1 << 20) if i % 2 else 333333, generator=g) for i in range(12)}
+want["i64"] = torch.arange(1000, dtype=torch.int64)
+if op == "save":
+    save_file(want, path, metadata={"who": "dnvmefs"})
+    sys.exit(0)
+got = load_file(path)
+assert set(got) == set(want), sorted(got)
+assert all(torch.equal(got[k], want[k]) for k in want)
+with safe_open(path, "pt") as f:
+    assert f.metadata() == {"who": "dnvmefs"}, f.metadata()
+    assert all(torch.equal(f.get_tensor(k), want[k]) for k in want)
+    assert torch.equal(f.get_slice("w01")[100:200], want["w01"][100:200])
+print("ok")
+"""
+
+
+class SafetensorsTest(PreloadBase):
+    """safetensors' save_file, load_file and safe_open (python3-safetensors: Debian 13's, so the
+    torch 2.6 lane runs this) through the mount and under `dnvme run`, both read policies."""
+
+    @classmethod
+    def setUpClass(cls):
+        if subprocess.run([PY, "-c", "import safetensors.torch"],
+                          capture_output=True).returncode != 0:
+            raise unittest.SkipTest("no safetensors package for %s (python3-safetensors is "
+                                    "Debian 13's: the torch 2.6 lane runs these)" % PY)
+        super().setUpClass()
+
+    def test_save_and_load_through_the_mount_and_under_dnvme_run(self):
+        plain = subprocess.run([PY, "-c", SAFETENSORS, "save", self.m("a.safetensors")],
+                               capture_output=True, text=True, timeout=120)
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        self.run_cmd([PY, "-c", SAFETENSORS, "save", self.m("b.safetensors")])
+        self.assertEqual(slurp(self.b("a.safetensors")), slurp(self.b("b.safetensors")),
+                         "the same file saved through the mount and under dnvme run")
+        for name in ("a.safetensors", "b.safetensors"):
+            p = subprocess.run([PY, "-c", SAFETENSORS, "load", self.m(name)],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual((p.returncode, p.stdout.strip()), (0, "ok"), p.stderr)
+            for policy in ("auto", "off"):
+                with self.subTest(name=name, policy=policy):
+                    mh.evict(self.b(name))
+                    r = self.run_cmd([PY, "-c", SAFETENSORS, "load", self.m(name)],
+                                     options=("--read-cache", policy))
+                    self.assertEqual(r.stdout.strip(), "ok")
+                    self.assertEqual(self.total().get("errors", 0), 0, self.total())
 
 
 # A stdio program, run through ctypes so its FILE calls are libc's (and, under `dnvme run`, the
