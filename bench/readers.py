@@ -41,8 +41,8 @@ client's, the others fio's and pyread's only):
   readback     the file written through the path by the client (fio write + fsync; pyread:
                1 MiB writes + fsync), then read at once: save, then load or validate
   big          read in a memory cgroup whose limit is half the file (larger than the reader's
-               free memory), after a 64 MiB hot file was read there: "hot kept" is how much of
-               the hot file the page cache still holds after the big read
+               free memory), after a hot file (a 16th of it, at most 64 MiB) was read there:
+               "hot kept" is how much of the hot file the page cache still holds after the read
 Every round, each client reads on each path, the path order reversed from one client to the next
 and every other round (so each pair of paths alternates, and consecutive cells on the same file
 share it). A file is written untimed by its own process (through the mount without `dnvme run`
@@ -505,8 +505,9 @@ def main():
             f = ensure(client, p)
             size = os.path.getsize(f)
             hot = os.path.join(where[p], "hot.bin")
+            hot_size = min(64 << 20, size // 16)
             with open(hot, "wb") as h:
-                h.write(os.urandom(64 << 20))
+                h.write(os.urandom(hot_size))
             try:
                 drop()
                 with MemoryCgroup(size // 2, "dnvme-readers") as cg:
@@ -524,7 +525,7 @@ def main():
                 kept = resident_bytes(hot) if p != "tmpfs" else None
                 if kept is not None:
                     res.setdefault("%s:big %s kept" % (client, p), []).append(
-                        (kept / (64 << 20), 0.0))
+                        (kept / hot_size, 0.0))
             finally:
                 rm(hot)
 
@@ -584,7 +585,7 @@ def print_table(a, d, have, clients, skipped, res, fails):
     else:
         print("raw fio: not run (%s)" % have["fio"])
     print("%-16s %-6s %8s %8s %8s %10s   (x lim = cell / min(raw, tmpfs of the client); "
-          "* below ext4; big: hot kept = share of a 64 MiB hot file still cached)" % (
+          "* below ext4; big: hot kept = share of the hot file still cached)" % (
               "client", "path", "GiB/s", "x ext4", "x lim", "CPU s/GiB"))
     rows = []
     for c in a.clients:

@@ -90,15 +90,14 @@ Result<int64_t> FileData::ReadCached(const FileRef& file, const FileRead& r, int
   const int64_t off = r.off + at;
   int64_t got = 0;
   std::shared_ptr<AioHandle> engine;
-  if (len >= shared_->policy.parallel_from && shared_->reads.engine)
+  if (len >= shared_->policy.parallel_from && shared_->reads.engine) {
     engine = shared_->reads.engine();
-  Status st = engine ? engine->sync_pread_cached(dst, len, file, off)
-                     : Status::FromErrno(EAGAIN, "no engine");
-  if (st.ok()) {
+  }
+  if (engine && engine->sync_pread_cached(dst, len, file, off).ok()) {
     got = len;
   } else {
-    // One thread then (no engine, or the file ended inside the run: what is there now, as
-    // read(2) would answer).
+    // One pread on this thread: a small run, or the file ended inside the run (what is there
+    // now, as read(2) would answer), or a worker's error (reported by this read, if it recurs).
     Result<int64_t> now = ReadShrunk(file.buffered_fd(), dst, len, off);
     if (!now.ok()) {
       if (counters != nullptr) counters->errors.fetch_add(1, std::memory_order_relaxed);

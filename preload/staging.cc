@@ -1,6 +1,8 @@
 // Write-behind and read-ahead through pinned staging buffers (staging.h).
 #include "preload/staging.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -232,8 +234,15 @@ Result<int64_t> ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off) {
   datapath::FileRead r;
   r.off = off;
   r.size = n;
-  // A file someone else has open may change under read-ahead: read only what is asked, now.
-  const bool use_window = f.word->shared.load(std::memory_order_seq_cst) == 0 && ReadPool();
+  // A file someone else has open may change under read-ahead: read only what is asked, now. The
+  // window's pinned buffers are made only once a read may use them: not for a file the page
+  // cache serves whole (read_policy.h: it fits), which every read of a small file is.
+  struct stat st {};
+  const bool cached = g_engine.data.policy.mode == datapath::ReadCache::kAuto &&
+                      fstat(f.file.buffered_fd(), &st) == 0 &&
+                      g_engine.data.policy.Fits(st.st_size);
+  const bool use_window =
+      f.word->shared.load(std::memory_order_seq_cst) == 0 && (cached || ReadPool());
   r.window = use_window ? datapath::Window::kUse : datapath::Window::kDrop;
   r.buf = buf;
   r.shrunk_fd = f.witness;  // truncated meanwhile: the mount answers with what is there
