@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/datapath/data_test_util.h"
+#include "tests/datapath/file_data_fixture.h"
 
 namespace dnvme::datapath {
 namespace {
@@ -31,34 +31,12 @@ using test::kMiB;
 constexpr int64_t kFile = 24 * kMiB;
 constexpr int64_t kChunk = kMiB;
 
-class FileDataTest : public test::DataPathTest {
+class FileDataTest : public test::FileDataFixture {
  protected:
   void SetUp() override {
     DataPathTest::SetUp();
     if (HasFatalFailure()) return;
-    auto ra = PinnedPool::Create(kChunk, 8);
-    ASSERT_TRUE(ra.ok()) << ra.status().ToString();
-    ra_pool_ = std::move(ra).value();
-    auto wb = PinnedPool::Create(kChunk, 4);
-    ASSERT_TRUE(wb.ok()) << wb.status().ToString();
-    wb_pool_ = std::move(wb).value();
-    shared_.reads.chunks = ra_pool_.get();
-    shared_.reads.window = 4 * kMiB;
-    shared_.reads.engine = EngineSource();
-    shared_.reads.counters = &counters_;
-    shared_.writes.chunks = wb_pool_.get();
-    shared_.writes.write_chunk = kChunk;
-    shared_.writes.engine = EngineSource();
-    shared_.writes.counters = &counters_;
-    auto scratch = PinnedPool::Create(4 * kMiB, 1);
-    ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
-    scratch_pool_ = std::move(scratch).value();
-    scratch_ = scratch_pool_->TryAcquire();
-    ASSERT_TRUE(scratch_);
-  }
-  void TearDown() override {
-    scratch_ = PinnedPool::Lease();
-    DataPathTest::TearDown();
+    SetUpData(kChunk, 4, 4 * kMiB);
   }
   FileRef PatternFile(const std::string& name, int64_t size = kFile, uint64_t seed = 0) {
     EXPECT_TRUE(WritePatternFile(Path(name), size, seed));
@@ -67,25 +45,12 @@ class FileDataTest : public test::DataPathTest {
   // A read into the scratch buffer, as the mount makes it (reply mode).
   Result<int64_t> ReadReplied(FileData& d, OpenFile& o, const FileRef& f, int64_t off, int64_t n,
                               ReadReply* reply, Window window = Window::kUse) {
-    FileRead r;
-    r.off = off;
-    r.size = n;
-    r.window = window;
-    r.buf = scratch_.data();
-    r.reply = reply;
-    r.shrunk_fd = f.buffered_fd();
-    return d.Read(o, f, r);
+    return ReadInto(d, o, f, off, n, scratch_.data(), reply, window);
   }
   // A read copied into `buf`, as `dnvme run` makes it.
   Result<int64_t> ReadCopied(FileData& d, OpenFile& o, const FileRef& f, int64_t off, int64_t n,
                              char* buf, Window window = Window::kUse) {
-    FileRead r;
-    r.off = off;
-    r.size = n;
-    r.window = window;
-    r.buf = buf;
-    r.shrunk_fd = f.buffered_fd();
-    return d.Read(o, f, r);
+    return ReadInto(d, o, f, off, n, buf, nullptr, window);
   }
   // Writes `n` bytes of `byte` at `off` through `d`.
   Status WriteBytes(FileData& d, OpenFile& o, const FileRef& f, int64_t off, int64_t n, char byte) {
@@ -93,10 +58,6 @@ class FileDataTest : public test::DataPathTest {
     MemorySource src(data.data(), data.size());
     return d.Write(o, f, /*page_cache_writes=*/false, src, data.size(), off, scratch_.data());
   }
-
-  std::unique_ptr<PinnedPool> ra_pool_, wb_pool_, scratch_pool_;
-  PinnedPool::Lease scratch_;
-  FileDataShared shared_;
 };
 
 TEST_F(FileDataTest, AReadSeesEveryAcceptedByteAndStopsAtTheEnd) {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "datapath/file_data.h"
-#include "tests/datapath/data_test_util.h"
+#include "tests/datapath/file_data_fixture.h"
 
 namespace dnvme::datapath {
 namespace {
@@ -89,47 +89,19 @@ constexpr int64_t kFile = 8 * kMiB;
 
 bool HaveCachestat() { return !(syscall(451, -1, nullptr, nullptr, 0) != 0 && errno == ENOSYS); }
 
-class ReadPolicyTest : public test::DataPathTest {
+class ReadPolicyTest : public test::FileDataFixture {
  protected:
   void SetUp() override {
     DataPathTest::SetUp();
     if (HasFatalFailure()) return;
-    auto ra = PinnedPool::Create(kMiB, 8);
-    ASSERT_TRUE(ra.ok()) << ra.status().ToString();
-    ra_pool_ = std::move(ra).value();
-    shared_.reads.chunks = ra_pool_.get();
-    shared_.reads.window = 4 * kMiB;
-    shared_.reads.engine = EngineSource();
-    shared_.reads.counters = &counters_;
-    shared_.writes.engine = EngineSource();
-    shared_.writes.counters = &counters_;
+    SetUpData(kMiB, 0, kFile);
     shared_.policy.residency = &residency_;
     shared_.policy.memory = &small_memory_;  // nothing fits unless a test says so
-    auto scratch = PinnedPool::Create(kFile, 1);
-    ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
-    scratch_pool_ = std::move(scratch).value();
-    scratch_ = scratch_pool_->TryAcquire();
-    ASSERT_TRUE(scratch_);
-  }
-  void TearDown() override {
-    scratch_ = PinnedPool::Lease();
-    DataPathTest::TearDown();
   }
   FileRef PatternFile(const std::string& name, int64_t size = kFile) {
     EXPECT_TRUE(WritePatternFile(Path(name), size));
     Evict(Path(name));  // the device, not the page cache, unless a test caches it
     return Open(name);
-  }
-  Result<int64_t> ReadInto(FileData& d, OpenFile& o, const FileRef& f, int64_t off, int64_t n,
-                           char* buf, ReadReply* reply, Window w = Window::kUse) {
-    FileRead r;
-    r.off = off;
-    r.size = n;
-    r.window = w;
-    r.buf = buf;
-    r.reply = reply;
-    r.shrunk_fd = f.buffered_fd();
-    return d.Read(o, f, r);
   }
   uint64_t Cached() const { return counters_.bytes_read_cached.load(); }
   uint64_t FromDevice() const {
@@ -139,9 +111,6 @@ class ReadPolicyTest : public test::DataPathTest {
   ModelResidency residency_;
   ModelMemory small_memory_{kMiB};  // 0.5 MiB fits at fraction 0.5
   ModelMemory large_memory_{int64_t{1} << 40};
-  std::unique_ptr<PinnedPool> ra_pool_, scratch_pool_;
-  PinnedPool::Lease scratch_;
-  FileDataShared shared_;
 };
 
 TEST(ReadCacheNames, ParseAndPrintEachOther) {
@@ -369,9 +338,8 @@ TEST_F(ReadPolicyTest, ALargeCachedReadIsCutAmongTheEngineWorkers) {
 // kernel then holds every written page), and without it O_DIRECT (it holds none of them).
 TEST_F(ReadPolicyTest, CacheWritesFlushesAFileThatFitsThroughThePageCache) {
   if (!HaveCachestat()) GTEST_SKIP() << "no cachestat(2) in this kernel (Linux 6.5+)";
-  auto wb = PinnedPool::Create(kMiB, 4);
-  ASSERT_TRUE(wb.ok()) << wb.status().ToString();
-  std::unique_ptr<PinnedPool> wb_pool = std::move(wb).value();
+  std::unique_ptr<PinnedPool> wb_pool = Pool(kMiB, 4);
+  ASSERT_TRUE(wb_pool);
   shared_.writes.chunks = wb_pool.get();
   shared_.writes.write_chunk = kMiB;
   shared_.writes.policy = &shared_.policy;

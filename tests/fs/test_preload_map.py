@@ -80,12 +80,7 @@ class MapFillTest(tp.PreloadBase):
         data = tp.pattern(seed, size or self.SIZE)
         self.write(self.b(name), data)
         for path in (self.b(name), self.m(name)):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            tp.mh.evict(path)
         return data
 
     def map_in(self, name, length, prot="r", flags="private", write_seed=None, preload=True,
