@@ -8,6 +8,8 @@ DNVME_PACKAGES=(cmake g++ make libaio-dev libspdlog-dev libcli11-dev nlohmann-js
   python3-dev pybind11-dev
   # Its tests and benchmarks: Debian's torch, numpy and pytest (there is no PyPI here).
   python3-torch python3-numpy python3-pytest
+  # fincore: the page cache as the tests and bench/readers.py see it (resident_bytes).
+  util-linux-extra
   # The FUSE filesystem (fs/, mount-scripts/, bench/mount_vs_fio.sh): libfuse3 headers and its
   # passthrough_ll example, fusermount3 and mount.fuse3, libcap for the capability drop, and
   # pkg-config to find both.
