@@ -30,8 +30,9 @@ Clients (--clients, default all; SIZE bytes of data each, rates over the file's 
   pyread       a Python loop of 1 MiB readinto() calls into one bytearray (a plain loader's
                read loop: the page cache's speed shows in it)
   st-load      the safetensors package (python3-safetensors, Debian 13's: the torch 2.6 lane)
-               load_file(F) of a safetensors file written by its save_file
-  st-open      safe_open(F, "pt") and get_tensor of every tensor (the package's lazy reader)
+               load_file(F) of a safetensors file written by its save_file, then one read per
+               page of every tensor (the package maps the file: nothing is read until touched)
+  st-open      safe_open(F, "pt"), get_tensor of every tensor and one read per page of it
 Scenarios (--scenarios, default cold,warm,shared2,shared4,shared8,readback,big; cold is every
 client's, the others fio's and pyread's only):
   cold         the file dropped from the page cache first (drop() below)
@@ -181,11 +182,13 @@ if client == "pyread":
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
             pass
-elif client == "st-load":
-    s = load_file(path)
+elif client == "st-load":  # the package maps the file: touch every page, as np-mmap does
+    for t in load_file(path).values():
+        touch(t.numpy())
 elif client == "st-open":
     with safe_open(path, "pt") as f:
-        s = {k: f.get_tensor(k) for k in f.keys()}
+        for k in f.keys():
+            touch(f.get_tensor(k).numpy())
 elif client == "np":
     a = np.load(path)
 elif client == "np-mmap":
