@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: mount-scripts/quickstart.sh [--size 1G] [-o dnvmefs-options]
+# Usage: mount-scripts/quickstart.sh [--size 1G] [--rounds 3] [-o dnvmefs-options]
 #
 # Mounts var/backing on var/mnt with build/bin/dnvmefs (builds nothing: run scripts/build.sh
 # first), then writes a demo "checkpoint" of SIZE like a training job would (fio psync, bs=1M,
@@ -11,23 +11,29 @@
 #   dnvme run    the same client through the mount under `dnvme run` (libdnvme_preload.so:
 #                its large reads and writes go to the engine, docs/preload.md)
 #   raw fio      fio libaio O_DIRECT iodepth 32 on the backing directory: the device's limit
-# and prints GiB/s with each one's ratio to plain ext4 and to raw fio. The mount stays up at the
+# and prints GiB/s with each one's ratio to plain ext4 and to raw fio: medians of ROUNDS rounds,
+# the four in the opposite order every other round (a shared machine's disk drifts within
+# minutes: one run of each said 0.35x or 1.56x for the same cold read). The mount stays up at the
 # end; the last lines say how to unmount.
-# Both directories are under var/ (git-ignored). DNVMEFS_BIN=path overrides the binary.
+# Both directories are under var/ (git-ignored; DNVME_QUICKSTART_DIR=DIR puts them in DIR instead,
+# as tests/mount_scripts/quickstart_test.sh does). DNVMEFS_BIN=path overrides the binary.
 # Run as root so the page cache can be dropped before reads (otherwise reads may be cached).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DNVMEFS=${DNVMEFS_BIN:-$ROOT/build/bin/dnvmefs}
 DNVME=$(dirname "$DNVMEFS")/dnvme
 PY=/usr/bin/python3
-BACKING=$ROOT/var/backing
-MNT=$ROOT/var/mnt
-LOG=$ROOT/var/dnvmefs-quickstart.log
+VAR=${DNVME_QUICKSTART_DIR:-$ROOT/var}
+BACKING=$VAR/backing
+MNT=$VAR/mnt
+LOG=$VAR/dnvmefs-quickstart.log
 SIZE=1G
+ROUNDS=3
 OPTS=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --size) SIZE=${2:?--size needs a value}; shift 2 ;;
+    --rounds) ROUNDS=${2:?--rounds needs a value}; shift 2 ;;
     -o) OPTS=${2:?-o needs options}; shift 2 ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "quickstart: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -35,6 +41,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 die() { echo "quickstart: $*" >&2; exit 1; }
+[[ $ROUNDS =~ ^[1-9][0-9]?$ ]] || { echo "quickstart: --rounds takes 1 to 99, not '$ROUNDS'" >&2; exit 2; }
 [[ -x $DNVMEFS ]] || die "$DNVMEFS is missing; build it first: scripts/build.sh --demo"
 [[ -x $DNVME ]] || die "$DNVME is missing; build it first: scripts/build.sh --demo"
 command -v fio >/dev/null || die "fio is missing; run scripts/install-deps.sh"
@@ -45,7 +52,7 @@ command -v fusermount3 >/dev/null || die "fusermount3 is missing; run scripts/in
 
 # var/ is root's alone (0700): nobody else reaches the backing directory except through the
 # mount (docs/security.md, "Set-up"; the daemon warns when another user could).
-install -d -m 0700 "$ROOT/var" && chmod 0700 "$ROOT/var"
+install -d -m 0700 "$VAR" && chmod 0700 "$VAR"
 mkdir -p "$BACKING" "$MNT"
 WORK=$(mktemp -d)
 RAW_FILE=$BACKING/quickstart_raw.dat
@@ -140,38 +147,57 @@ both() {  # label file fio-args...: write (fsync at the end), drop the page cach
   fio_run "$label" read "$file" "$@" --invalidate=0
   OP=warm fio_run "$label" read "$file" "$@" --invalidate=0
 }
-echo "quickstart: writing a $SIZE checkpoint and reading it back cold and warm, four ways (fio, bs=1M):"
+echo "quickstart: writing a $SIZE checkpoint and reading it back cold and warm, four ways (fio, bs=1M),"
+echo "  $ROUNDS round(s), every other one in reverse order:"
 echo "  plain ext4 (no dnvmefs) on $BACKING"
-both "plain ext4" "$PLAIN_FILE" --ioengine=psync
-rm -f "$PLAIN_FILE"
 echo "  the mount (dnvmefs) on $MNT"
-both "mount" "$CKPT" --ioengine=psync
 echo "  dnvme run (the mount, its large transfers through the engine) on $MNT"
-PRE=("$DNVME" run --mount "$MNT" --)
-both "dnvme run" "$MNT/demo_run.bin" --ioengine=psync
-PRE=()
-rm -f "$MNT/demo_run.bin"
 echo "  raw fio (libaio, O_DIRECT, iodepth 32) on $BACKING: the device's limit"
-both "raw fio" "$RAW_FILE" --ioengine=libaio --direct=1 --iodepth=32
+one_way() {  # the four ways by name
+  case $1 in
+    plain) both "plain ext4" "$PLAIN_FILE" --ioengine=psync; rm -f "$PLAIN_FILE" ;;
+    mount) rm -f "$CKPT"; both "mount" "$CKPT" --ioengine=psync ;;  # a new file each time, as the others
+    run)
+      PRE=("$DNVME" run --mount "$MNT" --)
+      both "dnvme run" "$MNT/demo_run.bin" --ioengine=psync
+      PRE=()
+      rm -f "$MNT/demo_run.bin"
+      ;;
+    raw) both "raw fio" "$RAW_FILE" --ioengine=libaio --direct=1 --iodepth=32; rm -f "$RAW_FILE" ;;
+  esac
+}
+for ((round = 1; round <= ROUNDS; round++)); do
+  order=(plain mount run raw)
+  ((round % 2 == 0)) && order=(raw run mount plain)
+  echo "  round $round/$ROUNDS: ${order[*]}"
+  for way in "${order[@]}"; do one_way "$way"; done
+done
 
-$PY - "$RESULTS" <<'PYEOF'
-import sys
+$PY - "$RESULTS" "$ROUNDS" <<'PYEOF'
+import statistics, sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1])]
-bw = {(r[0], r[1]): float(r[3]) for r in rows}
+rounds = int(sys.argv[2])
+runs = {}
+for r in rows:
+    runs.setdefault((r[0], r[1]), []).append(float(r[3]))
+bw = {k: statistics.median(v) for k, v in runs.items()}
 print()
-print("the same fio client (psync, bs=1M) four ways; GiB/s and ratios, higher is better")
-print(f"{'':<12} {'op':<6} {'GiB/s':>7} {'x plain ext4':>13} {'x raw fio':>10}")
+print(f"the same fio client (psync, bs=1M) four ways; GiB/s (median of {rounds} round(s), lowest-highest)"
+      " and the medians' ratios, higher is better")
+print(f"{'':<12} {'op':<6} {'GiB/s':>7} {'range':>13} {'x plain ext4':>13} {'x raw fio':>10}")
 for rw in ("write", "read", "warm"):
     for label in ("plain ext4", "mount", "dnvme run", "raw fio"):
         g = bw.get((label, rw), 0.0)
+        v = runs.get((label, rw), [0.0])
+        span = f"{min(v):.2f}-{max(v):.2f}" if len(v) > 1 else "-"
         plain, raw = bw.get(("plain ext4", rw), 0.0), bw.get(("raw fio", rw), 0.0)
         rp = f"{g / plain:.2f}" if plain > 0 else "-"
         rr = f"{g / raw:.2f}" if raw > 0 else "-"
-        print(f"{label:<12} {rw:<6} {g:>7.3f} {rp:>13} {rr:>10}")
+        print(f"{label:<12} {rw:<6} {g:>7.3f} {span:>13} {rp:>13} {rr:>10}")
 print("read: cold (page cache dropped); warm: read again at once (raw fio: O_DIRECT, never"
       " cached).\nplain ext4: no dnvmefs; mount: through dnvmefs; dnvme run: through dnvmefs with"
       " the preload library;\nraw fio: libaio O_DIRECT qd32, the device's limit."
-      " One run on a shared machine: see docs/performance.md for medians.")
+      " A shared machine drifts: see docs/performance.md for the benchmarks' medians.")
 PYEOF
 
 keep_mount=1
