@@ -13,8 +13,9 @@
 #   - bad arguments (--rounds 0, --rounds x, an unknown flag) exit 2 with a message, and mount
 #     nothing.
 # No timing is asserted (the numbers are the benchmark's business: docs/performance.md).
-# Skips (exit 77) with the reason when not root (the page cache is dropped), /dev/fuse, fio or
-# fusermount3 is missing, or the binaries are not built. Always unmounts (trap).
+# Skips (exit 77) with the reason in a sanitizer build (DNVME_SANITIZED=1: `dnvme run` cannot
+# preload its sanitized library into fio), when not root (the page cache is dropped), when
+# /dev/fuse, fio or fusermount3 is missing, or the binaries are not built. Always unmounts (trap).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -22,6 +23,9 @@ DNVMEFS=${1:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
 SCRATCH=${2:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
 
 skip() { echo "SKIP: $*"; exit 77; }
+[[ ${DNVME_SANITIZED:-0} == 1 ]] && skip "sanitizer build: the demo preloads libdnvme_preload.so" \
+  "into fio, and a sanitized one cannot be preloaded into an uninstrumented program (the release" \
+  "build runs this test)"
 [[ $(id -u) -eq 0 ]] || skip "not root: the demo drops the page cache before its cold reads"
 [[ -c /dev/fuse ]] || skip "/dev/fuse is missing (modprobe fuse, or pass the device to the container)"
 command -v fusermount3 >/dev/null || skip "fusermount3 is missing (apt-get install fuse3)"
