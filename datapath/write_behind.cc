@@ -354,7 +354,9 @@ ErrorCursor WriteBehind::Sample() {
 Status WriteBehind::DrainLocked(std::unique_lock<std::mutex>& lock, ErrorCursor* errors) {
   FlushLocked({});
   cv_.wait(lock, [&] { return inflight_ == 0; });
-  end_ = 0;
+  // While this waited, another thread (the mount: a WRITE of another handle of the file) may
+  // have started a new extent: only it is pending now, and its end still counts in the size.
+  end_ = ext_.kind == Kind::kNone ? 0 : ext_.start + ext_.len;
   return ReportLocked(errors);
 }
 

@@ -5,6 +5,8 @@
   DNVME_SEED=N           replay a run (the seed is printed at the start and in every failure)
   DNVME_MODEL_SECONDS=S  time budget of the main run (default 35; the small-buffer run gets 0.6x)
   DNVME_MODEL_OPS=N      cap on operations per run (default 20000)
+  DNVME_HISTORY=N        how many of the last operations a failure lists (default 40; a large N
+                         lists the whole run, to follow one file back to its creation)
 
 Run: /usr/bin/python3 -m unittest -v tests.fs.test_model
 """
@@ -135,7 +137,7 @@ class ModelRun:
         self.seed, self.seconds, self.max_ops = seed, seconds, max_ops
         self.rng = random.Random(seed)
         self.handles = []
-        self.history = collections.deque(maxlen=40)
+        self.history = collections.deque(maxlen=int(os.environ.get("DNVME_HISTORY", "40")))
         self.nops = 0
         self.counts = collections.Counter()
         self.child = None
