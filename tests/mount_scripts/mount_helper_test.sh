@@ -26,22 +26,13 @@ ROOT=$(cd "$HERE/../.." && pwd)
 DNVMEFS=${1:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
 SCRATCH=${2:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
 
-skip() { echo "SKIP: $*"; exit 77; }
+# shellcheck source=tests/mount_scripts/test_lib.sh
+source "$HERE/test_lib.sh"
 [[ $(id -u) -eq 0 ]] || skip "not root: mount(8) and the /sbin helper link need root"
-[[ -c /dev/fuse ]] || skip "/dev/fuse is missing (modprobe fuse, or pass the device to the container)"
-command -v fusermount3 >/dev/null || skip "fusermount3 is missing (apt-get install fuse3)"
+need_fuse
 [[ -x $DNVMEFS ]] || skip "$DNVMEFS is not built"
 DNVMEFS=$(cd "$(dirname "$DNVMEFS")" && pwd)/$(basename "$DNVMEFS")
 unset DNVMEFS_BIN
-
-failures=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; failures=$((failures + 1)); }
-check() {  # description command...
-  local what=$1
-  shift
-  if "$@"; then pass "$what"; else fail "$what"; fi
-}
 
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
@@ -235,8 +226,4 @@ check "umount of nobody's mount exits 0 (got $rc) and the daemon exits" \
 check "install.sh --uninstall removes the files" \
   bash -c "[[ ! -e '$PREFIX/bin/dnvmefs' && ! -e '$PREFIX/sbin/mount.dnvmefs' ]]"
 
-if [[ $failures -gt 0 ]]; then
-  echo "mount_helper_test: $failures check(s) failed"
-  exit 1
-fi
-echo "mount_helper_test: all checks passed"
+finish mount_helper_test

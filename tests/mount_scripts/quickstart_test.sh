@@ -22,20 +22,16 @@ ROOT=$(cd "$HERE/../.." && pwd)
 DNVMEFS=${1:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
 SCRATCH=${2:?usage: $0 DNVMEFS_BINARY SCRATCH_DIR}
 
-skip() { echo "SKIP: $*"; exit 77; }
+# shellcheck source=tests/mount_scripts/test_lib.sh
+source "$HERE/test_lib.sh"
 [[ ${DNVME_SANITIZED:-0} == 1 ]] && skip "sanitizer build: the demo preloads libdnvme_preload.so" \
   "into fio, and a sanitized one cannot be preloaded into an uninstrumented program (the release" \
   "build runs this test)"
 [[ $(id -u) -eq 0 ]] || skip "not root: the demo drops the page cache before its cold reads"
-[[ -c /dev/fuse ]] || skip "/dev/fuse is missing (modprobe fuse, or pass the device to the container)"
-command -v fusermount3 >/dev/null || skip "fusermount3 is missing (apt-get install fuse3)"
+need_fuse
 command -v fio >/dev/null || skip "fio is missing (apt-get install fio)"
 [[ -x $DNVMEFS ]] || skip "$DNVMEFS is not built"
 [[ -x $(dirname "$DNVMEFS")/dnvme ]] || skip "$(dirname "$DNVMEFS")/dnvme is not built"
-
-failures=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; failures=$((failures + 1)); }
 
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
@@ -136,8 +132,4 @@ PYEOF
   fi
 done
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all checks passed"
+finish quickstart_test
