@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 namespace dnvme::datapath {
@@ -115,12 +116,11 @@ std::string CgroupPath(const std::string& table, bool v1_memory) {
   return {};
 }
 
-// The tightest memory cgroup limit of `pid` (0: this process) less that cgroup's anonymous
-// memory, over the cgroup and its ancestors, in cgroup v2 (memory.max, memory.stat's anon) or v1
-// (memory.limit_in_bytes, memory.stat's total_rss); max() when none is set.
-int64_t CgroupHeadroom(pid_t pid) {
-  const std::string table =
-      ReadSmallFile(pid == 0 ? "/proc/self/cgroup" : "/proc/" + std::to_string(pid) + "/cgroup");
+// The tightest memory cgroup limit of the process whose /proc/PID/cgroup reads `table`, less that
+// cgroup's anonymous memory, over the cgroup and its ancestors, in cgroup v2 (memory.max,
+// memory.stat's anon) or v1 (memory.limit_in_bytes, memory.stat's total_rss); max() when none is
+// set.
+int64_t CgroupHeadroom(const std::string& table) {
   int64_t best = std::numeric_limits<int64_t>::max();
   struct Hierarchy {
     bool v1;
@@ -160,7 +160,7 @@ class SystemMemoryBudget final : public MemoryBudget {
  public:
   int64_t Available(pid_t pid) const override {
     int64_t avail = MemAvailable();
-    return std::min(avail, pid == 0 ? SelfHeadroom() : CgroupHeadroom(pid));
+    return std::min(avail, pid == 0 ? SelfHeadroom() : OpenerHeadroom(pid));
   }
 
  private:
@@ -182,12 +182,19 @@ class SystemMemoryBudget final : public MemoryBudget {
     if (now - self_at_.load(std::memory_order_acquire) < kMemoryRefreshNs) {
       return self_.load(std::memory_order_relaxed);
     }
-    const int64_t v = CgroupHeadroom(0);
+    const int64_t v = CgroupHeadroom(ReadSmallFile("/proc/self/cgroup"));
     self_.store(v, std::memory_order_relaxed);
     self_at_.store(now, std::memory_order_release);
     return v;
   }
+  // Another process's: one read of its /proc/PID/cgroup, the walk once per membership and
+  // kMemoryRefreshNs (HeadroomCache).
+  int64_t OpenerHeadroom(pid_t pid) const {
+    const std::string table = ReadSmallFile("/proc/" + std::to_string(pid) + "/cgroup");
+    return openers_.Get(table, NowNs(), [&] { return CgroupHeadroom(table); });
+  }
   // Two racing refreshes both store a fresh value: harmless.
+  mutable HeadroomCache openers_{kMemoryRefreshNs, 256};
   mutable std::atomic<int64_t> mem_{0}, mem_at_{std::numeric_limits<int64_t>::min() / 2};
   mutable std::atomic<int64_t> self_{0}, self_at_{std::numeric_limits<int64_t>::min() / 2};
 };
@@ -231,6 +238,30 @@ Result<ReadCache> ParseReadCache(std::string_view s) {
 const Residency& KernelResidency() {
   static const CachestatResidency kernel;
   return kernel;
+}
+
+int64_t HeadroomCache::Get(const std::string& key, int64_t now_ns,
+                           const std::function<int64_t()>& compute) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && now_ns - it->second.at_ns < ttl_ns_) return it->second.value;
+  }
+  const int64_t value = compute();
+  std::lock_guard lock(mu_);
+  if (entries_.size() >= capacity_ && entries_.find(key) == entries_.end()) {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      it = now_ns - it->second.at_ns >= ttl_ns_ ? entries_.erase(it) : std::next(it);
+    }
+    if (entries_.size() >= capacity_) entries_.clear();
+  }
+  entries_[key] = Entry{value, now_ns};
+  return value;
+}
+
+size_t HeadroomCache::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
 }
 
 const MemoryBudget& SystemMemory() {

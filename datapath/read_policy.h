@@ -33,8 +33,11 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "dnvme/status.h"
@@ -78,6 +81,30 @@ class MemoryBudget {
   virtual int64_t Available(pid_t pid) const = 0;
 };
 const MemoryBudget& SystemMemory();
+
+// A number per key (SystemMemory: a cgroup membership, the text of /proc/PID/cgroup), worked out
+// again at most every `ttl_ns`: the mount asks for every large read-only open's opener on a loop
+// thread, and the walk up a cgroup's ancestors reads up to ~100 sysfs files, so a local user
+// opening large files in a loop would cost every other user's requests that much per open.
+// At most `capacity` keys: past it, the expired ones go, and all of them if none has expired.
+// Thread contract: Get is thread-safe (one mutex; `compute` runs outside it, so two threads may
+// both compute one key, and the later store wins).
+class HeadroomCache {
+ public:
+  HeadroomCache(int64_t ttl_ns, size_t capacity) : ttl_ns_(ttl_ns), capacity_(capacity) {}
+  int64_t Get(const std::string& key, int64_t now_ns, const std::function<int64_t()>& compute);
+  size_t size() const;
+
+ private:
+  struct Entry {
+    int64_t value;
+    int64_t at_ns;
+  };
+  const int64_t ttl_ns_;
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entry> entries_;  // guarded by mu_
+};
 
 // One run of a range: resident in the page cache or not.
 struct ResidentRun {

@@ -17,8 +17,10 @@
 #include <unistd.h>
 
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "datapath/file_data.h"
@@ -458,6 +460,56 @@ TEST(SystemMemoryTest, AvailableIsPositiveAndAtMostTheMachine) {
   EXPECT_GT(avail, 0);
   EXPECT_LE(avail, static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
   EXPECT_LE(SystemMemory().Available(getpid()), avail + (64 << 20)) << "another pid's view";
+}
+
+TEST(HeadroomCacheTest, WorksAKeyOutOncePerTtl) {
+  HeadroomCache cache(/*ttl_ns=*/1000, /*capacity=*/8);
+  int computed = 0;
+  auto value = [&](int64_t v) {
+    return [&computed, v] {
+      ++computed;
+      return v;
+    };
+  };
+  EXPECT_EQ(cache.Get("0::/a", 0, value(10)), 10);
+  EXPECT_EQ(cache.Get("0::/a", 999, value(11)), 10) << "within the ttl: the cached value";
+  EXPECT_EQ(computed, 1);
+  EXPECT_EQ(cache.Get("0::/b", 999, value(20)), 20) << "another membership: its own value";
+  EXPECT_EQ(cache.Get("0::/a", 1000, value(12)), 12) << "expired: worked out again";
+  EXPECT_EQ(computed, 3);
+  EXPECT_EQ(cache.size(), 2u);
+}
+
+TEST(HeadroomCacheTest, ManyMembershipsStayBounded) {
+  // A local user making cgroups (or processes) by the thousand cannot grow the daemon.
+  HeadroomCache cache(/*ttl_ns=*/1'000'000, /*capacity=*/16);
+  for (int i = 0; i < 1000; ++i) {
+    const std::string key = "0::/user/" + std::to_string(i);
+    EXPECT_EQ(cache.Get(key, i, [i] { return int64_t{i}; }), i);
+    ASSERT_LE(cache.size(), 16u) << "after " << key;
+  }
+  // Expired entries go first: the fresh ones stay.
+  HeadroomCache aging(/*ttl_ns=*/10, /*capacity=*/4);
+  for (int i = 0; i < 3; ++i) aging.Get("old" + std::to_string(i), 0, [] { return int64_t{1}; });
+  aging.Get("fresh", 15, [] { return int64_t{2}; });
+  aging.Get("new", 16, [] { return int64_t{3}; });  // full: the three expired ones go
+  EXPECT_EQ(aging.size(), 2u);
+  int again = 0;
+  EXPECT_EQ(aging.Get("fresh", 20, [&] { return int64_t{++again}; }), 2) << "kept";
+  EXPECT_EQ(again, 0);
+}
+
+TEST(SystemMemoryTest, AGoneOpenerIsToldTheMachinesMemory) {
+  // The mount asks for its opener's budget after the open; the opener may have exited (nothing
+  // to read in /proc): the machine's memory decides, never 0 (every file would go to the
+  // engine) or an error.
+  const int64_t machine = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  const int64_t gone = SystemMemory().Available(std::numeric_limits<pid_t>::max());
+  EXPECT_GT(gone, 0);
+  EXPECT_LE(gone, machine);
+  const int64_t parent = SystemMemory().Available(getppid());
+  EXPECT_GT(parent, 0);
+  EXPECT_LE(parent, machine);
 }
 
 }  // namespace
