@@ -119,6 +119,9 @@ Result<int64_t> FileData::ReadDevice(OpenFile& o, const FileRef& file, const Fil
   const int64_t off = r.off + at;
   int64_t served = 0;
   if (r.window == Window::kUse) {
+    if (shared_->reads.chunks == nullptr && shared_->reads.make_chunks) {
+      shared_->reads.make_chunks();
+    }
     WindowRead w;
     w.off = off;
     w.n = len;

@@ -48,7 +48,11 @@ namespace dnvme::datapath {
 // library), outlives every ReadAhead.
 struct ReadAheadShared {
   PinnedPool* chunks = nullptr;  // chunk-sized pinned buffers; null: read-ahead off
-  int64_t window = 16 << 20;     // the most bytes fetched ahead of a sequential reader
+  // Null, or how `chunks` comes to be: called before a window read finds `chunks` null, from the
+  // reader's thread (FileData::ReadDevice). `dnvme run` makes its pool there, so a process whose
+  // reads the page cache serves whole (read_policy.h) pins nothing.
+  std::function<void()> make_chunks;
+  int64_t window = 16 << 20;  // the most bytes fetched ahead of a sequential reader
   // The window a sequence starts with (rounded up to whole chunks, at least one); 0: the whole
   // `window` at once.
   int64_t initial_window = 0;

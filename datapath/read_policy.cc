@@ -193,8 +193,8 @@ class SystemMemoryBudget final : public MemoryBudget {
     const std::string table = ReadSmallFile("/proc/" + std::to_string(pid) + "/cgroup");
     return openers_.Get(table, NowNs(), [&] { return CgroupHeadroom(table); });
   }
-  // Two racing refreshes both store a fresh value: harmless.
   mutable HeadroomCache openers_{kMemoryRefreshNs, 256};
+  // Two racing refreshes both store a fresh value: harmless.
   mutable std::atomic<int64_t> mem_{0}, mem_at_{std::numeric_limits<int64_t>::min() / 2};
   mutable std::atomic<int64_t> self_{0}, self_at_{std::numeric_limits<int64_t>::min() / 2};
 };

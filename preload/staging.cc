@@ -1,8 +1,6 @@
 // Write-behind and read-ahead through pinned staging buffers (staging.h).
 #include "preload/staging.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -142,6 +140,7 @@ AioHandle* Engine() {
   r.initial_window = kAheadChunk;
   r.engine = ProcessEngine;
   r.counters = &ProcessCounters().data;
+  r.make_chunks = [] { (void)ReadPool(); };  // at the first read the page cache does not serve
   // The page cache serves what it holds, and every read of a file that fits in memory (so the
   // next reader, this process or another, finds it there): datapath/read_policy.h.
   g_engine.data.policy.mode = settings.read_cache;
@@ -235,14 +234,8 @@ Result<int64_t> ReadThrough(AdoptedFile& f, char* buf, int64_t n, int64_t off) {
   r.off = off;
   r.size = n;
   // A file someone else has open may change under read-ahead: read only what is asked, now. The
-  // window's pinned buffers are made only once a read may use them: not for a file the page
-  // cache serves whole (read_policy.h: it fits), which every read of a small file is.
-  struct stat st {};
-  const bool cached = g_engine.data.policy.mode == datapath::ReadCache::kAuto &&
-                      fstat(f.file.buffered_fd(), &st) == 0 &&
-                      g_engine.data.policy.Fits(st.st_size);
-  const bool use_window =
-      f.word->shared.load(std::memory_order_seq_cst) == 0 && (cached || ReadPool());
+  // window's pinned buffers are made by the first read that goes to the device (make_chunks).
+  const bool use_window = f.word->shared.load(std::memory_order_seq_cst) == 0;
   r.window = use_window ? datapath::Window::kUse : datapath::Window::kDrop;
   r.buf = buf;
   r.shrunk_fd = f.witness;  // truncated meanwhile: the mount answers with what is there
