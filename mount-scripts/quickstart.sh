@@ -52,7 +52,15 @@ command -v fusermount3 >/dev/null || die "fusermount3 is missing; run scripts/in
 
 # var/ is root's alone (0700): nobody else reaches the backing directory except through the
 # mount (docs/security.md, "Set-up"; the daemon warns when another user could).
-install -d -m 0700 "$VAR" && chmod 0700 "$VAR"
+# A directory named by DNVME_QUICKSTART_DIR is never chmod'ed (it might be /tmp): it is made
+# 0700 when missing, and refused when someone else owns it or can reach into it.
+if [[ $VAR == "$ROOT/var" || ! -e $VAR ]]; then
+  install -d -m 0700 "$VAR" && chmod 0700 "$VAR"
+elif [[ ! -d $VAR || ! -O $VAR || $(stat -c %a "$VAR") != 700 ]]; then
+  echo "quickstart: DNVME_QUICKSTART_DIR=$VAR must be a directory of yours with mode 0700" \
+    "(or not exist yet)" >&2
+  exit 2
+fi
 mkdir -p "$BACKING" "$MNT"
 WORK=$(mktemp -d)
 RAW_FILE=$BACKING/quickstart_raw.dat

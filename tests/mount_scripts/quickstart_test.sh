@@ -11,7 +11,7 @@
 #     the scratch files of the other three ways are gone;
 #   - a second run takes the first one's mount down and mounts again;
 #   - bad arguments (--rounds 0, --rounds x, an unknown flag) exit 2 with a message, and mount
-#     nothing.
+#     nothing; so does a DNVME_QUICKSTART_DIR others can reach into, whose mode stays as it was.
 # No timing is asserted (the numbers are the benchmark's business: docs/performance.md).
 # Skips (exit 77) with the reason in a sanitizer build (DNVME_SANITIZED=1: `dnvme run` cannot
 # preload its sanitized library into fio), when not root (the page cache is dropped), when
@@ -64,6 +64,18 @@ for args in "--rounds 0" "--rounds x" "--bogus"; do
     sed 's/^/  | /' "$SCRATCH/out"
   fi
 done
+
+# --- a directory that is not ours alone is refused, and left as it was -----------------------
+mkdir -p "$SCRATCH/open" && chmod 0755 "$SCRATCH/open"
+rc=0
+DNVME_QUICKSTART_DIR=$SCRATCH/open DNVMEFS_BIN=$DNVMEFS "$ROOT/mount-scripts/quickstart.sh" \
+  --size 64M >"$SCRATCH/out" 2>&1 || rc=$?
+if [[ $rc -eq 2 && $(stat -c %a "$SCRATCH/open") == 755 ]] && grep -q "mode 0700" "$SCRATCH/out"; then
+  pass "DNVME_QUICKSTART_DIR with mode 0755: exit 2, the mode untouched"
+else
+  fail "DNVME_QUICKSTART_DIR with mode 0755: exit $rc, mode $(stat -c %a "$SCRATCH/open")"
+  sed 's/^/  | /' "$SCRATCH/out"
+fi
 
 # --- the demo, twice (the second, one round, takes the first one's mount down) ----------------
 for run in 1 2; do
