@@ -29,13 +29,20 @@ struct Counters {
   // Part of bytes_written_behind written by the engine straight from the buffer the source
   // handed over (ExtentSource::Adopt), without a copy into a chunk.
   std::atomic<uint64_t> bytes_written_adopted{0};
+  // Space before acknowledgement (datapath/space.h): writes refused for space (ENOSPC/EDQUOT at
+  // the write), granted in part only (short writes), and written through for want of a
+  // reservation (no fallocate, copy-on-write overwrites with the budget short).
+  std::atomic<uint64_t> space_refusals{0};
+  std::atomic<uint64_t> space_short_writes{0};
+  std::atomic<uint64_t> space_write_through{0};
 
   // Zeroes every counter (a forked `dnvme run` child counts what it does itself).
   void Reset() {
-    for (auto* c : {&write_ops, &read_ops, &bytes_written_behind, &bytes_written_sync,
-                    &bytes_read_ahead_hit, &bytes_read_engine, &bytes_read_cached,
-                    &bytes_written_cached, &write_behind_flushes, &read_ahead_fetches, &errors,
-                    &bytes_written_spliced, &bytes_splice_fallback, &bytes_written_adopted}) {
+    for (auto* c :
+         {&write_ops, &read_ops, &bytes_written_behind, &bytes_written_sync, &bytes_read_ahead_hit,
+          &bytes_read_engine, &bytes_read_cached, &bytes_written_cached, &write_behind_flushes,
+          &read_ahead_fetches, &errors, &bytes_written_spliced, &bytes_splice_fallback,
+          &bytes_written_adopted, &space_refusals, &space_short_writes, &space_write_through}) {
       c->store(0, std::memory_order_relaxed);
     }
   }

@@ -13,14 +13,66 @@ void FileData::Open(OpenFile* o, bool read_only) {
   o->read_only = read_only;
 }
 
-Status FileData::Write(OpenFile& o, const FileRef& file, bool page_cache_writes, ExtentSource& src,
-                       size_t size, int64_t off, char* scratch) {
+Result<size_t> FileData::Write(OpenFile& o, const FileRef& file, bool page_cache_writes,
+                               ExtentSource& src, size_t size, int64_t off, char* scratch) {
   ra_.Invalidate();
-  Status st = wb_.Write(file, page_cache_writes, src, size, off, scratch, &o.errors);
-  if (st.ok()) o.wrote.store(true, std::memory_order_relaxed);
+  Result<size_t> done = WriteReserved(o, file, page_cache_writes, src, size, off, scratch);
+  if (done.ok()) o.wrote.store(true, std::memory_order_relaxed);
   // Again now that the bytes are accepted: a reader that drained before them may have fetched
   // the old bytes meanwhile (ReadAhead::Generation).
   ra_.Invalidate();
+  return done;
+}
+
+Result<size_t> FileData::WriteReserved(OpenFile& o, const FileRef& file, bool page_cache_writes,
+                                       ExtentSource& src, size_t size, int64_t off, char* scratch) {
+  const SpaceOptions& opts = shared_->space;
+  // Without write-behind a write is synchronous and meets its own error; `extend` still wants
+  // the size raised first (space.h).
+  const bool reserving = opts.reserve && (shared_->writes.chunks != nullptr || opts.extend);
+  // A grant goes stale when a Trim or a change comes between it and the write-behind: ask again,
+  // and after a few such races write through (the write then needs no grant).
+  constexpr int kAttempts = 4;
+  for (int attempt = 0;; ++attempt) {
+    WriteAdmission admit;
+    size_t n = size;
+    if (reserving && attempt < kAttempts) {
+      Result<SpaceReservation::Grant> g = resv_.Reserve(
+          opts, shared_->budget, file, off, static_cast<int64_t>(size), !alone_ || alone_());
+      if (!g.ok()) {
+        // An earlier flush error this description has not heard of comes first, as in
+        // WriteBehind::Write.
+        if (Status err = wb_.Report(&o.errors); !err.ok()) return err;
+        if (shared_->writes.counters != nullptr && g.status().code() == Status::Code::kNoSpace) {
+          shared_->writes.counters->space_refusals.fetch_add(1, std::memory_order_relaxed);
+        }
+        return g.status();
+      }
+      n = static_cast<size_t>(g->bytes);
+      admit.through = g->through;
+      admit.resv = &resv_;
+      admit.epoch = g->epoch;
+    } else if (reserving) {
+      admit.through = true;
+    }
+    if (shared_->writes.counters != nullptr) {
+      Counters& c = *shared_->writes.counters;
+      if (admit.through) c.space_write_through.fetch_add(1, std::memory_order_relaxed);
+      if (n < size) c.space_short_writes.fetch_add(1, std::memory_order_relaxed);
+    }
+    bool stale = false;
+    DNVME_RETURN_IF_ERROR(
+        wb_.Write(file, page_cache_writes, src, n, off, scratch, &o.errors, admit, &stale));
+    if (!stale) return n;
+  }
+}
+
+Status FileData::Trim(int fd) {
+  if (!resv_.holds_past_eof()) return Status::Ok();
+  Status st;
+  (void)wb_.RunIdle([&] {
+    if (outside_writes_.load(std::memory_order_acquire) == 0) st = resv_.Trim(fd);
+  });
   return st;
 }
 
@@ -69,7 +121,8 @@ Result<int64_t> FileData::Read(OpenFile& o, const FileRef& file, const FileRead&
     ReadPolicy policy = shared_->policy;
     // The mount sent this open to the engine: only what is cached comes from the cache.
     if (!r.may_fill && policy.mode == ReadCache::kAuto) policy.mode = ReadCache::kResident;
-    plan = policy.Plan(file.buffered_fd(), r.off, n, file_size);
+    if (!r.may_probe) policy.residency = &UnknownResidency();
+    plan = policy.Plan(file.buffered_fd(), r.off, n, file_size, r.reader);
   }
   int64_t done = 0;
   for (const ResidentRun& run : plan) {
@@ -155,12 +208,18 @@ Result<int64_t> FileData::ReadDevice(OpenFile& o, const FileRef& file, const Fil
 Status FileData::Change(const std::function<Status()>& change) {
   Status st = wb_.Drain(nullptr);
   ra_.Invalidate();
+  resv_.Forget();  // a grant made before must not be taken in after the change
   if (st.ok()) st = change();
+  resv_.Forget();    // nor one made while it ran
   ra_.Invalidate();  // after the change too (ReadAhead::Generation)
   return st;
 }
 
-void FileData::Invalidate() { ra_.Invalidate(); }
+void FileData::Invalidate() {
+  ra_.Invalidate();
+  // It may have been truncated too (a `dnvme run` client's ftruncate), freeing reserved blocks.
+  resv_.Forget();
+}
 
 Status FileData::Drain() { return wb_.Drain(nullptr); }
 

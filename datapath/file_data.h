@@ -21,6 +21,11 @@
 //     is never served from the page cache: it asked for the device.
 //   - Errors of flushes reach each open file description once (ErrorCursor in OpenFile): a
 //     writer's close peeks (Flush), an fsync takes (Sync), a reader hears nothing.
+//   - A write acknowledged before it lands has its space first (datapath/space.h): the
+//     reservation grants the write, or the part of it that fits, or tells it to go through
+//     synchronously; ENOSPC/EDQUOT are the write's own errors, as on ext4. Every change
+//     (Change) makes the reservation look again, and what it holds past the end is freed by
+//     Trim once nothing of the file is in flight.
 //
 // Thread contract: every method may be called from any thread; the state is the WriteBehind's and
 // the ReadAhead's, each guarded by its own mutex (never both held at once). An OpenFile is used by
@@ -39,6 +44,7 @@
 #include "datapath/extent_source.h"
 #include "datapath/read_ahead.h"
 #include "datapath/read_policy.h"
+#include "datapath/space.h"
 #include "datapath/write_behind.h"
 #include "dnvme/handle.h"
 #include "dnvme/status.h"
@@ -57,6 +63,9 @@ struct FileDataShared {
   // How the rest of a read is read when the file shrank under it (pread(2) by default): the
   // preloaded library passes libc's own, past its interposers.
   ssize_t (*pread)(int fd, void* buf, size_t n, off_t off) = nullptr;
+  // Space before acknowledgement (datapath/space.h): the mount and `dnvme run` set it.
+  SpaceOptions space;
+  SpaceBudget* budget = nullptr;  // for file systems without fallocate; null: write through
 };
 
 // One open file description's place in its file's data path.
@@ -92,22 +101,36 @@ struct FileRead {
   // (ReadCache::kAuto): false for an open the mount sent to the engine because its opener's
   // memory did not fit the file (ReadPolicy::ColdReadsToEngine).
   bool may_fill = true;
+  // The reader (the READ's caller; 0: this process): a fill of the page cache takes its memory,
+  // so its budget decides (ReadPolicy::Fits), not the daemon's.
+  pid_t reader = 0;
+  // Whether the reader may learn the file's residency: false for one the kernel would refuse
+  // cachestat of it (UnknownResidency: cold runs go to the device, cached or not).
+  bool may_probe = true;
 };
 
 class FileData {
  public:
-  explicit FileData(const FileDataShared* shared, FlushHooks hooks = {})
-      : shared_(shared), wb_(&shared->writes, std::move(hooks)), ra_(&shared->reads) {}
+  // `alone`: whether nobody but this data path writes the file now (its reservation may then
+  // reach ahead past the end, space.h); empty: always.
+  explicit FileData(const FileDataShared* shared, FlushHooks hooks = {},
+                    std::function<bool()> alone = {})
+      : shared_(shared),
+        wb_(&shared->writes, std::move(hooks)),
+        ra_(&shared->reads),
+        alone_(std::move(alone)) {}
   FileData(const FileData&) = delete;
   FileData& operator=(const FileData&) = delete;
 
   // A description opened now: errors before it are not its own (except one nobody heard of).
   void Open(OpenFile* o, bool read_only);
 
-  // Accepts `size` bytes at `off` from `src` (WriteBehind::Write), the window invalidated before
-  // and after. Returns an earlier flush error `o` has not heard of, or this write's own.
-  Status Write(OpenFile& o, const FileRef& file, bool page_cache_writes, ExtentSource& src,
-               size_t size, int64_t off, char* scratch);
+  // Accepts `size` bytes at `off` from `src` (WriteBehind::Write) once their space is reserved,
+  // the window invalidated before and after. Returns the bytes accepted (fewer than `size`: only
+  // they fit, as a short write(2)), an earlier flush error `o` has not heard of, or this write's
+  // own (ENOSPC/EDQUOT when nothing fits).
+  Result<size_t> Write(OpenFile& o, const FileRef& file, bool page_cache_writes, ExtentSource& src,
+                       size_t size, int64_t off, char* scratch);
   // A read (see FileRead): the bytes read, 0 at or past the end of the file, or the error.
   Result<int64_t> Read(OpenFile& o, const FileRef& file, const FileRead& r);
   // For a caller that submits the read itself (an O_DIRECT reader answered from the engine's
@@ -118,10 +141,23 @@ class FileData {
   Result<int64_t> ReadShrunk(int fd, char* buf, int64_t n, int64_t off) const;
 
   // Runs `change` (a truncate, a fallocate, a write by other means) once the write-behind landed,
-  // with the window invalidated before and after. Returns the write-behind's error (then `change`
-  // does not run) or `change`'s.
+  // with the window invalidated and the space reservation forgotten before and after. Returns the
+  // write-behind's error (then `change` does not run) or `change`'s.
   Status Change(const std::function<Status()>& change);
-  // The file changed behind the data path (a write announced by someone else): drops the window.
+  // A writer outside the data path (a control-file transfer) writes the file meanwhile: no Trim
+  // until it ends (a truncate to a size read before its write landed would cut it).
+  void BeginOutsideWrite() { outside_writes_.fetch_add(1, std::memory_order_acq_rel); }
+  void EndOutsideWrite() { outside_writes_.fetch_sub(1, std::memory_order_acq_rel); }
+  // Frees what the space reservation holds past the end of the file, through `fd` (opened for
+  // writing), once the write-behind landed and while no write can start (WriteBehind::RunIdle)
+  // and no outside writer runs; the caller keeps every other writer out (the mount: new `dnvme
+  // run` leases). Ok when there was nothing to free or it must wait for a later call (a writer
+  // came meanwhile).
+  Status Trim(int fd);
+  // Whether Trim has anything to free.
+  bool holds_reservation() { return resv_.holds_past_eof(); }
+  // The file changed behind the data path (a write announced by someone else): drops the window
+  // and makes the space reservation look again (it may have been truncated too).
   void Invalidate();
 
   // Lands the write-behind without taking errors (a reader, a truncate, lseek, utimes): the
@@ -157,9 +193,16 @@ class FileData {
   Result<int64_t> ReadDevice(OpenFile& o, const FileRef& file, const FileRead& r, int64_t at,
                              int64_t len, int64_t file_size, uint64_t generation);
 
+  // Write() under the reservation: asks it, then hands what it granted to the write-behind.
+  Result<size_t> WriteReserved(OpenFile& o, const FileRef& file, bool page_cache_writes,
+                               ExtentSource& src, size_t size, int64_t off, char* scratch);
+
   const FileDataShared* shared_;
   WriteBehind wb_;
   ReadAhead ra_;
+  SpaceReservation resv_;
+  const std::function<bool()> alone_;
+  std::atomic<int> outside_writes_{0};
 };
 
 }  // namespace dnvme::datapath

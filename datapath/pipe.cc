@@ -155,8 +155,9 @@ void PipePool::Return(Pipe* p) {
   if (p->Pending() != 0) {
     auto dropped = p->Discard();
     if (!dropped.ok() || p->Pending() != 0) {
-      Logger().error("pipe retired: {}",
-                     dropped.ok() ? std::string("still not empty") : dropped.status().ToString());
+      DNVME_LOG_THROTTLED(
+          err, "pipe retired: {}",
+          dropped.ok() ? std::string("still not empty") : dropped.status().ToString());
       return;
     }
   }

@@ -30,6 +30,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "datapath/counters.h"
+#include "datapath/published_ptr.h"
 #include "dnvme/handle.h"
 #include "dnvme/pinned.h"
 #include "dnvme/status.h"
@@ -47,7 +49,9 @@ namespace dnvme::datapath {
 // What every file's ReadAhead shares. Owned by the user of the library (the mount, the preloaded
 // library), outlives every ReadAhead.
 struct ReadAheadShared {
-  PinnedPool* chunks = nullptr;  // chunk-sized pinned buffers; null: read-ahead off
+  // Chunk-sized pinned buffers; null: read-ahead off. Atomic: `dnvme run` sets it from whichever
+  // reader's thread first needs it (make_chunks), while others read it.
+  PublishedPtr<PinnedPool> chunks;
   // Null, or how `chunks` comes to be: called before a window read finds `chunks` null, from the
   // reader's thread (FileData::ReadDevice). `dnvme run` makes its pool there, so a process whose
   // reads the page cache serves whole (read_policy.h) pins nothing.

@@ -240,6 +240,18 @@ const Residency& KernelResidency() {
   return kernel;
 }
 
+namespace {
+class NoResidency final : public Residency {
+ public:
+  int64_t Resident(int, int64_t, int64_t) const override { return -1; }
+};
+}  // namespace
+
+const Residency& UnknownResidency() {
+  static const NoResidency none;
+  return none;
+}
+
 int64_t HeadroomCache::Get(const std::string& key, int64_t now_ns,
                            const std::function<int64_t()>& compute) {
   {
@@ -274,19 +286,20 @@ bool ReadPolicy::Fits(int64_t size, pid_t pid) const {
   return static_cast<double>(size) <= fraction * budget;
 }
 
-std::vector<ResidentRun> ReadPolicy::Plan(int fd, int64_t off, int64_t len,
-                                          int64_t file_size) const {
+std::vector<ResidentRun> ReadPolicy::Plan(int fd, int64_t off, int64_t len, int64_t file_size,
+                                          pid_t pid) const {
   std::vector<ResidentRun> out;
   if (len <= 0) return out;
   if (mode == ReadCache::kOff) return {{off, len, false}};
-  if (mode == ReadCache::kAuto && Fits(file_size)) return {{off, len, true}};
+  if (mode == ReadCache::kAuto && Fits(file_size, pid)) return {{off, len, true}};
   // At most about 64 leaves for a large read; page granularity for a small one.
   const int64_t granule = std::max(kPage, (len / 64 + kPage - 1) / kPage * kPage);
   Split(residency_probe(), fd, off, off + len, granule, &out);
   return out;
 }
 
-bool ReadPolicy::ColdReadsToEngine(int fd, int64_t size, pid_t pid, int64_t engine_from) const {
+bool ReadPolicy::ColdReadsToEngine(int fd, int64_t size, pid_t pid, int64_t engine_from,
+                                   bool may_probe) const {
   if (size < engine_from) return false;
   if (mode == ReadCache::kOff) return true;
   if (mode == ReadCache::kAuto && Fits(size, pid)) return false;
@@ -296,7 +309,7 @@ bool ReadPolicy::ColdReadsToEngine(int fd, int64_t size, pid_t pid, int64_t engi
   for (int64_t i = 0; i < samples; ++i) {
     const int64_t at = (size - kSample) / std::max<int64_t>(1, samples - 1) * i / kPage * kPage;
     const int64_t len = std::min(kSample, size - at);
-    const int64_t got = residency_probe().Resident(fd, at, len);
+    const int64_t got = (may_probe ? residency_probe() : UnknownResidency()).Resident(fd, at, len);
     asked += len;
     cached += std::max<int64_t>(0, got);
   }

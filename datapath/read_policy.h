@@ -69,6 +69,10 @@ class Residency {
 };
 // cachestat(2).
 const Residency& KernelResidency();
+// Always -1 (unknown): for a reader the kernel would refuse cachestat of the file (one who could
+// not open it for writing). The daemon asks as root; deciding with what only root may know would
+// tell that reader whether the file is cached, through the decision's counters and its speed.
+const Residency& UnknownResidency();
 
 // The memory seam.
 class MemoryBudget {
@@ -138,7 +142,9 @@ struct ReadPolicy {
   // the range (whole pages; single pages for a read of 256 KiB or less). A granule only partly
   // cached goes to the engine whole (O_DIRECT reads of cached pages are right), which bounds the
   // probes of a large read at a few hundred.
-  std::vector<ResidentRun> Plan(int fd, int64_t off, int64_t len, int64_t file_size) const;
+  // `pid`: the reader, whose memory a fill of the page cache takes (0: this process).
+  std::vector<ResidentRun> Plan(int fd, int64_t off, int64_t len, int64_t file_size,
+                                pid_t pid = 0) const;
   // Write-behind flushes of a file that fits go through the page cache instead of O_DIRECT, so
   // that a file read back right after it was written (a checkpoint saved, then validated or
   // loaded) comes from memory, as on plain ext4. Off by default: write + fsync then runs at the
@@ -156,8 +162,10 @@ struct ReadPolicy {
   // reads should come from the engine (the daemon serves it) rather than from the backing file's
   // page cache (passthrough). kOff: any file of at least `engine_from` bytes; kResident: such a
   // file unless most of it is cached; kAuto: such a file that does not fit and is not mostly
-  // cached. Residency is sampled (at most 16 ranges of 1 MiB), not walked.
-  bool ColdReadsToEngine(int fd, int64_t size, pid_t pid, int64_t engine_from) const;
+  // cached. Residency is sampled (at most 16 ranges of 1 MiB), not walked; `may_probe` false (an
+  // opener who could not write the file) takes it as unknown (UnknownResidency).
+  bool ColdReadsToEngine(int fd, int64_t size, pid_t pid, int64_t engine_from,
+                         bool may_probe = true) const;
 };
 
 }  // namespace dnvme::datapath

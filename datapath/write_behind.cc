@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "datapath/space.h"
 #include "dnvme/identity.h"
 #include "dnvme/log.h"
 
@@ -72,7 +73,8 @@ Status KeepWhatFits(const FileRef& file, const char* data, int64_t n, int64_t at
                                       " written again through the page cache (" +
                                       std::to_string(n) + " bytes did not fit)");
   }
-  Logger().warn("write-behind flush: {}; its bytes fit through the page cache", why.ToString());
+  DNVME_LOG_THROTTLED(warn, "write-behind flush: {}; its bytes fit through the page cache",
+                      why.ToString());
   return Status::Ok();
 }
 
@@ -160,7 +162,7 @@ void WriteBehind::FinishFlushLocked(const Status& st, bool adopted) {
   if (adopted) --adopted_inflight_;
   if (!st.ok()) {
     shared_->counters->errors.fetch_add(1, std::memory_order_relaxed);
-    Logger().error("write-behind flush failed: {}", st.ToString());
+    DNVME_LOG_THROTTLED(err, "write-behind flush failed: {}", st.ToString());
     RecordErrorLocked(st);
   }
   if (--inflight_ == 0 && ext_.kind == Kind::kNone) end_ = 0;
@@ -365,6 +367,19 @@ Status WriteBehind::Drain(ErrorCursor* errors) {
   return DrainLocked(lock, errors);
 }
 
+bool WriteBehind::RunIdle(const std::function<void()>& fn) {
+  std::unique_lock lock(m_);
+  for (int tries = 0; tries < 3; ++tries) {
+    FlushLocked({});
+    cv_.wait(lock, [&] { return inflight_ == 0 && sync_inflight_ == 0; });
+    if (ext_.kind != Kind::kNone) continue;  // a write came meanwhile: land it too
+    end_ = 0;
+    fn();
+    return true;
+  }
+  return false;
+}
+
 Status WriteBehind::Report(ErrorCursor* errors) {
   std::lock_guard lock(m_);
   return ReportLocked(errors);
@@ -531,19 +546,24 @@ Result<size_t> WriteBehind::GatherLocked(std::unique_lock<std::mutex>& lock, con
 }
 
 Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, ExtentSource& src,
-                          size_t size, int64_t off, char* scratch, ErrorCursor* errors) {
+                          size_t size, int64_t off, char* scratch, ErrorCursor* errors,
+                          const WriteAdmission& admit, bool* stale) {
   Counters& counters = *shared_->counters;
-  counters.write_ops.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lock(m_);
   if (closed_) return Status::FromErrno(EBADF, "write after the file's write-behind closed");
   // An earlier flush failed: this writer hears of it now.
   if (Status err = ReportLocked(errors); !err.ok()) return err;
+  if (admit.resv != nullptr && admit.resv->epoch() != admit.epoch) {
+    if (stale != nullptr) *stale = true;
+    return Status::Ok();
+  }
+  counters.write_ops.fetch_add(1, std::memory_order_relaxed);
   size_t done = 0;
   // O_DIRECT clients take the same path: O_DIRECT promises no page cache, not durability (that
   // is fsync's job, which drains), and FUSE runs a file's direct writes one at a time (libfuse
   // 3.14 cannot ask for FOPEN_PARALLEL_DIRECT_WRITES), so replying only after the disk would run
   // them at queue depth one.
-  if (shared_->chunks != nullptr) {
+  if (shared_->chunks != nullptr && !admit.through) {
     Latch latch;
     if (shared_->ack == Ack::kSubmitted) latch = std::make_shared<SubmitLatch>();
     Result<size_t> gathered = GatherLocked(lock, file, page_cache_writes, src, size, off, latch);
@@ -566,9 +586,22 @@ Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, ExtentSou
     if (!gathered.ok()) return gathered.status();
     if (done == size) return Status::Ok();
   }
-  // Synchronous path (small, unaligned, no free chunk): earlier data must land first.
+  // Synchronous path (small, unaligned, no free chunk, written through): earlier data must land
+  // first. Counted while it runs outside the mutex (RunIdle waits for it), and the hooks hear
+  // of it as of a flush: `dnvme run`'s lease word must count every write in flight, this one too.
   if (Status err = DrainLocked(lock, errors); !err.ok()) return err;
+  ++sync_inflight_;
+  if (hooks_.started) hooks_.started();
   lock.unlock();
+  struct Landed {
+    WriteBehind* wb;
+    ~Landed() {
+      std::lock_guard g(wb->m_);
+      if (wb->hooks_.finished) wb->hooks_.finished();
+      --wb->sync_inflight_;
+      wb->cv_.notify_all();
+    }
+  } landed{this};
   const int64_t rest = static_cast<int64_t>(size - done);
   // Straight from the request when it is in memory (the session loop receives a WRITE's payload
   // page-aligned, so the engine writes it without a bounce copy); otherwise into the thread's
@@ -580,17 +613,7 @@ Status WriteBehind::Write(const FileRef& file, bool page_cache_writes, ExtentSou
     }
     data = scratch;
   }
-  // The hooks hear of it as of a flush: `dnvme run`'s lease word must count every write in
-  // flight, this one too.
-  if (hooks_.started) {
-    std::lock_guard g(m_);
-    hooks_.started();
-  }
   Status st = shared_->engine()->sync_pwrite(data, rest, file, off + static_cast<int64_t>(done));
-  if (hooks_.finished) {
-    std::lock_guard g(m_);
-    hooks_.finished();
-  }
   if (!st.ok()) {
     counters.errors.fetch_add(1, std::memory_order_relaxed);
     return st;

@@ -53,6 +53,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -63,6 +64,7 @@
 #include "datapath/counters.h"
 #include "datapath/extent_source.h"
 #include "datapath/pipe.h"
+#include "datapath/published_ptr.h"
 #include "datapath/read_policy.h"
 #include "datapath/splice_io.h"
 #include "dnvme/handle.h"
@@ -78,8 +80,9 @@ enum class Ack { kGathered, kSubmitted };
 // library (the mount, the preloaded library), outlives every WriteBehind.
 struct WriteBehindShared {
   // Pinned chunks of at least write_chunk bytes (write_chunk + 4 KiB with unaligned_extents);
-  // null: write-behind off, every write is synchronous.
-  PinnedPool* chunks = nullptr;
+  // null: write-behind off, every write is synchronous. Atomic: `dnvme run` sets it from the
+  // first writer's thread (preload/staging.cc, WritePool) while others read it.
+  PublishedPtr<PinnedPool> chunks;
   PipePool* pipes = nullptr;          // pipes for spliced extents; null: none
   SpliceWorkers* splicers = nullptr;  // runs spliced flushes; set iff pipes is
   int64_t write_chunk = 8 << 20;      // bytes per extent at most
@@ -108,6 +111,18 @@ struct ErrorCursor {
   uint64_t seen = 0;  // the flush errors (WriteBehind's count) this description has heard of
 };
 
+class SpaceReservation;  // datapath/space.h
+
+// How FileData's space reservation (datapath/space.h) lets a write in: `through` writes it
+// synchronously (nothing reserved it: the write meets its own error); with `resv`, the grant
+// holds only while resv->epoch() is still `epoch` when the write is taken in, which is checked
+// under the WriteBehind's mutex, so no Trim (which runs under it) comes between.
+struct WriteAdmission {
+  bool through = false;
+  const SpaceReservation* resv = nullptr;
+  uint64_t epoch = 0;
+};
+
 class WriteBehind {
  public:
   explicit WriteBehind(const WriteBehindShared* shared, FlushHooks hooks = {})
@@ -121,9 +136,11 @@ class WriteBehind {
   // Data that cannot be gathered (unaligned start, no free chunk) is written synchronously after
   // everything before it landed, from the source's memory or via `scratch` (pinned, aligned,
   // >= size; may be null when the source is in memory). Returns an earlier flush error `errors`
-  // has not heard of (then it has), or this write's own; after Close, EBADF.
+  // has not heard of (then it has), or this write's own; after Close, EBADF. `*stale` (when
+  // given): set, with nothing taken in, when `admit`'s grant no longer holds (ask again).
   Status Write(const FileRef& file, bool page_cache_writes, ExtentSource& src, size_t size,
-               int64_t off, char* scratch, ErrorCursor* errors);
+               int64_t off, char* scratch, ErrorCursor* errors, const WriteAdmission& admit = {},
+               bool* stale = nullptr);
   // Flushes the pending extent and waits for every flush. With `errors` (a writer's close, any
   // fsync): returns a flush error that description has not heard of, once. Without (a reader, a
   // truncate, the control file): returns the latest error while no description has heard of it
@@ -146,6 +163,13 @@ class WriteBehind {
   // Folds data not yet on disk into `st`: the size the file will have and the modification time
   // of the last accepted write (POSIX marks mtime at write(), not at flush).
   void ApplyPending(struct stat* st);
+
+  // Lands everything, then runs `fn` under the mutex while nothing is pending or in flight (no
+  // extent, no flush, no synchronous write), so no write of this file can be taken in while it
+  // runs: what freeing the space reserved past the end needs (FileData::Trim). False, without
+  // running it, when writers kept coming (`fn` must not block for long: every write of the file
+  // waits for it).
+  bool RunIdle(const std::function<void()>& fn);
 
   // For tests and stats: flushes submitted and not completed.
   int inflight();
@@ -197,6 +221,7 @@ class WriteBehind {
   Extent ext_;                // being gathered (kind kNone: none)
   int inflight_ = 0;          // flushes submitted, not completed
   int adopted_inflight_ = 0;  // of which extents of adopted request buffers
+  int sync_inflight_ = 0;     // synchronous writes running (outside the mutex)
   int64_t next_ = -1;         // end of the last extent: a write there continues the stream
   int64_t flight_lo_ = 0;     // the pages the flushes in flight cover, as one range (valid
   int64_t flight_hi_ = 0;     // while inflight_ > 0)

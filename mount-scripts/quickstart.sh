@@ -52,15 +52,37 @@ command -v fusermount3 >/dev/null || die "fusermount3 is missing; run scripts/in
 
 # var/ is root's alone (0700): nobody else reaches the backing directory except through the
 # mount (docs/security.md, "Set-up"; the daemon warns when another user could).
-# A directory named by DNVME_QUICKSTART_DIR is never chmod'ed (it might be /tmp): it is made
-# 0700 when missing, and refused when someone else owns it or can reach into it.
-if [[ $VAR == "$ROOT/var" || ! -e $VAR ]]; then
-  install -d -m 0700 "$VAR" && chmod 0700 "$VAR"
-elif [[ ! -d $VAR || ! -O $VAR || $(stat -c %a "$VAR") != 700 ]]; then
-  echo "quickstart: DNVME_QUICKSTART_DIR=$VAR must be a directory of yours with mode 0700" \
-    "(or not exist yet)" >&2
+# A directory named by DNVME_QUICKSTART_DIR is never chmod'ed (it might be /tmp). It is made with
+# one mkdir, which fails when anything already has the name, and checked after, however it came
+# to be: a user who creates the name first (a race in a world-writable directory) gets a refusal,
+# not root's mount of the user's directory and root's log in it. No directory above it may be
+# writable by another user without the sticky bit (they could rename it away and put their own
+# in its place after the check).
+refuse_var() {
+  echo "quickstart: DNVME_QUICKSTART_DIR=$VAR $*" >&2
   exit 2
+}
+# (The checkout's own var/ is as safe as the checkout whose scripts root runs.)
+if [[ $VAR == "$ROOT/var" ]]; then
+  install -d -m 0700 "$VAR" && chmod 0700 "$VAR"
+else
+  mkdir -m 0700 "$VAR" 2>/dev/null || true
+  if [[ -L $VAR || ! -d $VAR || ! -O $VAR || $(stat -c %a "$VAR") != 700 ]]; then
+    refuse_var "must be a directory of yours with mode 0700 (or not exist yet)"
+  fi
+  up=$(cd -P "$VAR/.." && pwd)
 fi
+while [[ $VAR != "$ROOT/var" ]]; do
+  read -r owner mode <<<"$(stat -c '%u %a' "$up")"
+  if [[ $owner != 0 && $owner != "$(id -u)" ]]; then
+    refuse_var "lies in $up, which uid $owner owns"
+  fi
+  if (((8#$mode & 8#022) != 0 && (8#$mode & 8#1000) == 0)); then
+    refuse_var "lies in $up (mode $mode), which others may write without the sticky bit"
+  fi
+  [[ $up == / ]] && break
+  up=$(dirname "$up")
+done
 mkdir -p "$BACKING" "$MNT"
 WORK=$(mktemp -d)
 RAW_FILE=$BACKING/quickstart_raw.dat

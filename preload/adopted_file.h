@@ -12,16 +12,16 @@
 // put in the table (Adopt) and only read after, except `witness`, which EndLease closes once no
 // descriptor maps to the file. The others are guarded as each says.
 //
-// LOCK ORDER (the process-wide locks included): every lock is taken alone -- mu, em, xm, the
+// LOCK ORDER (the process-wide locks included): every lock is taken alone -- mu, em, the
 // data path's own mutexes (datapath/file_data.h), a BrokerConnection's mu and the
 // descriptor table's lock are never held while taking another one, except that the
 // write-behind's mutex is held while its FlushHooks touch the lease word (an atomic, no lock).
 // (The descriptor table's lock is taken before the engine's when fork() prepares, lifetime.cc.)
-// What is held across a blocking call: xm across fallocate/ftruncate of the backing file and, in
-// ftruncate(2), of the program's descriptor; a BrokerConnection's mu across a broker round trip;
+// What is held across a blocking call: a BrokerConnection's mu across a broker round trip;
 // the descriptor table's lock across kcmp only; mu and em across nothing. The data path's
-// mutexes are never held across I/O (datapath/). Engine completions run on engine threads and
-// take only the data path's mutexes.
+// mutexes are held across no engine I/O; its space reservation's across fallocate, ftruncate
+// and FIEMAP of the backing file (datapath/space.h). Engine completions run on engine threads
+// and take only the write-behind's and read-ahead's mutexes.
 #ifndef DNVME_PRELOAD_ADOPTED_FILE_H_
 #define DNVME_PRELOAD_ADOPTED_FILE_H_
 
@@ -67,15 +67,6 @@ struct AdoptedFile {
   // An error taken from the write-behind (or a reservation) by a call that returned the bytes it
   // wrote before it (DirectVec): the next write, fsync or close reports it.
   Status kept;
-
-  // Space for the writes that extend the file (reserve.h), serialised by `xm` (also held by
-  // fallocate and ftruncate of the file, which invalidate it). Blocks [resv_lo, resv_hi) were
-  // allocated past the end of the file (fallocate KEEP_SIZE) for this writer.
-  std::mutex xm;
-  int64_t resv_lo = 0, resv_hi = 0;  // guarded by xm; empty when equal
-  int64_t size_set = -1;             // guarded by xm: the size Reserve last gave the file
-  bool past_eof = false;             // guarded by xm: blocks may lie past the end (Trim frees them)
-  bool no_fallocate = false;         // guarded by xm: the backing file system has no fallocate
 
   int fds = 0;  // guarded by the descriptor table's lock: the program's descriptors of it
 };

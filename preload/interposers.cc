@@ -18,8 +18,8 @@
 // Writes are write-behind from pinned staging buffers, but a write returns only once every byte
 // of it is in the kernel (the engine's Submitted notice): submitted AIO outlives the process, so
 // a returned write survives exit, _exit and kill -9 as on ext4 (staging.h).
-// A write that extends the file reserves its space first (fallocate): ENOSPC is that write's
-// error, and it leaves no zero-filled tail (reserve.h).
+// A write's space is reserved first (fallocate, datapath/space.h): ENOSPC is that write's
+// error, and it leaves no zero-filled tail.
 // fallocate(2) of an adopted file goes to the backing file in every mode (docs/preload.md).
 //
 // Coherence (fs/broker/leases.h): before a direct transfer, data that reached the mount's

@@ -1,9 +1,11 @@
-// Space for the writes that extend an adopted file: reserved before the write (fallocate), so
-// ENOSPC and EDQUOT are that write's error and no zero-filled tail is left (docs/preload.md,
-// "Durability and space").
+// The preload's side of the space its writes need (datapath/space.h does the reserving, inside
+// FileData::Write: `dnvme run`'s data path reserves before each write and extends the file, so
+// ENOSPC and EDQUOT are that write's error and no zero-filled tail is left; docs/preload.md,
+// "Durability and space"): the changes that make the reservation look again, and freeing what it
+// holds past the end when this process is done with the file.
 //
-// Thread contract: every function is thread-safe; each takes the file's `xm` (lock order:
-// adopted_file.h), except the Locked one, which needs it held.
+// Thread contract: every function is thread-safe. TruncateAdopted and FallocateBacking run inside
+// FileData::Change (which lands the write-behind and forgets the reservation around them).
 #ifndef DNVME_PRELOAD_RESERVE_H_
 #define DNVME_PRELOAD_RESERVE_H_
 
@@ -20,20 +22,17 @@ namespace dnvme::preload {
 // root-reserved blocks only to root. Retried on EINTR; fails with fallocate's errno.
 Status BackingFallocate(int fd, int mode, int64_t off, int64_t len);
 
-// Before a write of [off, end) that extends the file: space for it, then the new size. Ok, or
-// the error (ENOSPC, EDQUOT...) with the file as it was.
-Status Reserve(AdoptedFile& f, int64_t off, int64_t end);
-
-// Frees what Reserve left past the end of the file, once this process's writes to it are done
-// (the lease ends, or the process exits). Not while someone else has the file open.
+// Frees what the reservation left past the end of the file, once this process's writes to it
+// are done (the lease ends, or the process exits). Not while someone else has the file open
+// (the lease word's `shared`): a write of theirs could extend it under the truncate.
 void TrimReservation(AdoptedFile& f);
 
-// ftruncate(2) of the program's descriptor `fd` of the file, under f.xm (a shrink frees the
-// blocks reserved past the end, so the reservation is forgotten); fails with ftruncate's errno.
+// ftruncate(2) of the program's descriptor `fd` of the file; fails with ftruncate's errno. Run
+// it in f.data.Change (a shrink frees the blocks reserved past the end).
 Status TruncateAdopted(AdoptedFile& f, int fd, off_t len);
 
-// fallocate(2) of the backing file in any mode, under f.xm (the reservation is forgotten); fails
-// with fallocate's errno.
+// fallocate(2) of the backing file in any mode; fails with fallocate's errno. Run it in
+// f.data.Change.
 Status FallocateBacking(AdoptedFile& f, int mode, off_t off, off_t len);
 
 }  // namespace dnvme::preload

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <utility>
@@ -58,6 +59,8 @@ struct EngineState {
   datapath::FileDataShared data;
 };
 EngineState g_engine;
+// For file systems without fallocate (datapath/space.h); never freed, like the engine.
+datapath::SpaceBudget g_budget;
 
 // The engine as the data path asks for it: this process's, never freed (no owner to share).
 std::shared_ptr<AioHandle> ProcessEngine() {
@@ -68,15 +71,17 @@ std::shared_ptr<AioHandle> ProcessEngine() {
 // pins no write-behind buffers, one that only writes or reads in large calls no read-ahead ones.
 // Null when they cannot be pinned (RLIMIT_MEMLOCK): the caller then does without.
 // Every transfer asks, so after the first the answer costs one atomic load, not the lock.
-PinnedPool* PoolOnce(PinnedPool** pool, PinnedPool** user, std::atomic<bool>* tried, size_t size,
-                     size_t count, const char* without) {
+PinnedPool* PoolOnce(PinnedPool** pool, datapath::PublishedPtr<PinnedPool>* user,
+                     std::atomic<bool>* tried, size_t size, size_t count, const char* without,
+                     const std::function<void()>& made_hook = {}) {
   if (tried->load(std::memory_order_acquire)) return *pool;
   std::lock_guard lock(g_engine.mu);
   if (!tried->load(std::memory_order_relaxed)) {
     auto made = PinnedPool::Create(size, count);
     if (made.ok()) {
       *pool = std::move(made).value().release();
-      *user = *pool;
+      if (made_hook) made_hook();  // before the pool is published
+      user->store(*pool);
     } else {
       dnvme::Logger().info("dnvme run: no pinned buffers ({}); {}", made.status().ToString(),
                            without);
@@ -130,6 +135,12 @@ AioHandle* Engine() {
   w.unaligned_extents = true;
   w.engine = ProcessEngine;
   w.counters = &ProcessCounters().data;
+  // Space before acknowledgement (datapath/space.h): a write returns once its requests are in
+  // the kernel, before they land, so its blocks come first; the file is extended at once too.
+  g_engine.data.space.reserve = true;
+  g_engine.data.space.extend = true;
+  g_engine.data.space.unlanded_max = static_cast<int64_t>(kChunks * (kChunk + 4096));
+  g_engine.data.budget = &g_budget;
   datapath::ReadAheadShared& r = g_engine.data.reads;
   // The rest of a read that found the file shrunk is the mount's to answer, past our pread.
   g_engine.data.pread = Libc().pread;
@@ -160,9 +171,11 @@ PinnedPool* ReadPool() {
   const int64_t bytes = PreloadSettings().readahead;
   if (bytes <= 0) return nullptr;
   const auto count = static_cast<size_t>(std::max<int64_t>(2, bytes / kAheadChunk));
-  g_engine.data.reads.window = static_cast<int64_t>(count) * kAheadChunk;  // (the same every call)
+  // The window is set once, before the pool is published: readers read it without a lock.
   return PoolOnce(&g_engine.read_pool, &g_engine.data.reads.chunks, &g_engine.read_pool_tried,
-                  kAheadChunk, count, "no read-ahead");
+                  kAheadChunk, count, "no read-ahead", [count] {
+                    g_engine.data.reads.window = static_cast<int64_t>(count) * kAheadChunk;
+                  });
 }
 
 void LockEngineForFork() { g_engine.mu.lock(); }
@@ -184,7 +197,11 @@ void ForgetEngineInChild() {
 
 // ---- the data path's shared state ----
 
-AdoptedFile::AdoptedFile() : data(&g_engine.data, LeaseWordHooks(this)) {}
+// The reservation reaches ahead past the end only while nobody else has the file open: their
+// truncates would free it under us (datapath/space.h).
+AdoptedFile::AdoptedFile()
+    : data(&g_engine.data, LeaseWordHooks(this),
+           [this] { return word->shared.load(std::memory_order_seq_cst) == 0; }) {}
 
 datapath::FlushHooks LeaseWordHooks(AdoptedFile* f) {
   datapath::FlushHooks hooks;
@@ -219,12 +236,15 @@ Status TakeFirstError(AdoptedFile& f) {
   return f.data.Report(f.open);
 }
 
-Status SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off) {
+Result<int64_t> SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off) {
   datapath::MemorySource src(buf, n);
-  Status st = f.data.Write(f.open, f.file, /*page_cache_writes=*/false, src, n, off,
-                           /*scratch=*/nullptr);
-  if (!st.ok()) dnvme::Logger().debug("dnvme run: {}", st.ToString());
-  return st;
+  Result<size_t> done = f.data.Write(f.open, f.file, /*page_cache_writes=*/false, src, n, off,
+                                     /*scratch=*/nullptr);
+  if (!done.ok()) {
+    dnvme::Logger().debug("dnvme run: {}", done.status().ToString());
+    return done.status();
+  }
+  return static_cast<int64_t>(*done);
 }
 
 // ---- reads ----

@@ -73,8 +73,9 @@ Status TakeFirstError(AdoptedFile& f);
 // in the kernel: its O_DIRECT requests accepted by io_submit and its unaligned edges in the page
 // cache. The kernel finishes those even if this process exits or is killed, so a write that
 // returned survives the process as on ext4; the completions still come later, overlapping the
-// program's next steps.
-Status SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off);
+// program's next steps. Its space is reserved first (datapath/space.h): returns the bytes
+// written, fewer than `n` when only they fit, or the error (ENOSPC/EDQUOT when none does).
+Result<int64_t> SubmitWrite(AdoptedFile& f, const char* buf, size_t n, off_t off);
 
 // ---- reads ----
 

@@ -77,26 +77,16 @@ Result<int64_t> DirectIo(const std::shared_ptr<AdoptedFile>& fp, bool write, voi
   }
   Result<int64_t> done = static_cast<int64_t>(n);
   if (write) {
-    // ext4 runs an O_DIRECT write that extends the file synchronously, one request after the
-    // other (it must update the size when the data is in): reserve the space and extend the file
-    // first, so the engine's requests run queue_depth deep into the new range. A reader may see
-    // the new size before the bytes, as with any write still in progress.
-    if (Status st = Reserve(f, off, static_cast<int64_t>(off) + static_cast<int64_t>(n));
-        !st.ok()) {
-      counters.errors.fetch_add(1, std::memory_order_relaxed);
-      return st;
-    }
-    Status st;
-    if (WritePool() != nullptr) {
-      st = SubmitWrite(f, static_cast<const char*>(buf), n, off);
-      // Pieces submitted before a failure may still land: announce the range all the same.
-      if (!st.ok()) NoteWritten(f, off, static_cast<int64_t>(n));
-    } else {
-      AioHandle* engine = EngineIfMade();
-      st = f.data.Change(
-          [&] { return engine->sync_pwrite(buf, static_cast<int64_t>(n), f.file, off); });
-    }
-    if (!st.ok()) done = st;
+    // The data path reserves the write's space and extends the file first (datapath/space.h):
+    // ENOSPC/EDQUOT are this write's, and ext4 runs the engine's O_DIRECT requests queue_depth
+    // deep inside the file (an extending one runs alone, synchronously). A reader may see the new
+    // size before the bytes, as with any write still in progress. Without write-behind buffers
+    // the data path writes synchronously.
+    (void)WritePool();
+    done = SubmitWrite(f, static_cast<const char*>(buf), n, off);
+    // Pieces submitted before a failure may still land: announce the range all the same.
+    if (!done.ok()) NoteWritten(f, off, static_cast<int64_t>(n));
+    if (done.ok()) n = static_cast<size_t>(*done);  // fewer when only they fit
   } else if (IsMapped(f)) {
     // The program may have written through its mapping: those pages are the kernel's, and only
     // the mount reads them.

@@ -26,4 +26,7 @@ DNVME_HOST_PACKAGES=(
   gnuplot-nox systemd
   clang-format
   # The libFuzzer target of the control-file parser (tests/fuzz/run.sh): clang and its runtime.
-  clang libclang-rt-14-dev)
+  clang libclang-rt-14-dev
+  # Backing file systems of the space tests (tests/security/test_space.py): each preallocates
+  # differently.
+  xfsprogs btrfs-progs)

@@ -1,13 +1,21 @@
 #include "dnvme/log.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <spdlog/pattern_formatter.h>
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <cerrno>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+
+#include "dnvme/fd.h"
 
 namespace dnvme {
 namespace {
@@ -158,10 +166,70 @@ Status SetLogLevel(const std::string& level) {
   return Status::Ok();
 }
 
+namespace {
+
+// A sink that appends every record to a descriptor of its own, opened by SetLogFile (spdlog's
+// file sink opens by name itself, following a symlink a user may have planted in its directory).
+// Thread safety: base_sink serializes sink_it_ and flush_ with its mutex.
+class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit FdSink(UniqueFd fd) : fd_(std::move(fd)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    const char* p = line.data();
+    size_t left = line.size();
+    while (left > 0) {
+      ssize_t n = write(fd_.get(), p, left);
+      if (n < 0 && errno == EINTR) continue;
+      // A full disk or a log file that fails loses log lines, never the daemon: nothing to tell.
+      if (n <= 0) return;
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+  void flush_() override {}  // write(2) leaves nothing buffered here
+
+ private:
+  UniqueFd fd_;
+};
+
+// The log file, opened without following a symlink in its last component, refused unless it is
+// a regular file with one link, and (for a daemon running as root) owned by the daemon: a root
+// daemon told `log_file=/tmp/x.log` must not append to a file another user placed or linked there.
+Result<UniqueFd> OpenLogFile(const std::string& path) {
+  // O_NONBLOCK: a FIFO planted at the name must not hang the daemon's start (ENXIO instead); it
+  // means nothing to a regular file.
+  UniqueFd fd(open(path.c_str(),
+                   O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY,
+                   0640));
+  if (!fd.valid()) {
+    return Status::FromErrno(errno, errno == ELOOP ? "log file '" + path + "' is a symlink"
+                                                   : "cannot open log file '" + path + "'");
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0)
+    return Status::FromErrno(errno, "fstat of log file '" + path + "'");
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    return Status::InvalidArgument("log file '" + path +
+                                   "' is not a regular file with one link: refused");
+  }
+  if (st.st_uid != geteuid()) {
+    return Status::InvalidArgument("log file '" + path + "' belongs to uid " +
+                                   std::to_string(st.st_uid) + ", not to this process (uid " +
+                                   std::to_string(geteuid()) + "): refused");
+  }
+  return fd;
+}
+
+}  // namespace
+
 Status SetLogFile(const std::string& path) {
-  std::shared_ptr<spdlog::logger> logger;
+  DNVME_ASSIGN_OR_RETURN(UniqueFd fd, OpenLogFile(path));
   try {
-    auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
+    auto sink = std::make_shared<FdSink>(std::move(fd));
     auto level = Logger().level();
     std::lock_guard lock(g_mu);
     spdlog::drop("dnvme");
@@ -172,7 +240,7 @@ Status SetLogFile(const std::string& path) {
     g_logger->flush_on(spdlog::level::info);
     spdlog::register_logger(g_logger);
   } catch (const spdlog::spdlog_ex& e) {
-    return Status::IoError(EIO, "cannot open log file '" + path + "': " + e.what());
+    return Status::IoError(EIO, "cannot use log file '" + path + "': " + e.what());
   }
   return Status::Ok();
 }

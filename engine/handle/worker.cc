@@ -383,7 +383,7 @@ void Worker::Loop() {
     if (!st.ok()) {
       // The context is in an unknown state: destroy it (waits for the kernel to finish with our
       // buffers) and fail every active run; the next slice gets a fresh context.
-      Logger().error("worker {}: {}; recreating the AIO context", index_, st.ToString());
+      DNVME_LOG_THROTTLED(err, "worker {}: {}; recreating the AIO context", index_, st.ToString());
       aio_.reset();
       for (auto& run : active_) run->Abort(st);  // releases the runs' queued retries
       for (auto& r : requests_) {

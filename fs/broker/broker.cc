@@ -182,7 +182,7 @@ void Broker::AcceptLoop() {
     int s = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
     if (s < 0) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-        Logger().warn("broker accept: {}", std::strerror(errno));
+        DNVME_LOG_THROTTLED(warn, "broker accept: {}", std::strerror(errno));
       }
       continue;
     }
@@ -191,11 +191,12 @@ void Broker::AcceptLoop() {
     ucred cred{};
     socklen_t clen = sizeof(cred);
     if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-      Logger().warn("broker: SO_PEERCRED: {}", std::strerror(errno));
+      DNVME_LOG_THROTTLED(warn, "broker: SO_PEERCRED: {}", std::strerror(errno));
       continue;
     }
     if (Status why = Admit(cred.uid, &c->charge); !why.ok()) {
-      Logger().warn("broker: refusing pid {} uid {}: {}", cred.pid, cred.uid, why.message());
+      DNVME_LOG_THROTTLED(warn, "broker: refusing pid {} uid {}: {}", cred.pid, cred.uid,
+                          why.message());
       counters_.refused.fetch_add(1);
       Refuse(std::move(c->sock), why);
       continue;

@@ -242,8 +242,9 @@ void Broker::Serve(Conn* c) {
           // Another client's writes that returned to its program land before this one reads
           // the file (Add marked the holders shared first: include/dnvme/broker.h).
           if (other_client && !leases.WaitForWrites(/*share_if_busy=*/false)) {
-            Logger().warn("broker: another client's writes of '{}' did not land in {} ms",
-                          LogEscape(rel), PreloadLeases::kWriteWait.count());
+            DNVME_LOG_THROTTLED(warn,
+                                "broker: another client's writes of '{}' did not land in {} ms",
+                                LogEscape(rel), PreloadLeases::kWriteWait.count());
           }
           // Opens through the mount beyond this client's leases: someone else has it open.
           if (!other_client && core_.OpenCount(*in) > leases.count()) w.shared.store(1);

@@ -15,11 +15,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dnvme/broker.h"
@@ -27,6 +29,48 @@
 #include "dnvme/status.h"
 
 namespace dnvme::fs {
+
+// Holders that kept a wait for their writes to its limit (PreloadLeases::WaitForWrites), by uid,
+// for the whole daemon: such a user is not waited for again, on any file and through any new
+// lease, for kDistrust. A lease's counter is the client's to write, so trusting each new lease
+// afresh would let one user add leases and stall every open and truncate of a file another user
+// makes (2 s each), file after file. At most kMaxUids are remembered (the oldest go first); a
+// forgotten uid can cost one more stall of kWriteWait.
+//
+// Thread contract: thread-safe; `mu_` is a leaf lock (taken under PreloadLeases::mu_).
+class HolderTrust {
+ public:
+  static constexpr std::chrono::seconds kDistrust{60};
+  static constexpr size_t kMaxUids = 4096;
+  static HolderTrust& Daemon() {
+    static HolderTrust trust;
+    return trust;
+  }
+  bool Distrusted(uid_t uid, std::chrono::steady_clock::time_point now) {
+    std::lock_guard lock(mu_);
+    for (const auto& [u, until] : until_) {
+      if (u == uid) return now < until;
+    }
+    return false;
+  }
+  void Distrust(uid_t uid, std::chrono::steady_clock::time_point now) {
+    std::lock_guard lock(mu_);
+    for (auto& [u, until] : until_) {
+      if (u == uid) {
+        until = now + kDistrust;
+        return;
+      }
+    }
+    std::erase_if(until_, [now](const auto& e) { return e.second <= now; });
+    if (until_.size() >= kMaxUids) until_.erase(until_.begin());
+    until_.emplace_back(uid, now + kDistrust);
+  }
+
+ private:
+  std::mutex mu_;
+  // guarded by mu_; in the order distrusted (short: only uids whose counters lied or stopped)
+  std::vector<std::pair<uid_t, std::chrono::steady_clock::time_point>> until_;
+};
 
 class PreloadLeases {
  public:
@@ -37,7 +81,8 @@ class PreloadLeases {
   // descriptors may write); returns true when another connection holds a lease on the same inode
   // (the file is then shared).
   bool Add(uint64_t conn, uid_t uid, broker::LeaseWord* w, bool writable) {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return !excluding_; });
     bool other = std::any_of(entries_.begin(), entries_.end(),
                              [conn](const Entry& e) { return e.conn != conn; });
     entries_.push_back({conn, uid, w, writable, false});
@@ -56,6 +101,25 @@ class PreloadLeases {
       guard_.Reset();
       guard_skipped_ = false;
     }
+  }
+  // Runs `fn` only while the file has no lease, and keeps new ones out until it returns (Add
+  // waits): freeing the space reserved past the end (datapath/space.h) truncates the file to
+  // the size it has, which a client extending it meanwhile would lose bytes to. False, without
+  // running it, when a lease lives. `fn` must not wait for anything a user controls (it holds
+  // back the broker's opens of this file).
+  bool WithoutLeases(const std::function<void()>& fn) {
+    {
+      std::lock_guard lock(mu_);
+      if (!entries_.empty() || excluding_) return false;
+      excluding_ = true;
+    }
+    fn();
+    {
+      std::lock_guard lock(mu_);
+      excluding_ = false;
+    }
+    cv_.notify_all();
+    return true;
   }
   // The kernel grants a file lease (fcntl F_SETLEASE) to its owner on any descriptor of the file,
   // and every open that conflicts with it -- the daemon's, on a loop thread -- then waits for the
@@ -91,7 +155,10 @@ class PreloadLeases {
   // waited for, and a holder whose counter keeps one wait to its limit (a stopped client, or one
   // that lies) is never waited for again while that lease lives -- one stall per lease, at most
   // `limit`, and a client's writes are in the kernel when its write() returns (docs/preload.md),
-  // so an honest one never needs that long. Polls: the wait is rare (an open, truncate or utimes
+  // so an honest one never needs that long. The stall is bounded per holder and per file too, not
+  // per lease (a user adds leases at will): the holder's uid is distrusted daemon-wide
+  // (HolderTrust), and after a wait on this file ran to its limit the next kDistrust of waits on
+  // it ask nothing of any holder. Polls: the wait is rare (an open, truncate or utimes
   // of a file whose holder's write(2) returned a moment ago) and short (the writes in flight).
   // The FUSE ops never wait here on a loop thread: they poll through OffLoop (fs/core/off_loop.h),
   // which delays only the request that must see the holder's writes, never behind anything the
@@ -121,15 +188,29 @@ class PreloadLeases {
   // limit passed) turns kBusy into kGaveUp and marks the busy holders untrusted.
   enum class Poll { kLanded, kBusy, kGaveUp };
   Poll PollWrites(bool share_if_busy, bool late) {
+    const auto now = std::chrono::steady_clock::now();
     std::lock_guard lock(mu_);
+    // A wait on this file ran to its limit a moment ago: nobody is waited for (as for an
+    // untrusted holder, nothing to wait for).
+    if (now < stalled_until_) return Poll::kLanded;
     bool busy = false;
     for (Entry& e : entries_) {
       if (!Flying(e)) continue;
+      if (!e.untrusted && HolderTrust::Daemon().Distrusted(e.uid, now)) {
+        e.untrusted = true;  // its user stalled a wait elsewhere, or through another lease
+        continue;
+      }
       busy = true;
-      if (late) e.untrusted = true;
+      if (late) {
+        e.untrusted = true;
+        HolderTrust::Daemon().Distrust(e.uid, now);
+      }
     }
     if (!busy) return Poll::kLanded;
-    if (late) return Poll::kGaveUp;
+    if (late) {
+      stalled_until_ = now + HolderTrust::kDistrust;
+      return Poll::kGaveUp;
+    }
     if (share_if_busy) MarkSharedLocked();
     return Poll::kBusy;
   }
@@ -157,6 +238,10 @@ class PreloadLeases {
   }
   std::atomic<int> count_{0};
   std::mutex mu_;
+  std::condition_variable cv_;  // excluding_ ended
+  bool excluding_ = false;      // guarded by mu_: WithoutLeases runs
+  // guarded by mu_: a wait on this file ran to its limit; none asks any holder until then
+  std::chrono::steady_clock::time_point stalled_until_{};
   std::vector<Entry> entries_;  // guarded by mu_
   UniqueFd guard_;              // guarded by mu_: held while entries_ is not empty (EnsureGuard)
   bool guard_skipped_ = false;  // guarded by mu_

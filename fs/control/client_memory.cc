@@ -202,8 +202,8 @@ ClientMapping::~ClientMapping() {
     g_slots[slot_].state.store(1, std::memory_order_release);  // the handler ignores it now
   }
   if (base_ != nullptr && munmap(base_, map_len_) != 0) {
-    Logger().error("munmap of client buffer {} failed: {}", LogEscape(label_),
-                   std::strerror(errno));
+    DNVME_LOG_THROTTLED(err, "munmap of client buffer {} failed: {}", LogEscape(label_),
+                        std::strerror(errno));
   }
   if (slot_ >= 0) g_slots[slot_].state.store(0, std::memory_order_release);
 }

@@ -121,14 +121,17 @@ void CtlSession::Run(std::string_view text, size_t bytes, const Caller& caller) 
                                       : ParseCtlRequest(text, fs_.mountpoint());
   std::string id = req.ok() ? req->id_json : ExtractCtlId(text);
   Result<std::string> body =
-      req.ok() ? Dispatch(req.value(), caller) : Result<std::string>(req.status());
+      !req.ok()        ? Result<std::string>(req.status())
+      : fs_.Stopping() ? Result<std::string>(Status::FromErrno(
+                             ECANCELED, "the daemon is stopping: the request was not run"))
+                       : Dispatch(req.value(), caller);
   std::string answer;
   if (body.ok()) {
     answer = CtlOkResponse(id, body.value());
   } else {
     fs_.ctl_counters().request_errors.fetch_add(1, std::memory_order_relaxed);
-    Logger().info("control request from pid {} uid {} refused: {}", caller.pid, caller.uid,
-                  LogEscape(body.status().ToString()));
+    DNVME_LOG_THROTTLED(info, "control request from pid {} uid {} refused: {}", caller.pid,
+                        caller.uid, LogEscape(body.status().ToString()));
     answer = CtlErrorResponse(id, body.status());
   }
   std::lock_guard ql(queue_mu_);
@@ -235,7 +238,7 @@ Result<std::string> CtlSession::Dispatch(const CtlRequest& r, const Caller& call
       return json{{"config", json::parse(c.ToJson())}}.dump();
     }
     case CtlOp::kStats:
-      return json{{"stats", json::parse(fs_.StatsJson())}}.dump();
+      return json{{"stats", json::parse(fs_.StatsJsonFor(caller.uid))}}.dump();
     case CtlOp::kHandleOpen:
       return OpenHandle(r);
     case CtlOp::kHandleClose:
@@ -361,6 +364,8 @@ void CtlSession::FinishRecord(CtlOpRecord& rec) {
     // A write through the control file is seen by later reads through the mount: drop the
     // daemon's read-ahead and the kernel's cached pages and attributes of the file.
     if (rec.write) fs_.AfterExternalWrite(*rec.pinned);
+    if (rec.outside_write) fs_.OutsideWrite(*rec.pinned, false);
+    rec.outside_write = false;
     fs_.Unpin(rec.pinned);
     rec.pinned = nullptr;
   }

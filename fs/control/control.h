@@ -126,6 +126,7 @@ struct CtlOpRecord {
   std::shared_ptr<ClientMapping> buffer;     // shared memory, or
   std::shared_ptr<CtlGpuBuffer> gpu_buffer;  // GPU memory
   Inode* pinned = nullptr;
+  bool outside_write = false;  // ControlCore::OutsideWrite(pinned, true) was told
   FileRef file;
   // An async record counts against its uid's ctl_max_pending and max_files_per_uid until `wait`
   // collects it (the file stays open until then).
@@ -170,6 +171,10 @@ class ControlCore {
   // After bytes reached the backing file outside the FUSE data path: drop read-ahead and the
   // kernel's cached pages and attributes of the inode.
   virtual void AfterExternalWrite(Inode& in) = 0;
+  // A write of the inode's file outside the data path begins (`running`) or ends: the mount
+  // frees no space it reserved past the file's end meanwhile (datapath/space.h: a truncate to a
+  // size read before that write landed would cut it). Nothing by default (tests' cores).
+  virtual void OutsideWrite(Inode& /*in*/, bool /*running*/) {}
   // After a file was created in BACKING_DIR outside FUSE: drop the kernel's negative dentry.
   virtual void AfterExternalCreate(const std::string& dir_rel, const std::string& name) = 0;
 
@@ -183,6 +188,9 @@ class ControlCore {
   virtual Result<HandleConfig> SetEngineConfig(const std::string& json_patch) = 0;
   virtual bool MayReconfigure(uid_t uid) const = 0;
   virtual std::string StatsJson() = 0;
+  // What `reader` is shown: StatsJson, less what would tell one user about another's files (the
+  // read path's decisions) unless the reader may reconfigure the mount (fs/core/stats.cc).
+  virtual std::string StatsJsonFor(uid_t /*reader*/) { return StatsJson(); }
   virtual void AddCtlEngine(AioHandle* h) = 0;
   virtual void RemoveCtlEngine(AioHandle* h) = 0;
 
@@ -190,6 +198,10 @@ class ControlCore {
   // absolute paths of requests must lie under).
   virtual int root_fd() const = 0;
   virtual const std::string& mountpoint() const = 0;
+
+  // The daemon is stopping: a request not yet run is answered ECANCELED instead of run, so a
+  // user's queue of large transfers cannot hold the unmount (and everyone's stat) for minutes.
+  virtual bool Stopping() const { return false; }
 };
 
 class CtlSession {

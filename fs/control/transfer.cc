@@ -106,6 +106,10 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   // (a read sees it; a write is not overwritten by it later).
   rec->pinned = fs_.PinInode(st.st_dev, st.st_ino);
   if (rec->pinned != nullptr) {
+    if (write) {
+      fs_.OutsideWrite(*rec->pinned, true);  // before the drain: no Trim can pass it
+      rec->outside_write = true;
+    }
     Status drained = fs_.DrainForExternal(*rec->pinned);
     if (!drained.ok()) {
       FinishRecord(*rec);

@@ -50,8 +50,8 @@ void Fs::AfterExternalWrite(Inode& in) {
   const auto ino = reinterpret_cast<fuse_ino_t>(&in);
   int rc = fuse_lowlevel_notify_inval_inode(se, ino, 0, 0);
   if (rc != 0 && rc != -ENOENT) {
-    Logger().warn("invalidating the kernel cache of inode {} failed: {}", in.ino,
-                  std::strerror(-rc));
+    DNVME_LOG_THROTTLED(warn, "invalidating the kernel cache of inode {} failed: {}", in.ino,
+                        std::strerror(-rc));
   }
   // Invalidated attributes are fetched again only by whoever asks for them (stat, lseek
   // SEEK_END); an O_APPEND write takes its offset from the kernel's cached size as it is. Storing
@@ -66,15 +66,16 @@ void Fs::AfterExternalWrite(Inode& in) {
   if (!rd.valid() && errno == EPERM) rd.Reset(ReopenNoWait(in.fd, O_RDONLY | O_CLOEXEC));
   char last = 0;
   if (!rd.valid() || pread(rd.get(), &last, 1, st.st_size - 1) != 1) {
-    Logger().warn("reading the last byte of inode {}: {}", in.ino, std::strerror(errno));
+    DNVME_LOG_THROTTLED(warn, "reading the last byte of inode {}: {}", in.ino,
+                        std::strerror(errno));
     return;
   }
   fuse_bufvec one = FUSE_BUFVEC_INIT(1);
   one.buf[0].mem = &last;
   rc = fuse_lowlevel_notify_store(se, ino, st.st_size - 1, &one, fuse_buf_copy_flags{});
   if (rc != 0 && rc != -ENOENT) {
-    Logger().warn("pushing the size of inode {} to the kernel failed: {}", in.ino,
-                  std::strerror(-rc));
+    DNVME_LOG_THROTTLED(warn, "pushing the size of inode {} to the kernel failed: {}", in.ino,
+                        std::strerror(-rc));
   }
 }
 
@@ -96,7 +97,8 @@ void Fs::AfterExternalCreate(const std::string& dir_rel, const std::string& name
   }
   int rc = fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
   if (rc != 0 && rc != -ENOENT) {
-    Logger().warn("invalidating the kernel entry '{}' failed: {}", name, std::strerror(-rc));
+    DNVME_LOG_THROTTLED(warn, "invalidating the kernel entry '{}' failed: {}", name,
+                        std::strerror(-rc));
   }
   if (pinned != nullptr) inodes_.Unpin(pinned);
 }

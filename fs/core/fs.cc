@@ -21,6 +21,7 @@ Fs::Fs(MountOptions opts)
       inodes_(mount_.data_shared(), &uid_limits_) {}
 
 Fs::~Fs() {
+  stopping_.store(true, std::memory_order_release);
   off_loop_.Shutdown();   // its work answers requests and uses inodes
   ctl_lanes_.Shutdown();  // control requests still queued use the sessions deleted below
   DrainAll();
@@ -59,7 +60,9 @@ void Fs::DrainAll() {
 
 void Fs::Stop() {
   // Control requests answer from their lanes: they finish while the session can still take the
-  // replies, and before the engines they use go.
+  // replies, and before the engines they use go. Those not yet run are answered ECANCELED
+  // (Stopping()), so the wait is for the requests running now, not for every one a user queued.
+  stopping_.store(true, std::memory_order_release);
   ctl_lanes_.Shutdown();
   // Opens and truncates waiting for a `dnvme run` client's writes are answered now (the broker
   // below ends the leases anyway).

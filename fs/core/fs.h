@@ -42,6 +42,8 @@
 // session runs, DrainAll and Stop after it ended (DrainAll also from the session's destroy).
 #pragma once
 
+#include <atomic>
+
 #include <memory>
 #include <string>
 
@@ -96,6 +98,9 @@ class Fs : public ControlCore, public BrokerCore, public SessionHost {
   void Unpin(Inode* in) override { inodes_.Unpin(in); }
   Status DrainForExternal(Inode& in) override;
   void AfterExternalWrite(Inode& in) override;
+  void OutsideWrite(Inode& in, bool running) override {
+    running ? in.data.BeginOutsideWrite() : in.data.EndOutsideWrite();
+  }
   void AfterExternalCreate(const std::string& dir_rel, const std::string& name) override;
   UidLimits& uid_limits() override { return uid_limits_; }
   CtlCounters& ctl_counters() override { return ctl_counters_; }
@@ -104,10 +109,12 @@ class Fs : public ControlCore, public BrokerCore, public SessionHost {
   // Root (uid 0) or the user the daemon runs as may change the live configuration.
   bool MayReconfigure(uid_t uid) const override;
   std::string StatsJson() override;  // fs/core/stats.cc
+  std::string StatsJsonFor(uid_t reader) override;
   void AddCtlEngine(AioHandle* h) override { mount_.engines().AddSessionEngine(h); }
   void RemoveCtlEngine(AioHandle* h) override { mount_.engines().RemoveSessionEngine(h); }
   int root_fd() const override { return inodes_.root_fd(); }
   const std::string& mountpoint() const override { return mount_.opts().mountpoint; }
+  bool Stopping() const override { return stopping_.load(std::memory_order_acquire); }
 
   // ---- BrokerCore (fs/core/broker_core.cc) ----
   int OpenCount(Inode& in) override;
@@ -120,6 +127,7 @@ class Fs : public ControlCore, public BrokerCore, public SessionHost {
   ReplyCounters& session_reply_counters() override { return mount_.counters(); }
 
  private:
+  std::atomic<bool> stopping_{false};  // set first thing in Stop()
   // Declared before the inodes: they point to its shared write-behind and read-ahead state.
   Mount mount_;
   CtlCounters ctl_counters_;

@@ -59,9 +59,19 @@ struct Inode {
   // the O_PATH descriptor above is held for it until the kernel forgets the inode.
   UidCharge lookups_charge;
 
-  explicit Inode(const datapath::FileDataShared* d) : data(d) {}
+  // The reservation may reach ahead past the end only while no `dnvme run` client holds a
+  // lease (its truncates would free what lies past the end; datapath/space.h).
+  explicit Inode(const datapath::FileDataShared* d)
+      : data(d, {}, [this] { return leases.count() == 0; }) {}
   ~Inode();
 };
+
+// Frees the space `in`'s data path reserved past the end of the file (datapath/space.h), through
+// `fd` (opened for writing; -1: reopened from in.fd), while no `dnvme run` lease can start
+// (PreloadLeases::WithoutLeases). Logged, not returned: a failure only leaves the blocks
+// allocated, as fallocate(2) would. Any thread (a loop thread: it waits only for the daemon's
+// own flushes of the file).
+void TrimSpace(Inode& in, int fd);
 
 // Base of the per-open state handed to the kernel as fi->fh, so the daemon can free whatever the
 // kernel never released (it does not send RELEASE for files still open when the daemon exits).
@@ -97,6 +107,9 @@ struct FileHandle : OpenHandle {
   // A read-only open the read policy sent to the engine (fs/fuse/passthrough.h, OpenMode): its
   // cold reads never fill the page cache.
   bool engine_reads = false;
+  // Whether its opener may learn the file's residency (cachestat's rule: it could write the file;
+  // fs/fuse/passthrough.h, MaySeeResidency). Reads of the handle decide without it otherwise.
+  bool may_probe = true;
   // This description's place in the file's data path: its share of the flush errors, whether it
   // wrote, whether it read yet (datapath/file_data.h).
   datapath::OpenFile open;

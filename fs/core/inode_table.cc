@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,23 @@ namespace dnvme::fs {
 
 Inode::~Inode() {
   if (fd >= 0) close(fd);
+}
+
+void TrimSpace(Inode& in, int fd) {
+  if (!S_ISREG(in.type) || !in.data.holds_reservation()) return;
+  UniqueFd reopened;
+  if (fd < 0) {
+    reopened.Reset(ReopenNoWait(in.fd, O_WRONLY | O_CLOEXEC));
+    if (!reopened.valid()) {
+      Logger().debug("inode {}: no descriptor to free its reserved space: {}", in.ino,
+                     std::strerror(errno));
+      return;
+    }
+    fd = reopened.get();
+  }
+  Status st;
+  if (!in.leases.WithoutLeases([&] { st = in.data.Trim(fd); })) return;  // the lease's client's
+  if (!st.ok()) DNVME_LOG_THROTTLED(warn, "inode {}: {}", in.ino, st.ToString());
 }
 
 InodeTable::InodeTable(const datapath::FileDataShared* data, UidLimits* limits)
@@ -83,6 +101,8 @@ void InodeTable::DrainAll() {
       if (!st.ok()) {
         Logger().error("write-behind data of inode {} lost at exit: {}", in->ino, st.ToString());
       }
+      // Files the kernel never released (the daemon ends with them open).
+      TrimSpace(*in, -1);
     }
   }
 }
@@ -190,11 +210,7 @@ void InodeTable::Forget(fuse_ino_t ino, uint64_t n) {
 }
 
 void InodeTable::RefusedLookup(uid_t looker, const Status& why) {
-  static LogThrottle throttle;
-  uint64_t unlogged = 0;
-  if (!throttle.Allow(&unlogged)) return;
-  Logger().warn("lookup by uid {} refused: {} ({} more refusals not logged)", looker,
-                why.ToString(), unlogged);
+  DNVME_LOG_THROTTLED(warn, "lookup by uid {} refused: {}", looker, why.ToString());
 }
 
 Inode* InodeTable::Pin(dev_t dev, ino_t ino) {

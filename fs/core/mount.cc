@@ -82,6 +82,12 @@ Status Mount::Start() {
   data_shared_.policy.mode = opts_.read_cache;
   data_shared_.policy.cache_writes = opts_.cache_writes;
   data_shared_.writes.policy = &data_shared_.policy;
+  // Space before acknowledgement (datapath/space.h): a WRITE is answered before its bytes land,
+  // so they get their blocks first. What write-behind can hold unlanded: its chunks, as many
+  // bytes again of adopted request buffers (write_behind / max_request spares), and its pipes.
+  data_shared_.space.reserve = opts_.write_behind > 0;
+  data_shared_.space.unlanded_max = opts_.write_behind * (wb_pipes_ ? 3 : 2);
+  data_shared_.budget = &space_budget_;
   if (opts_.async_reply) {
     // One buffer per request an O_DIRECT client can have in flight at the kernel's limit.
     auto pool = PinnedPool::Create(static_cast<size_t>(kMaxFuseRequestBytes), kAsyncReplyBuffers);

@@ -115,6 +115,7 @@ class Mount {
   // Declared after what they point to, before every Inode (which the InodeTable, declared after
   // the Mount, owns).
   datapath::FileDataShared data_shared_;
+  datapath::SpaceBudget space_budget_;  // data_shared_.budget
 };
 
 }  // namespace dnvme::fs

@@ -52,7 +52,7 @@ bool ReadAsync(Mount& mount, FileHandle& fh, size_t size, off_t off, ReadDone do
 }
 
 Result<int64_t> Read(Mount& mount, FileHandle& fh, char* scratch, size_t size, off_t off,
-                     datapath::ReadReply* reply) {
+                     datapath::ReadReply* reply, pid_t reader) {
   mount.counters().read_ops.fetch_add(1, std::memory_order_relaxed);
   datapath::FileRead r;
   r.off = off;
@@ -63,6 +63,8 @@ Result<int64_t> Read(Mount& mount, FileHandle& fh, char* scratch, size_t size, o
   r.reply = reply;
   r.shrunk_fd = fh.fd.get();
   r.may_fill = !fh.engine_reads;
+  r.reader = reader;
+  r.may_probe = fh.may_probe;
   return fh.inode->data.Read(fh.open, fh.file, r);
 }
 

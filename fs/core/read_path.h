@@ -25,8 +25,9 @@ namespace dnvme::fs {
 using ReadDone = std::function<void(Result<std::span<const char>>)>;
 bool ReadAsync(Mount& mount, FileHandle& fh, size_t size, off_t off, ReadDone done);
 // Reads up to `size` bytes at `off`; `scratch` (at least `size` bytes, pinned and aligned) takes
-// what is read on demand. Returns the bytes read (the iovecs in `reply` add up to it).
+// what is read on demand. Returns the bytes read (the iovecs in `reply` add up to it). `reader`:
+// the READ's caller, whose memory budget decides whether a cold run may fill the page cache.
 Result<int64_t> Read(Mount& mount, FileHandle& fh, char* scratch, size_t size, off_t off,
-                     datapath::ReadReply* reply);
+                     datapath::ReadReply* reply, pid_t reader);
 
 }  // namespace dnvme::fs

@@ -72,4 +72,29 @@ std::string Fs::StatsJson() {
   return j.dump();
 }
 
+namespace {
+
+// Counters of the read path's per-file decisions, shown only to root and the mount's owner: each
+// moves by what the policy decided for one file from its residency (engine_opens: a cold large
+// file's open; bytes_read_cached against bytes_read_engine; the read-ahead's), so a user watching
+// them while opening or reading another user's file, or while that user does, would learn what
+// the kernel keeps from them (cachestat is refused to a reader who could not write the file).
+// (The decisions for a reader's own opens use only what it may know: fs/fuse/passthrough.h.)
+constexpr const char* kReadDecisions[] = {
+    "engine_opens",      "passthrough_opens",    "passthrough_refused", "bytes_read_engine",
+    "bytes_read_cached", "bytes_read_ahead_hit", "read_ahead_fetches",
+};
+
+}  // namespace
+
+std::string Fs::StatsJsonFor(uid_t reader) {
+  if (MayReconfigure(reader)) return StatsJson();
+  json j = json::parse(StatsJson());
+  for (const char* key : kReadDecisions) j["fuse"].erase(key);
+  j["fuse"]["read_decisions"] = "shown to root and the mount's owner only";
+  // The mount engine's own counters add up the same reads (those that went to the device).
+  j["engine"] = "shown to root and the mount's owner only";
+  return j.dump();
+}
+
 }  // namespace dnvme::fs

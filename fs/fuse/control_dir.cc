@@ -84,8 +84,8 @@ struct timespec Now() {
   return t;
 }
 
-std::string Snapshot(Fs& fs, VirtualNode kind) {
-  if (kind == VirtualNode::kStats) return json::parse(fs.StatsJson()).dump(2) + "\n";
+std::string Snapshot(Fs& fs, VirtualNode kind, uid_t reader) {
+  if (kind == VirtualNode::kStats) return json::parse(fs.StatsJsonFor(reader)).dump(2) + "\n";
   if (kind == VirtualNode::kBroker) return fs.BrokerAnnouncement();
   return json::parse(fs.EngineConfig().ToJson()).dump(2) + "\n";
 }
@@ -93,11 +93,8 @@ std::string Snapshot(Fs& fs, VirtualNode kind) {
 // A refused open of a control file is logged, but at most one line a second for the whole daemon
 // (with how many were left out since): a user who opens in a loop must not fill the log.
 void LogRefusedOpen(const char* name, uid_t uid, const Status& st) {
-  static LogThrottle throttle;
-  uint64_t unlogged = 0;
-  if (!throttle.Allow(&unlogged)) return;
-  Logger().info("open of {}/{} by uid {} refused: {} ({} more refusals not logged)", kCtlDirName,
-                name, uid, st.ToString(), unlogged);
+  DNVME_LOG_THROTTLED(info, "open of {}/{} by uid {} refused: {}", kCtlDirName, name, uid,
+                      st.ToString());
 }
 
 const char* NameOf(VirtualNode kind) {
@@ -194,7 +191,7 @@ std::optional<Status> VirtualOpen(Fs& fs, fuse_ino_t ino, const Caller& opener,
   if (kind == VirtualNode::kCtl) {
     vf->session = std::make_shared<CtlSession>(fs, opener);
   } else {
-    vf->snapshot = Snapshot(fs, kind);
+    vf->snapshot = Snapshot(fs, kind, caller_uid);
   }
   // direct_io: every read and write reaches us whatever the (zero) file size says, and nothing
   // of a per-session answer lands in the shared page cache.
@@ -230,7 +227,7 @@ void VirtualRead(Fs& fs, uid_t reader, size_t size, off_t off, fuse_file_info* f
   {
     std::lock_guard lock(vf->m);
     // Reading from the start again (pread at 0, or a rewind) gets fresh numbers.
-    if (off == 0) vf->snapshot = Snapshot(fs, vf->kind);
+    if (off == 0) vf->snapshot = Snapshot(fs, vf->kind, reader);
     const size_t from = std::min(static_cast<size_t>(std::max<off_t>(off, 0)), vf->snapshot.size());
     const size_t n = std::min(size, vf->snapshot.size() - from);
     bytes = vf->snapshot.substr(from, n);
@@ -294,8 +291,8 @@ void VirtualWrite(Fs& fs, const Caller& caller, fuse_bufvec* bufv, fuse_file_inf
   if (!fs.MayReconfigure(caller.uid)) return reply(ConfigRefused(caller.uid));
   auto applied = fs.SetEngineConfig(text);
   if (!applied.ok()) {
-    Logger().warn("write to {}/config refused: {}", kCtlDirName,
-                  LogEscape(applied.status().ToString()));
+    DNVME_LOG_THROTTLED(warn, "write to {}/config refused: {}", kCtlDirName,
+                        LogEscape(applied.status().ToString()));
     // EINVAL whatever the cause (a bad document, or an engine the new values could not create):
     // the old configuration stays in force.
     return reply(CtlError(EINVAL, "config refused: " + applied.status().message()));

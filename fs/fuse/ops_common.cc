@@ -26,8 +26,9 @@ void AfterLeaseWrites(Fs& fs, Inode& in, bool share_if_busy, const char* before,
   if (in.leases.count() == 0) return op();
   auto warn = [&in, before](bool landed) {
     if (landed) return;
-    Logger().warn("inode {}: a `dnvme run` client's writes did not land in {} ms; going on with {}",
-                  in.ino, PreloadLeases::kWriteWait.count(), before);
+    DNVME_LOG_THROTTLED(
+        warn, "inode {}: a `dnvme run` client's writes did not land in {} ms; going on with {}",
+        in.ino, PreloadLeases::kWriteWait.count(), before);
   };
   if (!fs.mount().RepliesMayBeDeferred()) {
     // FUSE over io_uring: the reply must leave from this thread (docs/security.md, known gap).
@@ -185,7 +186,7 @@ ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
   const Caller c = CallerOf(req);
   auto id = ScopedFsIdentity::Enter(FsIdentity{c.uid, c.gid, c.groups});
   if (!id.ok()) {
-    Logger().error("acting as uid {}: {}", c.uid, id.status().ToString());
+    DNVME_LOG_THROTTLED(err, "acting as uid {}: {}", c.uid, id.status().ToString());
     // A refusal that names no errno is EPERM: the request may not be served as its caller.
     st_ = id.status().error_number() != 0
               ? id.status()
@@ -202,8 +203,8 @@ Result<UidCharge> ChargeOpen(fuse_req_t req) {
   if (uid == 0) return UidCharge{};
   auto charge = FsOf(req).uid_limits().Charge(uid, UidResource::kFiles, 1);
   if (!charge.ok()) {
-    Logger().info("open by pid {} uid {} refused: {}", fuse_req_ctx(req)->pid, uid,
-                  charge.status().ToString());
+    DNVME_LOG_THROTTLED(info, "open by pid {} uid {} refused: {}", fuse_req_ctx(req)->pid, uid,
+                        charge.status().ToString());
   }
   return charge;
 }

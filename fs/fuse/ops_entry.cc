@@ -178,8 +178,8 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, d
   if (S_ISBLK(mode) || S_ISCHR(mode)) {
     mknod_cap.emplace(ScopedCapability::Raise(CAP_MKNOD));
     if (!mknod_cap->ok()) {
-      Logger().info("device mknod of '{}' refused: {}", LogEscape(name),
-                    mknod_cap->status().ToString());
+      DNVME_LOG_THROTTLED(info, "device mknod of '{}' refused: {}", LogEscape(name),
+                          mknod_cap->status().ToString());
       return ReplyStatus(req, Status::FromErrno(EPERM, "device mknod"));
     }
   }
@@ -301,6 +301,16 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
   if (RefuseVirtual(req, ino, ENOTSUP)) return;
   Inode& in = FsOf(req).inodes().Get(ino);
   if (!XattrCapable(in)) return ReplyStatus(req, Status::FromErrno(ENOTSUP, "setxattr"));
+  // An access ACL is set as its caller: the backing filesystem then clears the set-group-ID bit
+  // as ext4 does for a caller outside the file's group without CAP_FSETID (the kernel would ask
+  // us to through FUSE_SETXATTR_ACL_KILL_SGID only with FUSE_CAP_SETXATTR_EXT, which libfuse
+  // 3.14 cannot ask for). The kernel has checked already that the caller may set it (the owner,
+  // or CAP_FOWNER).
+  std::optional<ActAsCaller> as;
+  if (std::strcmp(name, "system.posix_acl_access") == 0) {
+    as.emplace(req);
+    if (Status st = as->status(); !st.ok()) return ReplyStatus(req, st);
+  }
   ReplyStatus(
       req, SyscallStatus(setxattr(ProcPath(in.fd).c_str(), name, value, size, flags), "setxattr"));
 }

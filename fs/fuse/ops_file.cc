@@ -62,7 +62,8 @@ Result<FileHandle*> MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
     auto ref = fs.mount().engine()->adopt_fd(fd.get(), access,
                                              access == FileAccess::kRead ? nullptr : write_as);
     if (!ref.ok()) {
-      Logger().warn("engine open of inode {} failed: {}", in.ino, ref.status().ToString());
+      DNVME_LOG_THROTTLED(warn, "engine open of inode {} failed: {}", in.ino,
+                          ref.status().ToString());
       return ref.status();
     }
     fh->file = std::move(ref).value();
@@ -115,7 +116,9 @@ void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
   Inode& in = *fh->inode;
   const bool leased = in.leases.count() > 0;
   if (leased) in.leases.MarkShared();
-  const Opener opener{fh->fd.get(), fuse_req_ctx(req)->pid};
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  fh->may_probe = MaySeeResidency(fh->fd.get(), fi.flags, ctx->uid, ctx->gid);
+  const Opener opener{fh->fd.get(), ctx->pid, fh->may_probe};
   AfterLeaseWrites(
       fs, in, /*share_if_busy=*/false, "the open",
       [req, &fs, fh, fi, entry, leased, opener]() mutable {
@@ -169,7 +172,8 @@ void RemoveIfStill(Inode& dir, const char* name, const struct stat& mine) {
     return;
   }
   if (unlinkat(dir.fd, name, 0) != 0) {
-    Logger().warn("removing '{}' after a failed create: {}", LogEscape(name), std::strerror(errno));
+    DNVME_LOG_THROTTLED(warn, "removing '{}' after a failed create: {}", LogEscape(name),
+                        std::strerror(errno));
   }
 }
 
@@ -289,7 +293,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   char* scratch = ThreadScratch(size);
   if (scratch == nullptr) return ReplyStatus(req, Status::FromErrno(ENOMEM, "read scratch buffer"));
   datapath::ReadReply reply;
-  Result<int64_t> n = Read(fs.mount(), fh, scratch, size, off, &reply);
+  Result<int64_t> n = Read(fs.mount(), fh, scratch, size, off, &reply, fuse_req_ctx(req)->pid);
   ReplyIov(req, n.status(), reply.iov);
 }
 
@@ -317,13 +321,15 @@ Result<size_t> WriteFile(fuse_req_t req, fuse_ino_t ino, FileHandle& fh, Incomin
   MountCounters::NoteMax(fs.mount().counters().largest_write, size);
   char* scratch = ThreadScratch(size);
   if (scratch == nullptr) return Status::FromErrno(ENOMEM, "write scratch buffer");
-  Status st = fh.inode->data.Write(fh.open, fh.file, fh.page_cache_writes, write.source(), size,
-                                   off, scratch);
-  if (!st.ok()) return st;
+  // Fewer bytes than asked when only they fit (datapath/space.h): the writer sees a short write,
+  // and its next write the error, as on ext4.
+  DNVME_ASSIGN_OR_RETURN(
+      size_t accepted, fh.inode->data.Write(fh.open, fh.file, fh.page_cache_writes, write.source(),
+                                            size, off, scratch));
   // Bytes now in write-behind that a `dnvme run` client's direct transfer must not pass: it
   // drains before its next one (fs/broker/leases.h).
   if (fh.inode->leases.count() > 0) fh.inode->leases.MarkMountDirty();
-  return size;
+  return accepted;
 }
 
 }  // namespace
@@ -345,7 +351,16 @@ void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // close-on-exec of a copy comes here too); a reader's close hears nothing and waits for
   // nothing.
   FileHandle& fh = Fh(fi);
-  ReplyStatus(req, S_ISREG(fh.inode->type) ? fh.inode->data.Flush(fh.open) : Status::Ok());
+  if (!S_ISREG(fh.inode->type)) return ReplyStatus(req, Status::Ok());
+  Status st = fh.inode->data.Flush(fh.open);
+  // A writer closes: what its writes reserved past the end goes now (datapath/space.h), before
+  // close(2) returns, as a file system's own close leaves no blocks past the end; another
+  // descriptor that writes on reserves again. RELEASE tries once more (a writer whose close
+  // came while a `dnvme run` lease lived).
+  if (fh.writable && fh.open.wrote.load(std::memory_order_relaxed)) {
+    TrimSpace(*fh.inode, fh.fd.get());
+  }
+  ReplyStatus(req, st);
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -355,8 +370,13 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     // Read-ahead in flight uses the inode, which may be forgotten once no file is open.
     Status st = fh->inode->data.Release();
     if (!st.ok()) {
-      Logger().warn("release of inode {}: write-behind error {}", fh->inode->ino, st.ToString());
+      DNVME_LOG_THROTTLED(warn, "release of inode {}: write-behind error {}", fh->inode->ino,
+                          st.ToString());
     }
+    // A writer is done: what its writes reserved past the end goes (datapath/space.h). Before
+    // EndOpen: while this open counts, no passthrough open, whose writes the daemon does not
+    // see, can begin.
+    if (fh->writable) TrimSpace(*fh->inode, fh->fd.get());
     EndOpen(FsOf(req), *fh->inode, fh->passthrough);
   }
   FsOf(req).handles().Dispose(fh);

@@ -57,14 +57,15 @@ constexpr gid_t kBackingGid = 65534;
 std::optional<int32_t> OpenBacking(Fs& fs, Inode& in) {
   auto as = ScopedFsIdentity::Enter(FsIdentity{kBackingUid, kBackingGid, {}});
   if (!as.ok()) {
-    Logger().warn("passthrough open of inode {}: {}", in.ino, as.status().ToString());
+    DNVME_LOG_THROTTLED(warn, "passthrough open of inode {}: {}", in.ino, as.status().ToString());
     return std::nullopt;
   }
   std::vector<ScopedCapability> raised;
   for (cap_value_t c : {CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SYS_ADMIN}) {
     auto cap = ScopedCapability::Raise(c);
     if (!cap.ok()) {
-      Logger().warn("passthrough open of inode {}: {}", in.ino, cap.status().ToString());
+      DNVME_LOG_THROTTLED(warn, "passthrough open of inode {}: {}", in.ino,
+                          cap.status().ToString());
       return std::nullopt;
     }
     raised.push_back(std::move(cap).value());
@@ -83,7 +84,8 @@ void CloseBacking(Fs& fs, Inode& in, int32_t id) {
   Status st = cap.ok() ? fs.mount().protocol().CloseBacking(id) : cap.status();
   // The kernel keeps the backing file while an inode uses it; a leaked id only holds one file
   // open until the session ends.
-  if (!st.ok()) Logger().warn("closing backing id {} of inode {}: {}", id, in.ino, st.ToString());
+  if (!st.ok())
+    DNVME_LOG_THROTTLED(warn, "closing backing id {} of inode {}: {}", id, in.ino, st.ToString());
 }
 
 // A read-only open whose cold reads the read policy sends to the engine (passthrough.h). Asks
@@ -97,8 +99,23 @@ bool EngineReads(Fs& fs, int flags, const Opener& opener) {
   struct stat st {};
   if (fstat(opener.fd, &st) != 0 || st.st_size < o.engine_reads_from) return false;
   return fs.mount().data_shared()->policy.ColdReadsToEngine(opener.fd, st.st_size, opener.pid,
-                                                            o.engine_reads_from);
+                                                            o.engine_reads_from, opener.may_probe);
 }
+
+}  // namespace
+
+bool MaySeeResidency(int fd, int flags, uid_t uid, gid_t gid) {
+  if ((flags & O_ACCMODE) != O_RDONLY || uid == 0) return true;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return false;
+  if (st.st_uid == uid) return true;
+  if (st.st_gid == gid) return (st.st_mode & S_IWGRP) != 0;
+  // Others' bits, unless a supplementary group of the user's (not known here) puts the group's
+  // bits in their place: both must allow it.
+  return (st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_IWGRP) != 0;
+}
+
+namespace {
 
 uint64_t TimeoutSec(double t) { return t <= 0 ? 0 : static_cast<uint64_t>(t); }
 uint32_t TimeoutNsec(double t) {

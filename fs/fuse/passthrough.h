@@ -58,7 +58,15 @@ struct OpenMode {
 struct Opener {
   int fd = -1;
   pid_t pid = 0;
+  bool may_probe = true;  // MaySeeResidency
 };
+
+// Whether an open by `uid` (primary group `gid`) with open(2) flags `flags` of the file behind
+// `fd` may base decisions on the file's residency, by cachestat(2)'s rule for that user: an open
+// for writing, root, the file's owner, or a user the mode lets write it (its primary group or
+// others; a write allowed only by a supplementary group or an ACL counts as not: the safe side,
+// which costs such a reader only the page cache's speed on files larger than its memory).
+bool MaySeeResidency(int fd, int flags, uid_t uid, gid_t gid);
 
 // Decides how the kernel opens `in` (regular files) for open(2) flags `flags`, and counts the
 // open; every BeginOpen is matched by one EndOpen with the same `passthrough`. A read-only open

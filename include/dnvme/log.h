@@ -21,6 +21,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "dnvme/status.h"
 
@@ -58,5 +59,27 @@ class LogThrottle {
   std::atomic<int64_t> last_ns_{std::numeric_limits<int64_t>::min()};
   std::atomic<uint64_t> skipped_{0};
 };
+
+// Logs one line through `throttle` (one per call site: `static LogThrottle throttle;` beside the
+// call), with how many lines like it were left out since the last one. Every line a user can cause
+// at will (a refusal, a failure of the user's own request) goes through here; start-up lines and
+// lines only root or the mount's owner can cause use Logger() directly.
+template <typename... Args>
+void LogThrottled(LogThrottle& throttle, spdlog::level::level_enum level,
+                  spdlog::format_string_t<Args...> format, Args&&... args) {
+  uint64_t skipped = 0;
+  if (!throttle.Allow(&skipped)) return;
+  std::string line = fmt::format(format, std::forward<Args>(args)...);
+  if (skipped > 0) line += fmt::format(" ({} more like it not logged)", skipped);
+  Logger().log(level, "{}", line);
+}
+
+// LogThrottled with a throttle of the call site's own, as one statement (as RocksDB's ROCKS_LOG_*):
+//   DNVME_LOG_THROTTLED(warn, "open by uid {} refused: {}", uid, why.ToString());
+#define DNVME_LOG_THROTTLED(lvl, ...)                                            \
+  do {                                                                           \
+    static ::dnvme::LogThrottle dnvme_log_throttle_;                             \
+    ::dnvme::LogThrottled(dnvme_log_throttle_, spdlog::level::lvl, __VA_ARGS__); \
+  } while (0)
 
 }  // namespace dnvme

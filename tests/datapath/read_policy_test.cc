@@ -425,6 +425,49 @@ TEST(ReadPolicyPlan, ColdReadsToEngineFollowsTheModeTheSizeAndTheResidency) {
   EXPECT_FALSE(p.ColdReadsToEngine(-1, size, 0, from));
 }
 
+// Issue 54: a reader who could not write the file learns nothing of its residency from the
+// decisions (the kernel refuses it cachestat), and the reader's memory, not the daemon's, decides.
+TEST(ReadPolicyPlan, WithoutTheRightToProbeResidencyCountsAsUnknown) {
+  ModelResidency model;
+  ModelMemory small(kMiB);
+  ReadPolicy p;
+  p.residency = &model;
+  p.memory = &small;
+  p.mode = ReadCache::kAuto;
+  const int64_t from = 64 * kMiB, size = 256 * kMiB;
+  model.Cache(0, size);
+  EXPECT_FALSE(p.ColdReadsToEngine(-1, size, 0, from, /*may_probe=*/true));
+  const int64_t asked = model.probes();
+  EXPECT_TRUE(p.ColdReadsToEngine(-1, size, 0, from, /*may_probe=*/false))
+      << "decided as if cold, whatever is cached";
+  EXPECT_EQ(model.probes(), asked) << "the kernel was asked all the same";
+  p.residency = &UnknownResidency();
+  std::vector<ResidentRun> plan = p.Plan(-1, 0, 4 * kMiB, size);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_FALSE(plan[0].resident) << "unknown residency reads the device";
+}
+
+class PerPidMemory : public MemoryBudget {
+ public:
+  int64_t Available(pid_t pid) const override { return pid == 4242 ? 16 * kMiB : 1 << 30; }
+};
+
+TEST(ReadPolicyPlan, TheReadersMemoryDecidesWhetherARunMayFillThePageCache) {
+  ModelResidency model;  // nothing cached
+  PerPidMemory mem;
+  ReadPolicy p;
+  p.residency = &model;
+  p.memory = &mem;
+  p.mode = ReadCache::kAuto;
+  const int64_t size = 200 * kMiB;
+  std::vector<ResidentRun> daemon = p.Plan(-1, 0, kMiB, size, /*pid=*/0);
+  ASSERT_EQ(daemon.size(), 1u);
+  EXPECT_TRUE(daemon[0].resident) << "fits the (model) daemon's memory: through the page cache";
+  std::vector<ResidentRun> reader = p.Plan(-1, 0, kMiB, size, /*pid=*/4242);
+  ASSERT_EQ(reader.size(), 1u);
+  EXPECT_FALSE(reader[0].resident) << "a reader with 16 MiB: the cold run goes to the device";
+}
+
 // ---- the real kernel ----
 
 TEST_F(ReadPolicyTest, KernelResidencyCountsPagesAsTheyComeAndGo) {

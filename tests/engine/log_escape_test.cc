@@ -1,6 +1,10 @@
 // LogEscape (dnvme/log.h): untrusted text made safe for one log line, and the logger's
 // own backstop that keeps every record on one line.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "dnvme/fd.h"
 #include "dnvme/log.h"
 
 namespace dnvme {
@@ -103,6 +108,74 @@ TEST(LogThrottle, OneLineASecondAndTheCountLeftOut) {
   ASSERT_TRUE(t.Allow(&skipped));
   EXPECT_EQ(skipped, 5u);
   EXPECT_FALSE(t.Allow(&skipped));
+}
+
+std::string TestPath(const std::string& leaf) {
+  const char* base = std::getenv("DNVME_TEST_DIR");
+  const std::string dir = base != nullptr && *base != '\0' ? base : "/tmp";
+  return dir + "/log_test." + std::to_string(getpid()) + "." + leaf;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A flood through one call site writes one line a second, the next one saying how many it left.
+TEST(LogThrottled, OneCallSiteWritesOneLineASecond) {
+  const std::string path = TestPath("throttled.log");
+  ASSERT_TRUE(SetLogFile(path).ok());
+  auto flood = [](int n) {
+    for (int i = 0; i < n; ++i) DNVME_LOG_THROTTLED(info, "refused request {}", i);
+  };
+  flood(1000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  flood(1);
+  const std::string text = ReadAll(path);
+  unlink(path.c_str());
+  EXPECT_NE(text.find("refused request 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("refused request 0 (999 more like it not logged)"), std::string::npos)
+      << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+}
+
+// A root daemon's log_file in a directory others may write: a symlink planted there, another
+// user's file, a hard link or a FIFO is refused, never followed or appended to.
+TEST(SetLogFile, RefusesASymlinkAFifoAndAFileWithTwoLinks) {
+  const std::string target = TestPath("target");
+  const std::string link = TestPath("link.log");
+  ASSERT_TRUE(SetLogFile(target).ok());  // created (and used) by us
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  Status st = SetLogFile(link);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.ToString().find("symlink"), std::string::npos) << st.ToString();
+  unlink(link.c_str());
+  ASSERT_EQ(::link(target.c_str(), link.c_str()), 0);
+  st = SetLogFile(link);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.ToString().find("one link"), std::string::npos) << st.ToString();
+  unlink(link.c_str());
+  ASSERT_EQ(mkfifo(link.c_str(), 0600), 0);
+  EXPECT_FALSE(SetLogFile(link).ok()) << "a FIFO with no reader: refused, not waited on";
+  UniqueFd reader(open(link.c_str(), O_RDONLY | O_NONBLOCK));
+  ASSERT_TRUE(reader.valid());
+  st = SetLogFile(link);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.ToString().find("not a regular file"), std::string::npos) << st.ToString();
+  reader.Reset();
+  unlink(link.c_str());
+  if (geteuid() == 0) {
+    UniqueFd f(open(link.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600));
+    ASSERT_TRUE(f.valid());
+    ASSERT_EQ(fchown(f.get(), 65534, 65534), 0);
+    st = SetLogFile(link);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.ToString().find("belongs to uid 65534"), std::string::npos) << st.ToString();
+    unlink(link.c_str());
+  }
+  unlink(target.c_str());
 }
 
 }  // namespace

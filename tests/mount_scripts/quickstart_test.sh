@@ -11,7 +11,9 @@
 #     the scratch files of the other three ways are gone;
 #   - a second run takes the first one's mount down and mounts again;
 #   - bad arguments (--rounds 0, --rounds x, an unknown flag) exit 2 with a message, and mount
-#     nothing; so does a DNVME_QUICKSTART_DIR others can reach into, whose mode stays as it was.
+#     nothing; so does a DNVME_QUICKSTART_DIR others can reach into (whose mode stays as it was),
+#     one inside a directory others may write without the sticky bit, and one another user
+#     created at the moment the script made it (the race of issue 54, made certain by shims).
 # No timing is asserted (the numbers are the benchmark's business: docs/performance.md).
 # Skips (exit 77) with the reason in a sanitizer build (DNVME_SANITIZED=1: `dnvme run` cannot
 # preload its sanitized library into fio), when not root (the page cache is dropped), when
@@ -75,6 +77,65 @@ if [[ $rc -eq 2 && $(stat -c %a "$SCRATCH/open") == 755 ]] && grep -q "mode 0700
 else
   fail "DNVME_QUICKSTART_DIR with mode 0755: exit $rc, mode $(stat -c %a "$SCRATCH/open")"
   sed 's/^/  | /' "$SCRATCH/out"
+fi
+
+# --- a directory above it that others may write without the sticky bit is refused ------------
+mkdir -p "$SCRATCH/open777" && chmod 0777 "$SCRATCH/open777"
+rc=0
+DNVME_QUICKSTART_DIR=$SCRATCH/open777/var DNVMEFS_BIN=$DNVMEFS \
+  "$ROOT/mount-scripts/quickstart.sh" --size 64M >"$SCRATCH/out" 2>&1 || rc=$?
+if [[ $rc -eq 2 ]] && grep -q "without the sticky bit" "$SCRATCH/out" &&
+  ! findmnt -rn -M "$SCRATCH/open777/var/mnt" >/dev/null 2>&1; then
+  pass "DNVME_QUICKSTART_DIR in a 0777 directory: exit 2, nothing mounted"
+else
+  fail "DNVME_QUICKSTART_DIR in a 0777 directory: exit $rc (want 2, refused)"
+  sed 's/^/  | /' "$SCRATCH/out"
+  fusermount3 -u "$SCRATCH/open777/var/mnt" 2>/dev/null || true
+fi
+
+# --- another user wins the race for the name (issue 54) --------------------------------------
+# In a sticky world-writable directory (as /tmp), uid 65534 creates DNVME_QUICKSTART_DIR at the
+# very moment the script makes it: shims of mkdir and install on PATH create it as that user
+# first, then run the real command. The script must refuse the user's directory: not mount it,
+# not put root's log in it.
+RACE=$SCRATCH/sticky/var
+mkdir -p "$SCRATCH/sticky" "$SCRATCH/shims" && chmod 1777 "$SCRATCH/sticky"
+reach=1
+d=$SCRATCH
+while [[ $d != / ]]; do
+  [[ $(( 8#$(stat -c %a "$d") & 8#001 )) -ne 0 ]] || reach=0
+  d=$(dirname "$d")
+done
+if [[ $reach -eq 0 ]]; then
+  echo "skip - the race: uid 65534 cannot reach $SCRATCH (set DNVME_TEST_DIR)"
+else
+  make=$(command -v mkdir)
+  for tool in mkdir install; do
+    real=$(command -v "$tool")
+    cat >"$SCRATCH/shims/$tool" <<SHIM
+#!/bin/bash
+for a in "\$@"; do
+  if [[ \$a == "$RACE" && ! -e "$RACE" ]]; then
+    setpriv --reuid=65534 --regid=65534 --clear-groups $make -m 0700 "$RACE"
+  fi
+done
+exec $real "\$@"
+SHIM
+    chmod 0755 "$SCRATCH/shims/$tool"
+  done
+  rc=0
+  PATH=$SCRATCH/shims:$PATH DNVME_QUICKSTART_DIR=$RACE DNVMEFS_BIN=$DNVMEFS \
+    "$ROOT/mount-scripts/quickstart.sh" --size 64M >"$SCRATCH/out" 2>&1 || rc=$?
+  owner=$(stat -c %u "$RACE" 2>/dev/null || echo none)
+  if [[ $rc -eq 2 && $owner == 65534 ]] && ! findmnt -rn -M "$RACE/mnt" >/dev/null 2>&1 &&
+    [[ -z $(find "$RACE" -mindepth 1 2>/dev/null | head -1) ]]; then
+    pass "another user's directory made in the race: exit 2, nothing mounted or written in it"
+  else
+    fail "another user's directory made in the race: exit $rc, owner $owner; in it:" \
+      "$(find "$RACE" -mindepth 1 2>/dev/null | head -5 | tr '\n' ' ')"
+    sed 's/^/  | /' "$SCRATCH/out"
+    fusermount3 -u "$RACE/mnt" 2>/dev/null || fusermount3 -u -z "$RACE/mnt" 2>/dev/null || true
+  fi
 fi
 
 # --- the demo, twice (the second, one round, takes the first one's mount down) ----------------

@@ -545,7 +545,7 @@ TEST(PreloadLeases, WaitForWritesWaitsOnlyForWritableHoldersAndOnlyOnceToTheLimi
 TEST(PreloadLeases, PollGivesUpWhenLateAndMarksOnlyWhenAsked) {
   PreloadLeases l;
   broker::LeaseWord w{};
-  l.Add(1, 1000, &w, /*writable=*/true);
+  l.Add(1, 2000, &w, /*writable=*/true);  // uids of its own: HolderTrust is the process's
   w.writes_inflight.store(1);
   EXPECT_EQ(l.PollWrites(/*share_if_busy=*/false, /*late=*/false), PreloadLeases::Poll::kBusy);
   EXPECT_EQ(w.shared.load(), 0u);
@@ -553,6 +553,53 @@ TEST(PreloadLeases, PollGivesUpWhenLateAndMarksOnlyWhenAsked) {
   EXPECT_EQ(w.shared.load(), 1u);
   EXPECT_EQ(l.PollWrites(false, /*late=*/true), PreloadLeases::Poll::kGaveUp);
   EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kLanded) << "untrusted after one";
+}
+
+// Issue 54: one stall per holder and per file, however many leases the holder adds.
+TEST(PreloadLeases, ANewLeaseOfAHolderThatStalledIsNotWaitedForOnAnyFile) {
+  PreloadLeases file1, file2;
+  broker::LeaseWord first{}, again{}, elsewhere{};
+  file1.Add(1, 3000, &first, /*writable=*/true);
+  first.writes_inflight.store(1);
+  EXPECT_FALSE(file1.WaitForWrites(false, milliseconds(50)));  // the one stall
+  file1.Remove(&first);
+  file1.Add(2, 3000, &again, /*writable=*/true);  // a new lease, a new connection, same user
+  again.writes_inflight.store(1);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(file1.WaitForWrites(false, milliseconds(2000)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(500))
+      << "the new lease was trusted";
+  file2.Add(3, 3000, &elsewhere, /*writable=*/true);
+  elsewhere.writes_inflight.store(1);
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(file2.WaitForWrites(false, milliseconds(2000)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(500)) << "trusted on another file";
+}
+
+TEST(PreloadLeases, AFileThatStalledAWaitIsNotWaitedOnAgainForAWhile) {
+  PreloadLeases l;
+  broker::LeaseWord a{}, b{};
+  l.Add(1, 3100, &a, /*writable=*/true);
+  a.writes_inflight.store(1);
+  EXPECT_FALSE(l.WaitForWrites(false, milliseconds(50)));
+  l.Add(2, 3101, &b, /*writable=*/true);  // another user (an accomplice) on the same file
+  b.writes_inflight.store(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kLanded);
+  EXPECT_TRUE(l.WaitForWrites(false, milliseconds(2000)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(500));
+}
+
+TEST(HolderTrust, DistrustLastsItsTimeAndIsBounded) {
+  HolderTrust t;
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_FALSE(t.Distrusted(5, now));
+  t.Distrust(5, now);
+  EXPECT_TRUE(t.Distrusted(5, now + std::chrono::seconds(59)));
+  EXPECT_FALSE(t.Distrusted(5, now + HolderTrust::kDistrust));
+  for (uid_t u = 100; u < 100 + HolderTrust::kMaxUids + 10; ++u) t.Distrust(u, now);
+  EXPECT_TRUE(t.Distrusted(100 + HolderTrust::kMaxUids + 9, now));
+  EXPECT_FALSE(t.Distrusted(100, now)) << "the oldest goes first when full";
 }
 
 TEST(PreloadLeases, GuardIsHeldWhileALeaseLivesAndOpenedOnce) {

@@ -49,8 +49,11 @@ class FakeCore : public ControlCore {
   void RemoveCtlEngine(AioHandle*) override {}
   int root_fd() const override { return -1; }
   const std::string& mountpoint() const override { return mountpoint_; }
+  bool Stopping() const override { return stopping_; }
+  void set_stopping(bool s) { stopping_ = s; }
 
  private:
+  bool stopping_ = false;
   UidLimits limits_;
   CtlCounters counters_;
   std::string mountpoint_ = "/mnt/test";
@@ -144,6 +147,23 @@ TEST_F(CtlSessionTest, RequestsRunInTheOrderWritten) {
   EXPECT_EQ(j["ok"], false) << a.got[0];
   EXPECT_EQ(j["error"]["code"], "EBADMSG");
   EXPECT_EQ(core_.ctl_counters().requests.load(), 2u);
+}
+
+// Fs::Stop: a user's queued requests must not hold the unmount; those not yet run are answered
+// ECANCELED and run nothing.
+TEST_F(CtlSessionTest, RequestsQueuedWhenTheDaemonStopsAreCancelledNotRun) {
+  ASSERT_TRUE(Write(Hello(1)).ok());
+  ASSERT_TRUE(Write(Hello(2)).ok());
+  core_.set_stopping(true);
+  jobs_.RunAll();
+  Answers a;
+  session_->Read(1 << 20, a.Reply());
+  ASSERT_EQ(a.got.size(), 1u);
+  json j = json::parse(a.got[0]);
+  EXPECT_EQ(j["id"], 2);
+  EXPECT_EQ(j["ok"], false) << a.got[0];
+  EXPECT_EQ(j["error"]["code"], "ECANCELED") << a.got[0];
+  EXPECT_EQ(core_.ctl_counters().request_errors.load(), 2u) << "both answered, neither run";
 }
 
 TEST_F(CtlSessionTest, ParkedReadsTakeTheirPartsInOrder) {

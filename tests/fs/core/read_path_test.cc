@@ -97,7 +97,7 @@ TEST_F(ReadPathTest, ABufferedReaderIsReadAheadAndAnsweredWithoutACopy) {
   int64_t pinned_pieces = 0;
   for (int64_t off = 0; off < 4 * kMiB; off += 256 << 10) {
     datapath::ReadReply reply;
-    Result<int64_t> n = Read(*mount_, fh, scratch_.data(), 256 << 10, off, &reply);
+    Result<int64_t> n = Read(*mount_, fh, scratch_.data(), 256 << 10, off, &reply, 0);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     ASSERT_EQ(*n, 256 << 10);
     std::vector<char> got = Bytes(reply);
@@ -120,7 +120,7 @@ TEST_F(ReadPathTest, TheDefaultPolicyServesACachedFileFromThePageCache) {
   FileHandle& fh = OpenHandle("warm", /*writable=*/false, /*client_direct=*/false);
   for (int64_t off = 0; off < 2 * kMiB; off += kMiB) {
     datapath::ReadReply reply;
-    Result<int64_t> n = Read(*mount_, fh, scratch_.data(), kMiB, off, &reply);
+    Result<int64_t> n = Read(*mount_, fh, scratch_.data(), kMiB, off, &reply, 0);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     ASSERT_EQ(reply.iov.size(), 1u);
     EXPECT_EQ(reply.iov[0].iov_base, scratch_.data());
@@ -134,7 +134,7 @@ TEST_F(ReadPathTest, TheDefaultPolicyServesACachedFileFromThePageCache) {
   FileHandle& engine_open = OpenHandle("warm", false, false);
   engine_open.engine_reads = true;
   datapath::ReadReply reply;
-  Result<int64_t> n = Read(*mount_, engine_open, scratch_.data(), kMiB, 4 * kMiB, &reply);
+  Result<int64_t> n = Read(*mount_, engine_open, scratch_.data(), kMiB, 4 * kMiB, &reply, 0);
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   std::vector<char> got = Bytes(reply);
   EXPECT_TRUE(MatchesPattern(got.data(), got.size(), 4 * kMiB));
@@ -151,7 +151,7 @@ TEST_F(ReadPathTest, AnODirectReaderIsNotReadAhead) {
   FileHandle& fh = OpenHandle("direct", false, /*client_direct=*/true);
   for (int64_t off = 0; off < 2 * kMiB; off += kMiB) {
     datapath::ReadReply reply;
-    Result<int64_t> n = Read(*mount_, fh, scratch_.data(), kMiB, off, &reply);
+    Result<int64_t> n = Read(*mount_, fh, scratch_.data(), kMiB, off, &reply, 0);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     ASSERT_EQ(reply.iov.size(), 1u);
     EXPECT_EQ(reply.iov[0].iov_base, scratch_.data()) << "read on demand into the scratch buffer";
@@ -172,14 +172,14 @@ TEST_F(ReadPathTest, AReadStopsAtTheEndAndSeesWritesStillPending) {
           .ok());
   FileHandle& reader = OpenHandle("tail", false, false);
   datapath::ReadReply reply;
-  Result<int64_t> n = Read(*mount_, reader, scratch_.data(), kMiB, kMiB - 4096, &reply);
+  Result<int64_t> n = Read(*mount_, reader, scratch_.data(), kMiB, kMiB - 4096, &reply, 0);
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(*n, 8192) << "the pending write extended the file";
   std::vector<char> got = Bytes(reply);
   EXPECT_TRUE(MatchesPattern(got.data(), 4096, kMiB - 4096));
   EXPECT_EQ(got[4096], 'p');
   datapath::ReadReply past;
-  n = Read(*mount_, reader, scratch_.data(), kMiB, 2 * kMiB, &past);
+  n = Read(*mount_, reader, scratch_.data(), kMiB, 2 * kMiB, &past, 0);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 0);
 }
