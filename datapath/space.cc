@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <optional>
 #include <string>
 
 #include "dnvme/identity.h"
@@ -133,23 +132,6 @@ int64_t StepAhead(const SpaceOptions& opts, int fd, int64_t size) {
   return std::max<int64_t>(0, step / kPage * kPage);
 }
 
-// As the writer: its quota and its share of the file system (dnvme/identity.h).
-class AsWriter {
- public:
-  static Result<AsWriter> Enter(const FileRef& file) {
-    AsWriter w;
-    if (const FsIdentity* who = file.write_identity()) {
-      auto entered = ScopedFsIdentity::Enter(*who);
-      if (!entered.ok()) return entered.status();
-      w.as_.emplace(std::move(entered).value());
-    }
-    return w;
-  }
-
- private:
-  std::optional<ScopedFsIdentity> as_;
-};
-
 }  // namespace
 
 bool SpaceBudget::Allows(int fd, dev_t dev, int64_t len, int64_t unlanded) {
@@ -194,6 +176,15 @@ void SpaceReservation::CoverLocked(int64_t a, int64_t b) {
   }
 }
 
+Status SpaceReservation::ExtendLocked(int fd, int64_t size, int64_t end) {
+  if (end <= size) return Status::Ok();
+  if (const int e = Ftruncate(fd, end); e != 0) {
+    return Status::FromErrno(e, "extending the backing file");
+  }
+  size_seen_ = end;
+  return Status::Ok();
+}
+
 void SpaceReservation::ForgetLocked() {
   lo_ = hi_ = 0;
   size_seen_ = -1;
@@ -220,12 +211,7 @@ Result<SpaceReservation::Grant> SpaceReservation::BudgetLocked(const SpaceOption
     return Grant{len, /*through=*/true, epoch};
   }
   const int64_t end = off + len;
-  if (opts.extend && end > size) {
-    if (const int e = Ftruncate(file.buffered_fd(), end); e != 0) {
-      return Status::FromErrno(e, "extending the backing file");
-    }
-    size_seen_ = end;
-  }
+  if (opts.extend) DNVME_RETURN_IF_ERROR(ExtendLocked(file.buffered_fd(), size, end));
   return Grant{len, false, epoch};
 }
 
@@ -248,12 +234,7 @@ Result<SpaceReservation::Grant> SpaceReservation::Reserve(const SpaceOptions& op
     lo_ = hi_ = 0;
   } else if (covered) {
     size_seen_ = size;
-    if (end > size) {
-      if (const int e = Ftruncate(fd, end); e != 0) {
-        return Status::FromErrno(e, "extending the backing file");
-      }
-      size_seen_ = end;
-    }
+    DNVME_RETURN_IF_ERROR(ExtendLocked(fd, size, end));
     return Grant{len, false, epoch};
   }
   size_seen_ = size;
@@ -263,7 +244,8 @@ Result<SpaceReservation::Grant> SpaceReservation::Reserve(const SpaceOptions& op
   }
   if (no_fallocate_) return BudgetLocked(opts, budget, file, off, len, size, sb.st_dev);
 
-  DNVME_ASSIGN_OR_RETURN(AsWriter as, AsWriter::Enter(file));
+  // As the writer: its quota and its share of the file system (dnvme/identity.h).
+  DNVME_ASSIGN_OR_RETURN(ScopedFsIdentity as, ScopedFsIdentity::EnterIf(file.write_identity()));
   (void)as;
   int64_t granted = end;  // the grant ends here
   int refused = 0;        // fallocate's errno when it refused part of the write
@@ -328,12 +310,7 @@ Result<SpaceReservation::Grant> SpaceReservation::Reserve(const SpaceOptions& op
                              "no space for a write of " + std::to_string(len) +
                                  " bytes at offset " + std::to_string(off));
   }
-  if (opts.extend && granted > size) {
-    if (const int e = Ftruncate(fd, granted); e != 0) {
-      return Status::FromErrno(e, "extending the backing file");
-    }
-    size_seen_ = granted;
-  }
+  if (opts.extend) DNVME_RETURN_IF_ERROR(ExtendLocked(fd, size, granted));
   return Grant{granted - off, false, epoch};
 }
 

@@ -130,6 +130,8 @@ class SpaceReservation {
   // Marks [a, b) as backed, joining the range known so far when they touch.
   void CoverLocked(int64_t a, int64_t b);
   void ForgetLocked();
+  // `extend`: raises the file (of `size` bytes) to `end` when it is shorter.
+  Status ExtendLocked(int fd, int64_t size, int64_t end);
   // The budget decides for `len` bytes: acknowledged early (extending the file when asked), or
   // written through.
   Result<Grant> BudgetLocked(const SpaceOptions& opts, SpaceBudget* budget, const FileRef& file,

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -47,12 +46,8 @@ Status KeepWhatFits(const FileRef& file, const char* data, int64_t n, int64_t at
                     const Status& why) {
   if (n <= 0 || file.buffered_fd() < 0) return why;
   // Scoped, not SwitchThreadFsIdentity: whichever thread completes the flush goes on as itself.
-  std::optional<ScopedFsIdentity> as;
-  if (const FsIdentity* who = file.write_identity()) {
-    auto entered = ScopedFsIdentity::Enter(*who);
-    if (!entered.ok()) return why;
-    as.emplace(std::move(entered).value());
-  }
+  Result<ScopedFsIdentity> as = ScopedFsIdentity::EnterIf(file.write_identity());
+  if (!as.ok()) return why;
   int64_t piece = n;
   while (n > 0) {
     const int64_t want = std::min(piece, n);

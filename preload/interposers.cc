@@ -317,7 +317,7 @@ int ftruncate(int fd, off_t len) {
   if (!r) return pl::Libc().ftruncate(fd, len);
   // This process's writes land first and the read-ahead window goes before and after
   // (datapath/file_data.h, Change).
-  return pl::ZeroOrFail(r->data.Change([&] { return pl::TruncateAdopted(*r, fd, len); }));
+  return pl::ZeroOrFail(r->data.Change([&] { return pl::TruncateAdopted(fd, len); }));
 }
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
 

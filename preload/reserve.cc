@@ -27,7 +27,7 @@ void TrimReservation(AdoptedFile& f) {
   }
 }
 
-Status TruncateAdopted(AdoptedFile& /*f*/, int fd, off_t len) {
+Status TruncateAdopted(int fd, off_t len) {
   int rc;
   do {
     rc = Libc().ftruncate(fd, len);

@@ -29,7 +29,7 @@ void TrimReservation(AdoptedFile& f);
 
 // ftruncate(2) of the program's descriptor `fd` of the file; fails with ftruncate's errno. Run
 // it in f.data.Change (a shrink frees the blocks reserved past the end).
-Status TruncateAdopted(AdoptedFile& f, int fd, off_t len);
+Status TruncateAdopted(int fd, off_t len);
 
 // fallocate(2) of the backing file in any mode; fails with fallocate's errno. Run it in
 // f.data.Change.

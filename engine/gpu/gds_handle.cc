@@ -10,7 +10,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -303,16 +302,13 @@ class GdsHandle::Impl {
       } else if (cufile != nullptr) {
         // cuFile writes from this thread: as the writer, for this job alone (a caller's thread
         // may run it inline, and must come back as itself).
-        std::optional<ScopedFsIdentity> as;
-        if (job.result.type == OpType::kWrite && options.write_as != nullptr) {
-          auto entered = ScopedFsIdentity::Enter(*options.write_as);
-          if (!entered.ok()) {
-            out.Fail(entered.status(), job.result.file_offset);
-          } else {
-            as.emplace(std::move(entered).value());
-          }
+        Result<ScopedFsIdentity> as = ScopedFsIdentity::EnterIf(
+            job.result.type == OpType::kWrite ? options.write_as.get() : nullptr);
+        if (!as.ok()) {
+          out.Fail(as.status(), job.result.file_offset);
+        } else {
+          RunCuFile(job, out);
         }
-        if (out.ok()) RunCuFile(job, out);
       } else {
         RunBounce(job, out);
       }

@@ -106,6 +106,11 @@ Result<ScopedFsIdentity> ScopedFsIdentity::Enter(const FsIdentity& who) {
   return s;
 }
 
+Result<ScopedFsIdentity> ScopedFsIdentity::EnterIf(const FsIdentity* who) {
+  if (who == nullptr) return ScopedFsIdentity();
+  return Enter(*who);
+}
+
 ScopedFsIdentity::ScopedFsIdentity(ScopedFsIdentity&& o) noexcept : saved_(std::move(o.saved_)) {
   o.saved_.switched = false;
 }

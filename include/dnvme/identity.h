@@ -52,6 +52,9 @@ struct FsIdentity {
 class ScopedFsIdentity {
  public:
   static Result<ScopedFsIdentity> Enter(const FsIdentity& who);
+  // Enter(*who), or a scope that changes nothing when `who` is null (a file written as the
+  // daemon itself: FileRef::write_identity).
+  static Result<ScopedFsIdentity> EnterIf(const FsIdentity* who);
   ScopedFsIdentity(ScopedFsIdentity&& o) noexcept;
   ScopedFsIdentity& operator=(ScopedFsIdentity&&) = delete;
   ScopedFsIdentity(const ScopedFsIdentity&) = delete;

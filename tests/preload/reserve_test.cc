@@ -149,14 +149,14 @@ TEST_F(ReserveTest, TruncateInChangeForgetsTheReservation) {
   // A shrink and a grow back to the same size: only the change tells the blocks are gone.
   Make(Path("truncated"));
   ASSERT_EQ(Wrote(0, kMiB), kMiB);
-  ASSERT_TRUE(f_->data.Change([&] { return TruncateAdopted(*f_, program_fd_, 0); }).ok());
+  ASSERT_TRUE(f_->data.Change([&] { return TruncateAdopted(program_fd_, 0); }).ok());
   ASSERT_LE(Allocated(), 8192);
-  ASSERT_TRUE(f_->data.Change([&] { return TruncateAdopted(*f_, program_fd_, kMiB); }).ok());
+  ASSERT_TRUE(f_->data.Change([&] { return TruncateAdopted(program_fd_, kMiB); }).ok());
   EXPECT_EQ(Size(), kMiB);
   ASSERT_EQ(Wrote(kMiB, kMiB), kMiB);
   EXPECT_EQ(Size(), 2 * kMiB);
   EXPECT_GE(Allocated(), kReserveMin);
-  EXPECT_EQ(TruncateAdopted(*f_, -1, 0).ErrnoOr(), EBADF);  // ftruncate's errno
+  EXPECT_EQ(TruncateAdopted(-1, 0).ErrnoOr(), EBADF);  // ftruncate's errno
 }
 
 TEST_F(ReserveTest, FallocateInChangeForgetsTheReservationAndReturnsTheErrno) {

@@ -48,11 +48,15 @@ def preload_skip_reason():
     return None
 
 
+# One definition for the tests and their children (CHILD_LIB carries its source).
+BLOCK_PATTERN = r'''
 def block_pattern(n, seed=0):
     """`n` bytes where each 4 KiB block is its own number and `seed` in hex digits, repeated:
     misplaced, lost or zero-filled blocks show, and no byte is zero."""
     blocks = (n + 4095) // 4096
     return b"".join(b"%06x:%08x\n" % (seed & 0xffffff, i) * 256 for i in range(blocks))[:n]
+'''
+exec(BLOCK_PATTERN)
 
 
 def nonzero_pattern(n, seed=1):
@@ -169,8 +173,8 @@ class Ctl:
 '''
 
 # Prepended to every child's code: `A` (its JSON argument), emit(tag, **fields) (one line to the
-# test), ask() (the next line the test sends), Ctl (a control-file session) and Broker (a raw
-# broker connection, include/dnvme/broker.h).
+# test), ask() (the next line the test sends), Ctl (a control-file session), block_pattern (as
+# the test's) and Broker (a raw broker connection, include/dnvme/broker.h).
 CHILD_LIB = r'''
 import ctypes, errno, json, mmap, os, socket, struct, sys, threading, time
 A = json.loads(sys.argv[1])
@@ -185,7 +189,7 @@ def ask():
     if not line:
         os._exit(3)
     return line.strip()
-''' + CTL_CLIENT + r'''
+''' + CTL_CLIENT + BLOCK_PATTERN + r'''
 def code(a):
     return "OK" if a.get("ok") else a["error"]["code"]
 def shm(size, name=None):

@@ -26,9 +26,6 @@ def setUpModule():
 
 WRITE_THEN_DIE = r'''
 import struct
-def block_pattern(n, seed):
-    return b"".join(b"%06x:%08x\n" % (seed & 0xffffff, i) * 256
-                    for i in range((n + 4095) // 4096))[:n]
 data = block_pattern(A["n"], A["seed"])
 fd = os.open(A["path"], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
 n = os.write(fd, data)

@@ -34,9 +34,6 @@ def setUpModule():
 # A writer of 1 MiB os.write calls until one fails: what the calls returned, where the first
 # error came, and the close's error.
 WRITE_LOOP = r'''
-def block_pattern(n, seed):
-    return b"".join(b"%06x:%08x\n" % (seed & 0xffffff, i) * 256
-                    for i in range((n + 4095) // 4096))[:n]
 data = block_pattern(A["total"], A["seed"])
 fd = os.open(A["path"], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
 acked, err, returns = 0, 0, []
@@ -63,9 +60,6 @@ emit("done", acked=acked, err=err, close_err=close_err, shorts=[r for r in retur
 COPY_LOOP = r'''
 # The source on the same file system (copy_file_range between file systems is EXDEV), copied
 # over and over into the destination in 1 MiB pieces.
-def block_pattern(n, seed):
-    return b"".join(b"%06x:%08x\n" % (seed & 0xffffff, i) * 256
-                    for i in range((n + 4095) // 4096))[:n]
 src = os.open(A["src"], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 os.write(src, block_pattern(A["src_size"], A["seed"]))
 dst = os.open(A["path"], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
