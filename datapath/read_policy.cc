@@ -187,13 +187,18 @@ class SystemMemoryBudget final : public MemoryBudget {
     self_at_.store(now, std::memory_order_release);
     return v;
   }
-  // Another process's: one read of its /proc/PID/cgroup, the walk once per membership and
-  // kMemoryRefreshNs (HeadroomCache).
+  // Another process's: its answer kept per pid for kMemoryRefreshNs (the mount asks for every
+  // READ, not only at the open: one /proc/PID/cgroup read each would cost a reader three system
+  // calls a request), the walk once per membership and kMemoryRefreshNs (HeadroomCache). A pid
+  // reused within that time gets the answer of the one before it, once.
   int64_t OpenerHeadroom(pid_t pid) const {
-    const std::string table = ReadSmallFile("/proc/" + std::to_string(pid) + "/cgroup");
-    return openers_.Get(table, NowNs(), [&] { return CgroupHeadroom(table); });
+    return by_pid_.Get(std::to_string(pid), NowNs(), [&] {
+      const std::string table = ReadSmallFile("/proc/" + std::to_string(pid) + "/cgroup");
+      return openers_.Get(table, NowNs(), [&] { return CgroupHeadroom(table); });
+    });
   }
   mutable HeadroomCache openers_{kMemoryRefreshNs, 256};
+  mutable HeadroomCache by_pid_{kMemoryRefreshNs, 1024};
   // Two racing refreshes both store a fresh value: harmless.
   mutable std::atomic<int64_t> mem_{0}, mem_at_{std::numeric_limits<int64_t>::min() / 2};
   mutable std::atomic<int64_t> self_{0}, self_at_{std::numeric_limits<int64_t>::min() / 2};
