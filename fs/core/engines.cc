@@ -15,7 +15,7 @@ Status Engines::Start(const HandleConfig& c) {
   auto h = AioHandle::Create(c);
   if (!h.ok()) return h.status();
   std::lock_guard lock(config_mu_);
-  current_.store(std::shared_ptr<AioHandle>(std::move(h).value()), std::memory_order_release);
+  (void)SwapCurrent(std::shared_ptr<AioHandle>(std::move(h).value()));
   config_ = c;
   return Status::Ok();
 }
@@ -47,8 +47,7 @@ Result<HandleConfig> Engines::Reconfigure(const std::string& json_patch, bool* c
   std::shared_ptr<AioHandle> old;
   {
     std::lock_guard lock(config_mu_);
-    old = current_.exchange(std::shared_ptr<AioHandle>(std::move(fresh).value()),
-                            std::memory_order_acq_rel);
+    old = SwapCurrent(std::shared_ptr<AioHandle>(std::move(fresh).value()));
     config_ = c.value();
   }
   if (old) retired_.push_back(std::move(old));  // none after Reset: nothing to retire
@@ -59,15 +58,24 @@ Result<HandleConfig> Engines::Reconfigure(const std::string& json_patch, bool* c
 }
 
 void Engines::Reset() {
-  std::lock_guard lock(config_mu_);
-  current_.store(nullptr, std::memory_order_release);
+  std::shared_ptr<AioHandle> dropped;
+  {
+    std::lock_guard lock(config_mu_);
+    dropped = SwapCurrent(nullptr);
+  }
+}
+
+std::shared_ptr<AioHandle> Engines::SwapCurrent(std::shared_ptr<AioHandle> h) {
+  std::lock_guard lock(current_mu_);
+  current_.swap(h);
+  return h;
 }
 
 void Engines::Stop() {
   std::shared_ptr<AioHandle> last;
   {
     std::lock_guard lock(config_mu_);
-    last = current_.exchange(nullptr, std::memory_order_acq_rel);
+    last = SwapCurrent(nullptr);
   }
   last.reset();  // waits for every operation of the engine and its callbacks
   std::lock_guard lock(reconfig_mu_);
