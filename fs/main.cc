@@ -233,6 +233,8 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Before the Fs: its descriptor budget is a share of the limit the daemon runs with.
+  RaiseFileLimit();
   auto fs = std::make_unique<dnvme::fs::Fs>(opts);
   if (dnvme::Status st = fs->Preflight(); !st.ok()) {
     std::fprintf(stderr, "dnvmefs: error: %s\n", st.ToString().c_str());
@@ -261,7 +263,6 @@ int main(int argc, char** argv) {
        dnvme::fs::BackingExposure(opts.backing, opts.mountpoint, geteuid())) {
     Logger().warn("{}", why);
   }
-  RaiseFileLimit();
   fs->mount().set_session(se);  // for the control file's cache invalidations
   int rc = kExitFailure;
   if (fuse_set_signal_handlers(se) != 0) {
@@ -342,6 +343,7 @@ int main(int argc, char** argv) {
     } else if (dnvme::Status bst = fs->StartBroker(); !bst.ok()) {
       Logger().error("start-up failed: {}", bst.ToString());
     } else {
+      fs->StartPruner();
       ChooseExtensions(*fs);  // before the loop runs: INIT is its first request
       Logger().info("mounted {} at {} (engine {}; transport {}: {})", opts.backing, opts.mountpoint,
                     opts.engine.ToJson(), dnvme::fs::TransportKindName(transport->kind()),

@@ -118,7 +118,7 @@ void Broker::ReapFinished(bool all) {
   }
 }
 
-Status Broker::Admit(uid_t uid, UidCharge* charge) {
+Status Broker::Admit(uid_t uid, UidCharge* charge, UidCharge* fds) {
   {
     std::lock_guard lock(mu_);
     const size_t open = counters_.connections_open.load();
@@ -133,6 +133,7 @@ Status Broker::Admit(uid_t uid, UidCharge* charge) {
     }
   }
   DNVME_ASSIGN_OR_RETURN(*charge, core_.uid_limits().Charge(uid, UidResource::kBrokerConns));
+  DNVME_ASSIGN_OR_RETURN(*fds, core_.uid_limits().ChargeFds(uid, Conn::kConnFds, FdUse::kOther));
   return Status::Ok();
 }
 
@@ -194,7 +195,7 @@ void Broker::AcceptLoop() {
       DNVME_LOG_THROTTLED(warn, "broker: SO_PEERCRED: {}", std::strerror(errno));
       continue;
     }
-    if (Status why = Admit(cred.uid, &c->charge); !why.ok()) {
+    if (Status why = Admit(cred.uid, &c->charge, &c->fds); !why.ok()) {
       DNVME_LOG_THROTTLED(warn, "broker: refusing pid {} uid {}: {}", cred.pid, cred.uid,
                           why.message());
       counters_.refused.fetch_add(1);

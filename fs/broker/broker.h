@@ -97,8 +97,9 @@ class Broker {
   void AcceptLoop();
   void Serve(Conn* c);
   void ReapFinished(bool all);
-  // Why a new connection of `uid` must be refused (Ok: take it, its charge in `charge`).
-  Status Admit(uid_t uid, UidCharge* charge);
+  // Why a new connection of `uid` must be refused (Ok: take it, its charges in `charge` and
+  // `fds`).
+  Status Admit(uid_t uid, UidCharge* charge, UidCharge* fds);
   // Answers a refused connection with `why` and keeps it until the client has read it (or
   // kRefusedLinger passed), so the client's hello finds the reason, not a closed socket.
   void Refuse(UniqueFd sock, const Status& why);

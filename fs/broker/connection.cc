@@ -61,10 +61,14 @@ Status CheckPath(const std::string& rel) {
 // writing only so (nothing is ever written through it); never waits for a lease someone already
 // holds (ReopenNoWait; O_NONBLOCK kept: nothing reads or writes it). A read-only file system needs
 // no guard (no open there can break a lease: they fail EROFS first), so none is made.
-Result<UniqueFd> OpenLeaseGuard(int fd, const std::string& rel) {
+// The guard is one of the daemon's descriptors, charged to the client that made it (`uid`): the
+// file's leases keep it until the last one ends.
+Result<PreloadLeases::Guard> OpenLeaseGuard(UidLimits& limits, uid_t uid, int fd,
+                                            const std::string& rel) {
+  DNVME_ASSIGN_OR_RETURN(UidCharge charge, limits.ChargeFds(uid, 1, FdUse::kOther));
   UniqueFd g(ReopenNoWait(fd, O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
-  if (g.valid()) return g;
-  if (errno == EROFS) return UniqueFd();
+  if (g.valid()) return PreloadLeases::Guard{std::move(g), std::move(charge)};
+  if (errno == EROFS) return PreloadLeases::Guard{};
   const int err = errno;
   return Status::FromErrno(err, "'" + rel + "' cannot be held open for writing by the daemon" +
                                     (err == EWOULDBLOCK ? " (a file lease is held on it)" : "") +
@@ -229,8 +233,9 @@ void Broker::Serve(Conn* c) {
         st = core_.DrainForExternal(*in);
         // No file lease can be taken on the descriptors about to be sent (PreloadLeases).
         if (st.ok()) {
-          st = core_.LeasesOf(*in).EnsureGuard(
-              [fd = buffered.get(), &rel] { return OpenLeaseGuard(fd, rel); });
+          st = core_.LeasesOf(*in).EnsureGuard([this, c, fd = buffered.get(), &rel] {
+            return OpenLeaseGuard(core_.uid_limits(), c->peer.uid, fd, rel);
+          });
         }
         if (st.ok()) {
           PreloadLeases& leases = core_.LeasesOf(*in);
@@ -305,6 +310,7 @@ void Broker::Serve(Conn* c) {
   for (auto& [id, lease] : c->leases) release(lease, /*invalidate=*/!stopping_.load());
   c->leases.clear();
   c->charge.Reset();
+  c->fds.Reset();
   {
     std::lock_guard lock(mu_);
     if (c->peer.uid != 0) --user_conns_;

@@ -40,6 +40,10 @@ struct Broker::Conn {
   std::thread thread;
   std::atomic<bool> finished{false};
   UidCharge charge;  // its place in the peer uid's broker_max_conns_per_uid
+  // The daemon's descriptors it holds (kConnFds): its socket, its lease page, and the two an open
+  // holds until the reply has sent them.
+  UidCharge fds;
+  static constexpr int64_t kConnFds = 4;
 
   ~Conn() {
     if (page != nullptr) munmap(page, broker::kLeasePageBytes);

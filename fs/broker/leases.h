@@ -27,6 +27,7 @@
 #include "dnvme/broker.h"
 #include "dnvme/fd.h"
 #include "dnvme/status.h"
+#include "fs/limits/uid_limits.h"
 
 namespace dnvme::fs {
 
@@ -98,7 +99,7 @@ class PreloadLeases {
     entries_.erase(it);
     count_.fetch_sub(1, std::memory_order_release);
     if (entries_.empty()) {
-      guard_.Reset();
+      guard_ = Guard{};
       guard_skipped_ = false;
     }
   }
@@ -129,18 +130,23 @@ class PreloadLeases {
   // open at all (both EAGAIN). `open_guard` (called once, under the mutex: it must not block)
   // opens it; an error from it refuses the broker's open. The daemon's own opens are
   // non-blocking as well (docs/security.md): this keeps a client from making them fail.
-  Status EnsureGuard(const std::function<Result<UniqueFd>()>& open_guard) {
+  // The guard's descriptor and its charge (one of the daemon's descriptors, UidLimits::ChargeFds).
+  struct Guard {
+    UniqueFd fd;
+    UidCharge charge;
+  };
+  Status EnsureGuard(const std::function<Result<Guard>()>& open_guard) {
     std::lock_guard lock(mu_);
-    if (guard_.valid() || guard_skipped_) return Status::Ok();
+    if (guard_.fd.valid() || guard_skipped_) return Status::Ok();
     auto g = open_guard();
     if (!g.ok()) return g.status();
     guard_ = std::move(g).value();
-    guard_skipped_ = !guard_.valid();  // nothing to guard (a read-only file system)
+    guard_skipped_ = !guard_.fd.valid();  // nothing to guard (a read-only file system)
     return Status::Ok();
   }
   bool guarded() {
     std::lock_guard lock(mu_);
-    return guard_.valid();
+    return guard_.fd.valid();
   }
   // Someone else opened the file through the mount: every holder invalidates after each write.
   void MarkShared() {
@@ -243,7 +249,7 @@ class PreloadLeases {
   // guarded by mu_: a wait on this file ran to its limit; none asks any holder until then
   std::chrono::steady_clock::time_point stalled_until_{};
   std::vector<Entry> entries_;  // guarded by mu_
-  UniqueFd guard_;              // guarded by mu_: held while entries_ is not empty (EnsureGuard)
+  Guard guard_;                 // guarded by mu_: held while entries_ is not empty (EnsureGuard)
   bool guard_skipped_ = false;  // guarded by mu_
 };
 

@@ -285,6 +285,7 @@ Result<std::string> CtlSession::OpenHandle(const CtlRequest& r) {
                          limits.Charge(owner(), UidResource::kWorkers, cost.threads));
   DNVME_ASSIGN_OR_RETURN(h->aio_charge,
                          limits.Charge(owner(), UidResource::kAioEvents, cost.aio_events));
+  DNVME_ASSIGN_OR_RETURN(h->fds_charge, limits.ChargeFds(owner(), cost.threads, FdUse::kOther));
   auto engine = AioHandle::Create(cfg);
   if (!engine.ok()) return engine.status().WithContext("handle.open");
   h->engine = std::move(engine).value();
@@ -347,11 +348,13 @@ Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device, const Caller&
                          limits.Charge(owner(), UidResource::kWorkers, cost.threads));
   DNVME_ASSIGN_OR_RETURN(UidCharge aio,
                          limits.Charge(owner(), UidResource::kAioEvents, cost.aio_events));
+  DNVME_ASSIGN_OR_RETURN(UidCharge fds, limits.ChargeFds(owner(), cost.threads, FdUse::kOther));
   auto made = GdsHandle::Create(h.engine->config(), o);
   if (!made.ok()) return made.status().WithContext("GPU engine for this handle");
   h.gds_pinned_charge = std::move(pinned);
   h.gds_workers_charge = std::move(workers);
   h.gds_aio_charge = std::move(aio);
+  h.gds_fds_charge = std::move(fds);
   h.gds = std::move(made).value();
   h.gds_device = device;
   Logger().info("control file: GPU transfers on device {} use {} ({})", device,
@@ -373,6 +376,7 @@ void CtlSession::FinishRecord(CtlOpRecord& rec) {
   rec.buffer.reset();
   rec.gpu_buffer.reset();
   rec.file_charge.Reset();
+  rec.fds.Reset();
   rec.pending.Reset();
 }
 

@@ -131,6 +131,8 @@ struct CtlOpRecord {
   // An async record counts against its uid's ctl_max_pending and max_files_per_uid until `wait`
   // collects it (the file stays open until then).
   UidCharge pending, file_charge;
+  // The daemon's descriptors the transfer holds: the file's and the engine's two reopens of it.
+  UidCharge fds;
 };
 
 struct CtlHandle {
@@ -150,6 +152,7 @@ struct CtlHandle {
   // (WorkerCost), and the GPU engine's the same (GdsWorkerCost), taken before the engine is made
   // and given back after it is destroyed, so the uid is charged whenever the threads exist.
   UidCharge workers_charge, aio_charge, gds_workers_charge, gds_aio_charge;
+  UidCharge fds_charge, gds_fds_charge;  // the workers' eventfds (the daemon's descriptors)
 };
 
 // What the control plane needs from the filesystem core, and nothing more: pinning an inode the

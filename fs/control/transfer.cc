@@ -60,11 +60,13 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   // An async transfer holds its file open until `wait` collects it: both count against the
   // owner's limits from now on (a user cannot fill the daemon's descriptor table).
   UidCharge pending, file_charge;
+  UidLimits& limits = fs_.uid_limits();
   if (r.async) {
-    UidLimits& limits = fs_.uid_limits();
     DNVME_ASSIGN_OR_RETURN(pending, limits.Charge(owner(), UidResource::kPending));
     DNVME_ASSIGN_OR_RETURN(file_charge, limits.Charge(owner(), UidResource::kFiles));
   }
+  // Every transfer holds the file and the engine's two reopens of it while it runs.
+  DNVME_ASSIGN_OR_RETURN(UidCharge fds, limits.ChargeFds(owner(), 3, FdUse::kOther));
 
   // Open the file as the caller: the same permission decision as open(2) on the mount.
   UniqueFd fd;
@@ -102,6 +104,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   rec->gpu_buffer = gbuf;
   rec->pending = std::move(pending);
   rec->file_charge = std::move(file_charge);
+  rec->fds = std::move(fds);
   // Coherence with the mount: data still in the mount's write-behind must reach the file first
   // (a read sees it; a write is not overwritten by it later).
   rec->pinned = fs_.PinInode(st.st_dev, st.st_ino);

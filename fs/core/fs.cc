@@ -3,17 +3,20 @@
 #include "fs/core/fs.h"
 
 #include <chrono>
+#include <vector>
 
 namespace dnvme::fs {
 
 Fs::Fs(MountOptions opts)
     : mount_(std::move(opts)),
-      uid_limits_(UidLimits::Maxima{
-          mount_.opts().ctl_max_handles, mount_.opts().ctl_max_bytes, mount_.opts().ctl_max_buffers,
-          mount_.opts().ctl_max_pinned, mount_.opts().ctl_max_pending,
-          mount_.opts().max_files_per_uid, mount_.opts().broker_max_conns_per_uid,
-          mount_.opts().ctl_max_opens, mount_.opts().ctl_max_workers,
-          mount_.opts().ctl_max_aio_events, mount_.opts().max_inodes_per_uid}),
+      uid_limits_(
+          UidLimits::Maxima{mount_.opts().ctl_max_handles, mount_.opts().ctl_max_bytes,
+                            mount_.opts().ctl_max_buffers, mount_.opts().ctl_max_pinned,
+                            mount_.opts().ctl_max_pending, mount_.opts().max_files_per_uid,
+                            mount_.opts().broker_max_conns_per_uid, mount_.opts().ctl_max_opens,
+                            mount_.opts().ctl_max_workers, mount_.opts().ctl_max_aio_events,
+                            mount_.opts().max_inodes_per_uid},
+          FdShape::OfProcess()),
       ctl_lanes_(UidLanes::Options{.threads_per_key = mount_.opts().ctl_threads_per_uid,
                                    .max_queued = 256,
                                    .idle = std::chrono::milliseconds(2000),
@@ -53,6 +56,11 @@ Status Fs::StartBroker() {
   return Status::Ok();
 }
 
+void Fs::StartPruner() {
+  inodes_.StartPruner(
+      [this](const std::vector<uint64_t>& ids) { return mount_.protocol().NotifyPrune(ids); });
+}
+
 void Fs::DrainAll() {
   if (!mount_.engine()) return;
   inodes_.DrainAll();
@@ -67,6 +75,7 @@ void Fs::Stop() {
   // Opens and truncates waiting for a `dnvme run` client's writes are answered now (the broker
   // below ends the leases anyway).
   off_loop_.Shutdown();
+  inodes_.StopPruner();
   broker_.reset();  // ends the clients' leases (their inodes stay pinned until then)
   DrainAll();
   mount_.Stop();

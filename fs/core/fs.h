@@ -84,6 +84,9 @@ class Fs : public ControlCore, public BrokerCore, public SessionHost {
   Status Preflight();
   // After the session forked into the daemon: start the broker (unless -o preload=0).
   Status StartBroker();
+  // After the session forked into the daemon: start the inode table's pruner (the kernel is
+  // asked to forget idle inodes through the session's /dev/fuse; InodeTable). Stop ends it.
+  void StartPruner();
   // Flushes every inode's write-behind and waits (unmount, SIGTERM); nothing before Start.
   void DrainAll();
   // Ends the control lanes and the broker, DrainAll, then stops the mount (which waits for every

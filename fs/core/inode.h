@@ -47,17 +47,19 @@ struct Inode {
   VirtualNode virt = VirtualNode::kNone;
   dev_t dev = 0;
   ino_t ino = 0;
-  mode_t type = 0;       // S_IFMT bits
-  uint64_t nlookup = 0;  // guarded by the InodeTable's mutex
+  mode_t type = 0;           // S_IFMT bits
+  uint64_t nlookup = 0;      // guarded by the InodeTable's mutex
+  uint64_t last_lookup = 0;  // the table's lookup tick at the last lookup (guarded the same)
 
   // The file's data path (regular files): data accepted from writers and not yet on disk, and the
   // window fetched ahead of a sequential reader (datapath/file_data.h).
   datapath::FileData data;
   OpenModes modes;       // regular files
   PreloadLeases leases;  // descriptors the broker handed to `dnvme run` clients (fs/broker/)
-  // The share of max_inodes_per_uid of the uid whose lookup made this inode (InodeTable::Lookup):
-  // the O_PATH descriptor above is held for it until the kernel forgets the inode.
-  UidCharge lookups_charge;
+  // The share of max_inodes_per_uid of the uid whose lookup made this inode (InodeTable::Lookup),
+  // and the O_PATH descriptor above out of the daemon's descriptors (root's lookups too), held for
+  // it until the kernel forgets the inode.
+  UidCharge lookups_charge, fd_charge;
 
   // The reservation may reach ahead past the end only while no `dnvme run` client holds a
   // lease (its truncates would free what lies past the end; datapath/space.h).
@@ -77,9 +79,9 @@ void TrimSpace(Inode& in, int fd);
 // kernel never released (it does not send RELEASE for files still open when the daemon exits).
 struct OpenHandle {
   virtual ~OpenHandle() = default;
-  // The opener's share of max_files_per_uid (docs/security.md): the descriptors this open holds
-  // in the daemon are charged to it until the handle goes.
-  UidCharge files;
+  // The opener's share of max_files_per_uid (docs/security.md) and the descriptors this open
+  // holds in the daemon (UidLimits::ChargeFds): charged to it until the handle goes.
+  UidCharge files, fds;
 };
 
 // An open control file: a ctl session, or a snapshot of stats/config being read.

@@ -1,11 +1,12 @@
 #include "fs/core/inode_table.h"
 
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -112,23 +113,17 @@ Inode& InodeTable::Get(fuse_ino_t ino) {
   return *reinterpret_cast<Inode*>(ino);
 }
 
-int64_t InodeTable::UsersShare() {
-  rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return int64_t{1} << 30;
-  return static_cast<int64_t>(rl.rlim_cur) / 2;
+Status InodeTable::ChargeNew(uid_t looker, Charges* out) {
+  if (limits_ == nullptr) return Status::Ok();
+  DNVME_ASSIGN_OR_RETURN(out->fd, limits_->ChargeFds(looker, 1, FdUse::kInode));
+  if (looker != 0) {
+    DNVME_ASSIGN_OR_RETURN(out->inode, limits_->Charge(looker, UidResource::kInodes));
+  }
+  return Status::Ok();
 }
 
-Status InodeTable::ChargeNew(uid_t looker, UidCharge* out) {
-  if (looker == 0 || limits_ == nullptr) return Status::Ok();
-  const int64_t share = UsersShare();
-  if (users_inodes_.load(std::memory_order_relaxed) >= share) {
-    return Status::ResourceExhausted(
-        ENFILE, "users' lookups hold " + std::to_string(users_inodes_.load()) +
-                    " inodes, half of the daemon's descriptor limit (RLIMIT_NOFILE " +
-                    std::to_string(share * 2) + "): the rest is root's");
-  }
-  DNVME_ASSIGN_OR_RETURN(*out, limits_->Charge(looker, UidResource::kInodes));
-  return Status::Ok();
+bool InodeTable::Crowded() const {
+  return limits_ != nullptr && limits_->FdsHeld().inodes >= limits_->fd_shape().prune_at;
 }
 
 Result<fuse_entry_param> InodeTable::Lookup(fuse_ino_t parent, const char* name, uid_t looker) {
@@ -141,42 +136,44 @@ Result<fuse_entry_param> InodeTable::Lookup(fuse_ino_t parent, const char* name,
     return Status::FromErrno(errno, "lookup");
   }
   // Whether the kernel already holds this inode is known only under mu_, which takes nothing
-  // under it (fs/core/fs.h): a new inode's charge is taken before, and given back if unused.
-  // Root's lookups are not charged: no first look.
-  UidCharge charge;
-  bool known = looker == 0 || limits_ == nullptr;
+  // under it (fs/core/fs.h): a new inode's charges are taken before, and given back if unused.
+  Charges charges;
+  bool known = limits_ == nullptr;
   if (!known) {
     std::lock_guard lock(mu_);
     known = inodes_.count(std::make_pair(st.st_dev, st.st_ino)) != 0;
   }
   if (!known) {
-    if (Status c = ChargeNew(looker, &charge); !c.ok()) {
+    if (Status c = ChargeNew(looker, &charges); !c.ok()) {
       RefusedLookup(looker, c);
+      PokePruner();
       return c;
     }
   }
   Inode* in;
+  bool made = false;
   {
     std::lock_guard lock(mu_);
     auto key = std::make_pair(st.st_dev, st.st_ino);
     auto it = inodes_.find(key);
     if (it != inodes_.end()) {
-      in = it->second.get();  // it holds a descriptor already; ours closes, the charge goes back
+      in = it->second.get();  // it holds a descriptor already; ours closes, the charges go back
     } else {
       auto fresh = std::make_unique<Inode>(data_);
       fresh->fd = owned.Release();
       fresh->dev = st.st_dev;
       fresh->ino = st.st_ino;
       fresh->type = st.st_mode & S_IFMT;
-      if (charge.held()) {
-        fresh->lookups_charge = std::move(charge);
-        users_inodes_.fetch_add(1, std::memory_order_relaxed);
-      }
+      fresh->fd_charge = std::move(charges.fd);
+      fresh->lookups_charge = std::move(charges.inode);
       in = fresh.get();
       inodes_.emplace(key, std::move(fresh));
+      made = true;
     }
     ++in->nlookup;
+    in->last_lookup = ++lookup_tick_;
   }
+  if (made && Crowded()) PokePruner();
   if (S_ISREG(st.st_mode)) in->data.ApplyPending(&st);
   fuse_entry_param e{};
   e.ino = reinterpret_cast<fuse_ino_t>(in);
@@ -204,7 +201,7 @@ void InodeTable::Forget(fuse_ino_t ino, uint64_t n) {
     if (it != inodes_.end() && it->second.get() == in) {
       dead = std::move(it->second);
       inodes_.erase(it);
-      if (dead->lookups_charge.held()) users_inodes_.fetch_sub(1, std::memory_order_relaxed);
+      forgotten_.fetch_add(1, std::memory_order_relaxed);
     }
   }
 }
@@ -219,6 +216,113 @@ Inode* InodeTable::Pin(dev_t dev, ino_t ino) {
   if (it == inodes_.end()) return nullptr;
   ++it->second->nlookup;
   return it->second.get();
+}
+
+void InodeTable::PokePruner() {
+  if (poked_.exchange(true, std::memory_order_acq_rel)) return;  // one is on its way
+  {
+    std::lock_guard lock(prune_mu_);
+    prune_wanted_ = true;
+  }
+  prune_cv_.notify_one();
+}
+
+void InodeTable::StartPruner(PruneSender send) {
+  if (limits_ == nullptr) return;
+  std::lock_guard lock(prune_mu_);
+  if (pruner_.joinable() || prune_stop_) return;
+  send_ = std::move(send);
+  prune_.running = true;
+  pruner_ = std::thread([this] { Prune(); });
+}
+
+void InodeTable::StopPruner() {
+  {
+    std::lock_guard lock(prune_mu_);
+    prune_stop_ = true;
+  }
+  prune_cv_.notify_one();
+  if (pruner_.joinable()) pruner_.join();
+}
+
+InodeTable::PruneCounters InodeTable::prune_counters() const {
+  std::lock_guard lock(prune_mu_);
+  return prune_;
+}
+
+std::vector<uint64_t> InodeTable::Oldest(size_t n) {
+  std::vector<std::pair<uint64_t, uint64_t>> by_age;  // (last lookup, node id)
+  {
+    std::lock_guard lock(mu_);
+    by_age.reserve(inodes_.size());
+    for (const auto& [key, in] : inodes_) {
+      by_age.emplace_back(in->last_lookup, reinterpret_cast<uint64_t>(in.get()));
+    }
+  }
+  // Node ids only: an inode forgotten meanwhile is one the kernel no longer knows by that id
+  // (the notification is advice; the kernel looks each id up itself).
+  n = std::min(n, by_age.size());
+  std::nth_element(by_age.begin(), by_age.begin() + static_cast<std::ptrdiff_t>(n), by_age.end());
+  std::vector<uint64_t> ids;
+  ids.reserve(n);
+  for (size_t i = 0; i < n; ++i) ids.push_back(by_age[i].second);
+  return ids;
+}
+
+void InodeTable::Prune() {
+  const FdShape& shape = limits_->fd_shape();
+  std::unique_lock lock(prune_mu_);
+  while (true) {
+    prune_cv_.wait(lock, [this] { return prune_wanted_ || prune_stop_; });
+    if (prune_stop_) break;
+    prune_wanted_ = false;
+    poked_.store(false, std::memory_order_release);
+    lock.unlock();
+    // Rounds until the inodes are down to prune_to, or a round frees nothing (what is left is
+    // in use: open files, cwds, dentries with children). The kernel evicts in the write and
+    // queues the FORGETs, which the loop threads serve meanwhile.
+    int64_t held = limits_->FdsHeld().inodes;
+    bool stop = false, unsupported = false;
+    int idle_rounds = 0;
+    while (!stop && held > shape.prune_to) {
+      // Twice as many after a round that freed nothing: the oldest may be in use.
+      const uint64_t forgotten = forgotten_.load(std::memory_order_relaxed);
+      std::vector<uint64_t> ids =
+          Oldest(static_cast<size_t>(held - shape.prune_to) << std::min(idle_rounds, 8));
+      Status st = send_(ids);
+      lock.lock();
+      ++prune_.rounds;
+      prune_.asked += ids.size();
+      // Time for the FORGETs the eviction queued to be served.
+      prune_cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return prune_stop_; });
+      stop = prune_stop_;
+      lock.unlock();
+      if (!st.ok()) {
+        unsupported = st.code() == Status::Code::kUnsupported || st.error_number() == EINVAL;
+        DNVME_LOG_THROTTLED(warn, "asking the kernel to forget idle inodes: {}", st.ToString());
+        break;
+      }
+      // Progress is inodes forgotten, not fewer held: lookups go on meanwhile.
+      idle_rounds = forgotten_.load(std::memory_order_relaxed) > forgotten ? 0 : idle_rounds + 1;
+      held = limits_->FdsHeld().inodes;
+      if (idle_rounds >= 3) break;
+    }
+    lock.lock();
+    if (unsupported) {
+      Logger().warn(
+          "the kernel cannot be asked to forget inodes (FUSE_NOTIFY_PRUNE, protocol 7.45): "
+          "past {} looked-up inodes, lookups fail with ENFILE until the kernel forgets some",
+          shape.inodes);
+      prune_.running = false;
+      break;
+    }
+    if (idle_rounds >= 3) {
+      // Nothing more can go now: pokes wait a second, so that a table full of inodes in use
+      // does not keep this thread busy.
+      prune_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return prune_stop_; });
+    }
+  }
+  prune_.running = false;
 }
 
 }  // namespace dnvme::fs

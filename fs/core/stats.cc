@@ -69,6 +69,18 @@ std::string Fs::StatsJson() {
   j["kernel"] = json::parse(mount_.protocol().StatsJson());
   // The preload broker (fs/broker/broker.h); null with -o preload=0.
   j["broker"] = broker_ ? json::parse(broker_->StatsJson()) : json(nullptr);
+  // The daemon's descriptor budget (fs/limits/uid_limits.h, FdShape) and the inode pruner.
+  const FdShape& shape = uid_limits_.fd_shape();
+  const UidLimits::FdHeld held = uid_limits_.FdsHeld();
+  const InodeTable::PruneCounters pruned = inodes_.prune_counters();
+  j["descriptors"] = {
+      {"limit", shape.limit},          {"reserve", shape.reserve},
+      {"capacity", shape.capacity},    {"held", held.all},
+      {"users_share", shape.users},    {"users_held", held.users},
+      {"inode_cap", shape.inodes},     {"inodes_held", held.inodes},
+      {"prune_at", shape.prune_at},    {"prune_to", shape.prune_to},
+      {"pruner", pruned.running},      {"prune_supported", mount_.protocol().prune_supported()},
+      {"prune_rounds", pruned.rounds}, {"prune_asked", pruned.asked}};
   return j.dump();
 }
 

@@ -196,17 +196,36 @@ ActAsCaller::ActAsCaller(fuse_req_t req) : mask_(req) {
   id_.emplace(std::move(id).value());
 }
 
-Result<UidCharge> ChargeOpen(fuse_req_t req) {
+Result<OpenCharge> ChargeOpen(fuse_req_t req, int64_t fds) {
   const uid_t uid = fuse_req_ctx(req)->uid;
+  UidLimits& limits = FsOf(req).uid_limits();
+  OpenCharge c;
   // Root is trusted (docs/security.md) and its programs open as many files as they like, as on
-  // ext4: the limit keeps users from starving each other and root.
-  if (uid == 0) return UidCharge{};
-  auto charge = FsOf(req).uid_limits().Charge(uid, UidResource::kFiles, 1);
-  if (!charge.ok()) {
-    DNVME_LOG_THROTTLED(info, "open by pid {} uid {} refused: {}", fuse_req_ctx(req)->pid, uid,
-                        charge.status().ToString());
+  // ext4: the limit keeps users from starving each other and root. Its descriptors still come out
+  // of the daemon's budget, which keeps a reserve for the daemon itself.
+  Status st;
+  if (uid != 0) {
+    auto files = limits.Charge(uid, UidResource::kFiles, 1);
+    if (files.ok()) {
+      c.files = std::move(files).value();
+    } else {
+      st = files.status();
+    }
   }
-  return charge;
+  if (st.ok()) {
+    auto held = limits.ChargeFds(uid, fds, FdUse::kOther);
+    if (held.ok()) {
+      c.fds = std::move(held).value();
+    } else {
+      st = held.status();
+    }
+  }
+  if (!st.ok()) {
+    DNVME_LOG_THROTTLED(info, "open by pid {} uid {} refused: {}", fuse_req_ctx(req)->pid, uid,
+                        st.ToString());
+    return st;
+  }
+  return c;
 }
 
 std::shared_ptr<const FsIdentity> WriterIdentity(fuse_req_t req) {

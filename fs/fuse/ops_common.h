@@ -159,11 +159,20 @@ class ActAsCaller {
   Status st_;
 };
 
-// Charges one open file to the request's caller (UidResource::kFiles, max_files_per_uid): the
-// descriptors an open makes the daemon hold are the opener's share. Returns the charge (empty for
-// root, whose opens are not charged), or the refusal to answer (EMFILE, the reason logged) when
-// the caller has reached its limit.
-Result<UidCharge> ChargeOpen(fuse_req_t req);
+// What an open makes the daemon hold, charged to its caller until the handle goes.
+struct OpenCharge {
+  UidCharge files;  // one of max_files_per_uid (none for root)
+  UidCharge fds;    // the descriptors (UidLimits::ChargeFds; root's too)
+};
+// The descriptors an open of a regular file holds: its own and the engine's two reopens of it
+// (O_DIRECT and buffered: engine/posix/file.h, AdoptIoFd). A directory's: its stream's one.
+inline constexpr int64_t kFileOpenFds = 3, kDirOpenFds = 1;
+
+// Charges one open file to the request's caller (UidResource::kFiles, max_files_per_uid) and the
+// `fds` descriptors it will hold: the descriptors an open makes the daemon hold are the opener's
+// share. Returns the charges (root's open takes no file of a share, only descriptors), or the
+// refusal to answer (EMFILE or ENFILE, the reason logged).
+Result<OpenCharge> ChargeOpen(fuse_req_t req, int64_t fds);
 
 // The identity a non-root writer's data is written under (FileRef's write_as), or null for root
 // and for a daemon that does not run as root (its writes are its own).

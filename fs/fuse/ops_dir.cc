@@ -39,11 +39,12 @@ namespace {
 
 // An OPENDIR's handle: charged to the caller (ChargeOpen), the backing directory's stream.
 Result<std::unique_ptr<DirHandle>> OpenDir(fuse_req_t req, Inode& in) {
-  DNVME_ASSIGN_OR_RETURN(UidCharge files, ChargeOpen(req));
+  DNVME_ASSIGN_OR_RETURN(OpenCharge charge, ChargeOpen(req, kDirOpenFds));
   int fd = openat(in.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "opendir");
   auto dh = std::make_unique<DirHandle>();
-  dh->files = std::move(files);
+  dh->files = std::move(charge.files);
+  dh->fds = std::move(charge.fds);
   dh->dp = fdopendir(fd);
   if (dh->dp == nullptr) {
     Status st = Status::FromErrno(errno, "fdopendir");
@@ -95,6 +96,9 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
     dh->offset = off;
   }
   Status err;
+  // Past the pruner's mark entries go without a lookup: the kernel looks up those it uses, and
+  // a listing of a big directory does not fill the daemon's table (InodeTable).
+  const bool crowded = plus && fs.inodes().Crowded();
   while (true) {
     errno = 0;
     struct dirent* d = readdir(dh->dp);
@@ -111,7 +115,7 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
     if (plus) {
       fuse_entry_param e{};
       Status lerr;
-      if (!dots) {
+      if (!dots && !crowded) {
         Result<fuse_entry_param> looked =
             fs.inodes().Lookup(ino, d->d_name, fuse_req_ctx(req)->uid);
         if (looked.ok()) {
@@ -125,9 +129,9 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file
         err = lerr;
         break;
       }
-      if (dots || !lerr.ok()) {
-        // No lookup (node id 0): "." and "..", and a name over the reader's share of inodes
-        // (max_inodes_per_uid; its own LOOKUP will answer ENFILE).
+      if (dots || crowded || !lerr.ok()) {
+        // No lookup (node id 0): "." and "..", a crowded table, and a name over the reader's
+        // share of inodes or the daemon's descriptors (its own LOOKUP will answer ENFILE).
         e = fuse_entry_param{};
         e.attr.st_ino = d->d_ino;
         e.attr.st_mode = static_cast<mode_t>(d->d_type) << 12;

@@ -48,9 +48,10 @@ Result<UniqueFd> OpenBacking(Inode& in, int flags) {
 // `write_as`: the identity a non-root writer's data is written under (WriterIdentity). The
 // handle is tracked by `fs`.
 Result<FileHandle*> MakeHandle(Fs& fs, Inode& in, int flags, UniqueFd fd,
-                               std::shared_ptr<const FsIdentity> write_as, UidCharge files) {
+                               std::shared_ptr<const FsIdentity> write_as, OpenCharge charge) {
   auto fh = std::make_unique<FileHandle>();
-  fh->files = std::move(files);
+  fh->files = std::move(charge.files);
+  fh->fds = std::move(charge.fds);
   fh->inode = &in;
   fh->client_direct = (flags & O_DIRECT) != 0;
   const int acc = flags & O_ACCMODE;
@@ -139,11 +140,12 @@ void FinishOpen(fuse_req_t req, Fs& fs, FileHandle* fh, fuse_file_info fi,
 
 // An OPEN's handle: the open charged to the caller, the backing file opened, the engine told.
 Result<FileHandle*> OpenFileHandle(fuse_req_t req, Fs& fs, Inode& in, int flags) {
-  DNVME_ASSIGN_OR_RETURN(UidCharge files, ChargeOpen(req));
+  DNVME_ASSIGN_OR_RETURN(OpenCharge charge,
+                         ChargeOpen(req, S_ISREG(in.type) ? kFileOpenFds : kDirOpenFds));
   DNVME_ASSIGN_OR_RETURN(UniqueFd fd, OpenBacking(in, flags));
   const bool writes = (flags & O_ACCMODE) != O_RDONLY;
   return MakeHandle(fs, in, flags, std::move(fd), writes ? WriterIdentity(req) : nullptr,
-                    std::move(files));
+                    std::move(charge));
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -224,9 +226,9 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   // found missing; one that appeared since (another client, BACKING_DIR itself) is opened as
   // open(2) would -- but never through a symlink (ELOOP) nor a FIFO or device (EEXIST), which a
   // user with access to BACKING_DIR could have swapped in (docs/security.md).
-  Result<UidCharge> charged = ChargeOpen(req);
+  Result<OpenCharge> charged = ChargeOpen(req, kFileOpenFds);
   if (!charged.ok()) return ReplyStatus(req, charged.status());
-  UidCharge files = std::move(charged).value();
+  OpenCharge charge = std::move(charged).value();
   bool created = true;
   Result<UniqueFd> opened = OpenForCreate(req, dir, name, flags, fi->flags, mode, &created);
   if (!opened.ok()) return ReplyStatus(req, opened.status());
@@ -252,7 +254,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
       const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY;
       Result<FileHandle*> made =
           MakeHandle(fs, fs.inodes().Get(e.ino), fi->flags, std::move(owned),
-                     writes ? WriterIdentity(req) : nullptr, std::move(files));
+                     writes ? WriterIdentity(req) : nullptr, std::move(charge));
       if (made.ok()) {
         fh = made.value();
       } else {

@@ -39,8 +39,27 @@ enum class UidResource : uint8_t {
                      // (each worker's io_setup(queue_depth): the kernel's aio-max-nr)
   kInodes,           // inodes the uid's lookups made the daemon    max_inodes_per_uid ENFILE
                      // hold (an O_PATH descriptor each, until the kernel forgets them)
+  kDescriptors,      // the daemon's descriptors held for the uid  (FdShape)         ENFILE
 };
-inline constexpr size_t kUidResourceCount = 11;
+inline constexpr size_t kUidResourceCount = 12;
+
+// What a charge of descriptors holds them for (the inode cap counts only kInode).
+enum class FdUse : uint8_t { kInode, kOther };
+
+// How the daemon's descriptor limit is divided (see the file comment). Worked out once, from the
+// RLIMIT_NOFILE the daemon runs with (it raises the soft limit to the hard one before this).
+struct FdShape {
+  int64_t limit = 0;     // RLIMIT_NOFILE
+  int64_t reserve = 0;   // the daemon's own: max(256, limit / 16), never charged
+  int64_t capacity = 0;  // limit - reserve: every charge together
+  int64_t users = 0;     // capacity / 2: every uid but root together
+  int64_t inodes = 0;    // capacity / 4: every looked-up inode together
+  int64_t prune_at = 0;  // inodes / 2: the inode table's pruner starts here
+  int64_t prune_to = 0;  // inodes / 4: and asks the kernel to forget inodes down to here
+  static FdShape For(int64_t limit);
+  // For the daemon's RLIMIT_NOFILE now (an unlimited one counts as 2^30).
+  static FdShape OfProcess();
+};
 
 class UidCharge;
 
@@ -48,7 +67,9 @@ class UidLimits {
  public:
   // The maximum of each resource, indexed by UidResource.
   using Maxima = std::array<int64_t, kUidResourceCount>;
-  explicit UidLimits(const Maxima& max) : max_(max) {}
+  // `fds`: the descriptor budget (FdShape::OfProcess() in the daemon).
+  explicit UidLimits(const Maxima& max, const FdShape& fds = FdShape::For(int64_t{1} << 30))
+      : max_(max), fds_(fds) {}
   UidLimits(const UidLimits&) = delete;
   UidLimits& operator=(const UidLimits&) = delete;
 
@@ -61,6 +82,16 @@ class UidLimits {
   // Take, owned by the returned charge.
   Result<UidCharge> Charge(uid_t uid, UidResource r, int64_t n = 1);
 
+  // Takes `n` of the daemon's descriptors for `uid` (see the file comment), owned by the returned
+  // charge; ResourceExhausted (ENFILE) naming the part that is full. Root is refused only by the
+  // capacity and the inode cap.
+  Result<UidCharge> ChargeFds(uid_t uid, int64_t n, FdUse use);
+  const FdShape& fd_shape() const { return fds_; }
+  struct FdHeld {
+    int64_t all = 0, users = 0, inodes = 0, users_inodes = 0;
+  };
+  FdHeld FdsHeld() const;
+
   int64_t Held(uid_t uid, UidResource r) const;
   int64_t Max(UidResource r) const { return max_[static_cast<size_t>(r)]; }
 
@@ -69,9 +100,14 @@ class UidLimits {
   static int ErrnoOf(UidResource r);
 
  private:
+  friend class UidCharge;
+  void ReleaseFds(uid_t uid, int64_t n, FdUse use);
+
   const Maxima max_;
+  const FdShape fds_;
   mutable std::mutex mu_;
   std::unordered_map<uid_t, std::array<int64_t, kUidResourceCount>> held_;  // guarded by mu_
+  FdHeld fds_held_;                                                         // guarded by mu_
 };
 
 // Units of one resource held for one uid, given back when the charge is destroyed or Reset.
@@ -90,12 +126,13 @@ class UidCharge {
 
  private:
   friend class UidLimits;
-  UidCharge(UidLimits* l, uid_t uid, UidResource r, int64_t n)
-      : limits_(l), uid_(uid), r_(r), n_(n) {}
+  UidCharge(UidLimits* l, uid_t uid, UidResource r, int64_t n, FdUse use = FdUse::kOther)
+      : limits_(l), uid_(uid), r_(r), n_(n), use_(use) {}
   UidLimits* limits_ = nullptr;
   uid_t uid_ = 0;
   UidResource r_ = UidResource::kHandles;
   int64_t n_ = 0;
+  FdUse use_ = FdUse::kOther;  // kDescriptors only
 };
 
 }  // namespace dnvme::fs

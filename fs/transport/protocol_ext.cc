@@ -4,6 +4,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -122,6 +123,38 @@ ssize_t ProtocolExtensions::WriteReply(int fd, iovec* iov, int count) {
     return n;
   }
   return writev(fd, iov, count);
+}
+
+Status ProtocolExtensions::NotifyPrune(const std::vector<uint64_t>& nodeids) {
+  if (device_fd_ < 0 || !init_done_.load() || !prune_supported()) {
+    return Status::Unsupported(EOPNOTSUPP,
+                               "FUSE_NOTIFY_PRUNE needs protocol 7.45 (the kernel speaks 7." +
+                                   std::to_string(kernel_minor_.load()) + ")");
+  }
+  // In pieces of at most 1024 ids: one write stays small, and a piece the kernel refuses
+  // (EINVAL from one that does not know the code after all) says so at once.
+  constexpr size_t kPiece = 1024;
+  for (size_t at = 0; at < nodeids.size(); at += kPiece) {
+    const size_t n = std::min(kPiece, nodeids.size() - at);
+    wire::NotifyPruneOut out{};
+    out.count = static_cast<uint32_t>(n);
+    fuse_out_header h{};
+    h.len = static_cast<uint32_t>(sizeof(h) + sizeof(out) + n * sizeof(uint64_t));
+    h.error = wire::kNotifyPrune;
+    h.unique = 0;
+    iovec iov[3] = {{&h, sizeof(h)},
+                    {&out, sizeof(out)},
+                    {const_cast<uint64_t*>(nodeids.data() + at), n * sizeof(uint64_t)}};
+    ssize_t w;
+    do {
+      w = writev(device_fd_, iov, 3);
+    } while (w < 0 && errno == EINTR);
+    if (w < 0) return Status::FromErrno(errno, "FUSE_NOTIFY_PRUNE");
+    if (static_cast<size_t>(w) != h.len) {
+      return Status::IoError(EIO, "FUSE_NOTIFY_PRUNE written short");
+    }
+  }
+  return Status::Ok();
 }
 
 Result<int32_t> ProtocolExtensions::OpenBacking(int fd) {

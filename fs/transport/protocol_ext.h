@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dnvme/status.h"
 
@@ -54,6 +55,17 @@ inline constexpr uint64_t kMaxPages = uint64_t{1} << 22;           // FUSE_MAX_P
 inline constexpr uint64_t kDirectIoAllowMmap = uint64_t{1} << 36;  // 7.39, in flags2
 inline constexpr uint32_t kOpenPassthrough = 1u << 7;              // FOPEN_PASSTHROUGH
 inline constexpr uint32_t kOpenDirectIo = 1u << 0;                 // FOPEN_DIRECT_IO
+// FUSE_NOTIFY_PRUNE (7.45): asks the kernel to drop its unused dentries of the inodes named,
+// and so forget those nothing else holds. The notification: fuse_out_header with error = 9 and
+// unique = 0, this, then `count` node ids (u64).
+inline constexpr int32_t kNotifyPrune = 9;
+inline constexpr uint32_t kPruneMinor = 45;
+struct NotifyPruneOut {
+  uint32_t count;
+  uint32_t padding;
+  uint64_t spare;
+};
+static_assert(sizeof(NotifyPruneOut) == 16);
 // Byte offsets in fuse_init_in / fuse_init_out (7.36+ layouts; both 64 bytes from 7.36 on).
 inline constexpr size_t kInitInFlags = 12, kInitInFlags2 = 16;
 inline constexpr size_t kInitOutMinor = 4, kInitOutFlags = 12, kInitOutFlags2 = 32;
@@ -105,6 +117,12 @@ class ProtocolExtensions {
   // kernel that did not agree to passthrough turns passthrough() off for good.
   Result<int32_t> OpenBacking(int fd);
   Status CloseBacking(int32_t id);
+
+  // Sends FUSE_NOTIFY_PRUNE for `nodeids` (InodeTable's pruner). Unsupported before INIT or from
+  // a kernel older than protocol 7.45. The kernel may evict inodes, which can wait for their
+  // pages' writeback: never call it on a loop thread.
+  Status NotifyPrune(const std::vector<uint64_t>& nodeids);
+  bool prune_supported() const { return kernel_minor_.load() >= wire::kPruneMinor; }
 
   bool passthrough_wanted() const { return wanted_.passthrough; }
   // The kernel offered it at INIT.

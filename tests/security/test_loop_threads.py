@@ -304,9 +304,21 @@ class InodePinTest(Case):
         self.assertGreaterEqual(got["n"], 900, "the user was stopped below its share: %s" % got)
         self.assertLessEqual(got["n"], 1000, "the user pinned past max_inodes_per_uid: %s" % got)
         self.assertIn("max_inodes_per_uid=1000", m.log_text())
-        # Then all users together: a descriptor table far smaller than the users' shares would
-        # need (as when many uids pin at once). Another uid is refused, root is served.
-        subprocess.run(["prlimit", "--pid", str(m.pid), "--nofile=1600:1600"], check=True)
+        c.send("end")
+        c.wait()
+        m.stop()
+        # Then all users together, on a daemon whose descriptor table (RLIMIT_NOFILE 1600, read
+        # at start: fs/limits/uid_limits.h, FdShape) is far smaller than the users' shares would
+        # need (as when many uids pin at once): one user fills what users may hold, another uid
+        # is refused, root is served.
+        m = su.mh.Mount(self.backing, self.mnt, options=su.OPTIONS + ("max_inodes_per_uid=1000",))
+        argv = m.argv
+        m.argv = lambda: ["prlimit", "--nofile=1600:1600", "--"] + argv()
+        self.addCleanup(m.stop)
+        m.start()
+        c1 = self.child(PIN, {"mnt": self.mnt, "n": 1500, "dir": "links2"})
+        got1 = c1.expect("pinned", timeout=300)
+        self.assertEqual(got1["err"], errno.ENFILE, got1)
         c2 = self.child(PIN, {"mnt": self.mnt, "n": 200, "dir": "other/links"},
                         uid=su.NOBODY - 1)
         got2 = c2.expect("pinned", timeout=120)
@@ -315,7 +327,7 @@ class InodePinTest(Case):
         with open(self.m("new"), "w") as f:  # root is served
             f.write("hi\n")
         self.assertEqual(self.read_file(self.m("new")), b"hi\n")
-        c.send("end")
+        c1.send("end")
         c2.send("end")
         self.alive(m)
 

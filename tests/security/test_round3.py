@@ -359,3 +359,86 @@ class ExecLeasedTest(su.SecurityCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# ---------------------------------------------------------------------------------------------
+# The daemon's descriptors (RLIMIT_NOFILE 4096 here, the issue's 20,000 scaled down): (a) root's
+# `ls -l` of 22,000 files a user made without a lookup (ctl pwrite; made in BACKING_DIR here)
+# took one uncharged O_PATH descriptor each and filled the table; (b) a user at its full share of
+# opens (three descriptors each) left root's create and read failing with EMFILE.
+
+NOFILE = 4096
+
+HOLD_OPENS = r'''
+fds, err = [], None
+i = 0
+while i < A["max"]:
+    try:
+        fds.append(os.open(os.path.join(A["dir"], "u%05d" % i), os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError as e:
+        err = errno.errorcode.get(e.errno, str(e.errno))
+        break
+    i += 1
+emit("filled", n=len(fds), err=err)
+ask()
+emit("done")
+'''
+
+
+class DescriptorBudgetTest(su.SecurityCase):
+    def mount_low_nofile(self):
+        m = mh.Mount(self.backing, self.mnt, options=su.OPTIONS)
+        argv = m.argv
+        m.argv = lambda: ["prlimit", "--nofile=%d:%d" % (NOFILE, NOFILE), "--"] + argv()
+        self.addCleanup(m.stop)
+        m.start()
+        return m
+
+    def daemon_fds(self, m):
+        return len(os.listdir("/proc/%d/fd" % m.pid))
+
+    def assert_root_works(self, m, what):
+        for i in range(20):
+            p = self.m("root-%s-%d" % (what, i))
+            with open(p, "wb") as f:
+                f.write(b"r" * 4096)
+            self.assertEqual(self.read_file(p), b"r" * 4096, what)
+        self.alive(m)
+
+    def test_54h_roots_listing_of_a_users_22000_files_leaves_the_daemon_room(self):
+        os.mkdir(self.b("pub"))
+        os.chmod(self.b("pub"), 0o1777)
+        for i in range(22000):
+            os.close(os.open(self.b("pub", "f%05d" % i), os.O_CREAT | os.O_WRONLY, 0o644))
+        os.system("chown -R %d %s" % (su.NOBODY, self.b("pub")))
+        m = self.mount_low_nofile()
+        d = mh.stats(self.mnt)["descriptors"]
+        self.assertEqual(d["limit"], NOFILE)
+        out = subprocess.run(["ls", "-l", self.m("pub")], capture_output=True, text=True,
+                             timeout=300)
+        self.assertLess(self.daemon_fds(m), NOFILE // 2,
+                        "root's listing filled the daemon's descriptor table")
+        self.assert_root_works(m, "after-listing")
+        d = mh.stats(self.mnt)["descriptors"]
+        self.assertLessEqual(d["inodes_held"], d["inode_cap"])
+        if not d["prune_supported"]:
+            print("54h: the kernel has no FUSE_NOTIFY_PRUNE (protocol 7.45): the listing's "
+                  "completeness is not checked (lookups past the cap fail with ENFILE)")
+            return
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        self.assertEqual(len(out.stdout.splitlines()), 22001)  # "total" and every file
+        self.assertGreater(d["prune_rounds"], 0)
+
+    def test_54i_a_user_at_its_full_share_of_opens_leaves_root_room(self):
+        m = self.mount_low_nofile()
+        self.public_dir()
+        c = self.child(HOLD_OPENS, {"dir": self.m("pub"), "max": NOFILE * 2})
+        got = c.expect("filled", timeout=240)
+        self.assertIn(got["err"], ("EMFILE", "ENFILE"), got)
+        d = mh.stats(self.mnt)["descriptors"]
+        self.assertLessEqual(d["users_held"], d["users_share"])
+        self.assertLess(self.daemon_fds(m), NOFILE - 256,
+                        "the user's opens reached the daemon's own reserve")
+        self.assert_root_works(m, "user-full")
+        c.send("go")
+        c.expect("done")

@@ -603,12 +603,15 @@ TEST(HolderTrust, DistrustLastsItsTimeAndIsBounded) {
 }
 
 TEST(PreloadLeases, GuardIsHeldWhileALeaseLivesAndOpenedOnce) {
+  UidLimits limits(UidLimits::Maxima{}, FdShape::For(1024));
   PreloadLeases l;
   broker::LeaseWord a{}, b{};
   int opens = 0;
-  auto open_guard = [&]() -> Result<UniqueFd> {
+  auto open_guard = [&]() -> Result<PreloadLeases::Guard> {
     ++opens;
-    return UniqueFd(open("/dev/null", O_WRONLY | O_CLOEXEC));
+    DNVME_ASSIGN_OR_RETURN(UidCharge charge, limits.ChargeFds(1000, 1, FdUse::kOther));
+    return PreloadLeases::Guard{UniqueFd(open("/dev/null", O_WRONLY | O_CLOEXEC)),
+                                std::move(charge)};
   };
   ASSERT_TRUE(l.EnsureGuard(open_guard).ok());
   l.Add(1, 1000, &a, true);
@@ -616,13 +619,15 @@ TEST(PreloadLeases, GuardIsHeldWhileALeaseLivesAndOpenedOnce) {
   l.Add(2, 1000, &b, false);
   EXPECT_EQ(opens, 1);
   EXPECT_TRUE(l.guarded());
+  EXPECT_EQ(limits.Held(1000, UidResource::kDescriptors), 1) << "the guard is its maker's";
   l.Remove(&a);
   EXPECT_TRUE(l.guarded()) << "a lease still lives";
   l.Remove(&b);
   EXPECT_FALSE(l.guarded()) << "the guard outlived the last lease";
+  EXPECT_EQ(limits.FdsHeld().all, 0) << "the guard's descriptor went back with it";
   // A refusal refuses the open.
-  Status st =
-      l.EnsureGuard([]() -> Result<UniqueFd> { return Status::FromErrno(ETXTBSY, "busy"); });
+  Status st = l.EnsureGuard(
+      []() -> Result<PreloadLeases::Guard> { return Status::FromErrno(ETXTBSY, "busy"); });
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(st.ErrnoOr(), ETXTBSY);
 }

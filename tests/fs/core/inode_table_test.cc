@@ -1,19 +1,21 @@
 // InodeTable (fs/core/inode_table.h) on a scratch directory standing for BACKING_DIR, no mount:
 // one Inode per backing (dev, ino) living by the kernel's lookup count, pins, the root and the
-// control nodes that are never forgotten, and the inode charges of users' lookups (per uid, and
-// all users together at most half of RLIMIT_NOFILE).
+// control nodes that are never forgotten, the inode charges of users' lookups (per uid) and every
+// lookup's descriptor out of the daemon's budget (FdShape), and the pruner.
 #include "fs/core/inode_table.h"
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -369,53 +371,144 @@ TEST_F(InodeTableTest, WithoutLimitsNothingIsCharged) {
   for (fuse_ino_t ino : nodes) table_->Forget(ino, 1);
 }
 
-// Lowers RLIMIT_NOFILE's soft limit for one test, and puts it back.
-class NofileLimit {
- public:
-  explicit NofileLimit(rlim_t soft) {
-    getrlimit(RLIMIT_NOFILE, &saved_);
-    rlimit rl = saved_;
-    rl.rlim_cur = soft;
-    ok_ = setrlimit(RLIMIT_NOFILE, &rl) == 0;
-  }
-  ~NofileLimit() { setrlimit(RLIMIT_NOFILE, &saved_); }
-  bool ok() const { return ok_; }
+// A table whose limits divide a descriptor limit of `nofile` (FdShape::For).
+void RemakeWithFds(std::unique_ptr<InodeTable>* table, std::unique_ptr<UidLimits>* limits,
+                   datapath::FileDataShared* shared, const std::string& dir, int64_t nofile) {
+  table->reset();
+  *limits = std::make_unique<UidLimits>(InodeMax(kUnlimited), FdShape::For(nofile));
+  *table = std::make_unique<InodeTable>(shared, limits->get());
+  DNVME_ASSERT_OK((*table)->OpenRoot(dir));
+}
 
- private:
-  rlimit saved_{};
-  bool ok_ = false;
-};
-
-TEST_F(InodeTableTest, AllUsersTogetherHoldAtMostHalfOfTheDescriptorLimit) {
-  // With a soft limit of 2k, users' lookups may hold k inodes together: root keeps the rest.
-  const int k = OpenFds() + 8;  // the limit is then never what stops a lookup first
+TEST_F(InodeTableTest, EveryLookupComesOutOfTheDescriptorBudgetRootsToo) {
+  // RLIMIT_NOFILE 2048: reserve 256, capacity 1792, users 896, inodes 448.
+  RemakeWithFds(&table_, &limits_, &data_shared_, dir(), 2048);
+  const FdShape& shape = limits_->fd_shape();
+  ASSERT_EQ(shape.inodes, 448);
   std::vector<std::string> names;
-  for (int i = 0; i < k + 3; ++i) {
+  for (int i = 0; i < shape.inodes + 2; ++i) {
     names.push_back("f" + std::to_string(i));
     MakeFile(names.back());
   }
-  NofileLimit limit(static_cast<rlim_t>(2 * k));
-  ASSERT_TRUE(limit.ok());
   std::vector<fuse_ino_t> nodes;
-  for (int i = 0; i < k; ++i) {
-    nodes.push_back(Looked(names[i].c_str(), 1000 + i % 2));  // two users share the half
+  for (int i = 0; i < shape.inodes; ++i) {
+    nodes.push_back(Looked(names[i].c_str(), i % 2 == 0 ? 0 : 1000));  // root's lookups count
   }
+  EXPECT_EQ(limits_->FdsHeld().inodes, shape.inodes);
+  EXPECT_GT(limits_->Held(0, UidResource::kDescriptors), 0) << "root's lookups are charged";
+  EXPECT_TRUE(table_->Crowded());
   fuse_entry_param e{};
-  EXPECT_EQ(LookupAs(1002, names[k].c_str(), &e), ENFILE);  // a third user: the half is full
-  EXPECT_EQ(LookupAs(1000, names[k].c_str(), &e), ENFILE);
-  EXPECT_EQ(Charged(1002), 0);
-  EXPECT_EQ(Looked(names[0].c_str(), 1002), nodes[0]);  // a held inode costs nothing
-  nodes.push_back(nodes[0]);
-  const fuse_ino_t by_root = Looked(names[k].c_str(), 0);  // root's share
-  // A forgotten inode frees its place for any user.
+  // Past the cap even root's lookup is refused: the rest is for opens and the daemon itself.
+  EXPECT_EQ(LookupAs(0, names[shape.inodes].c_str(), &e), ENFILE);
+  EXPECT_EQ(LookupAs(1001, names[shape.inodes].c_str(), &e), ENFILE);
+  EXPECT_FALSE(Held(names[shape.inodes]));
+  EXPECT_EQ(Looked(names[0].c_str(), 1001), nodes[0]) << "a held inode costs nothing";
+  EXPECT_EQ(limits_->FdsHeld().users_inodes, shape.inodes / 2) << "users' half, no more";
+  // Opens still find room, root's and a user's.
+  auto root_open = limits_->ChargeFds(0, 3, FdUse::kOther);
+  auto user_open = limits_->ChargeFds(1001, 3, FdUse::kOther);
+  DNVME_EXPECT_OK(root_open.status());
+  DNVME_EXPECT_OK(user_open.status());
+  // A forgotten inode frees its place.
   table_->Forget(nodes[1], 1);
-  nodes.erase(nodes.begin() + 1);
-  nodes.push_back(Looked(names[k + 1].c_str(), 1002));
-  EXPECT_EQ(Charged(1002), 1);
-  EXPECT_EQ(LookupAs(1001, names[k + 2].c_str(), &e), ENFILE);
+  nodes[1] = Looked(names[shape.inodes].c_str(), 0);
+  table_->Forget(nodes[0], 2);
+  for (size_t i = 1; i < nodes.size(); ++i) table_->Forget(nodes[i], 1);
+  EXPECT_EQ(limits_->FdsHeld().inodes, 0);
+  EXPECT_EQ(limits_->FdsHeld().all, 6);
+}
+
+TEST_F(InodeTableTest, UsersTogetherNeverTakeRootsHalf) {
+  // RLIMIT_NOFILE 1024: reserve 256, capacity 768, users 384, inodes 192.
+  RemakeWithFds(&table_, &limits_, &data_shared_, dir(), 1024);
+  const FdShape& shape = limits_->fd_shape();
+  // Users' opens (three descriptors each) fill their share...
+  std::vector<UidCharge> held;
+  while (true) {
+    auto c = limits_->ChargeFds(1000 + held.size() % 4, 3, FdUse::kOther);
+    if (!c.ok()) {
+      EXPECT_EQ(c.status().error_number(), ENFILE);
+      EXPECT_NE(c.status().message().find("users' share"), std::string::npos)
+          << c.status().message();
+      break;
+    }
+    held.push_back(std::move(c).value());
+  }
+  EXPECT_LE(limits_->FdsHeld().users, shape.users);
+  EXPECT_GT(limits_->FdsHeld().users, shape.users - 3);
+  MakeFile("mine");
+  MakeFile("theirs");
+  fuse_entry_param e{};
+  EXPECT_EQ(LookupAs(1005, "theirs", &e), ENFILE) << "a user's lookup is a user's descriptor";
+  // ...and root's lookups and opens still work.
+  const fuse_ino_t mine = Looked("mine", 0);
+  auto root_open = limits_->ChargeFds(0, 3, FdUse::kOther);
+  DNVME_EXPECT_OK(root_open.status());
+  held.clear();
+  EXPECT_EQ(limits_->FdsHeld().users, 0);
+  table_->Forget(mine, 1);
+}
+
+TEST_F(InodeTableTest, ThePrunerAsksTheKernelToForgetTheOldestInodes) {
+  // RLIMIT_NOFILE 1024: inodes 192, prune_at 96, prune_to 48.
+  RemakeWithFds(&table_, &limits_, &data_shared_, dir(), 1024);
+  const FdShape& shape = limits_->fd_shape();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint64_t> asked;
+  // Stands for the kernel: forgets every inode it is asked to (none in use here).
+  table_->StartPruner([&](const std::vector<uint64_t>& ids) {
+    for (uint64_t id : ids) table_->Forget(id, 1);
+    std::lock_guard lock(mu);
+    asked.insert(asked.end(), ids.begin(), ids.end());
+    cv.notify_all();
+    return Status::Ok();
+  });
+  std::vector<fuse_ino_t> nodes;
+  for (int i = 0; i < shape.prune_at; ++i) {
+    const std::string name = "f" + std::to_string(i);
+    MakeFile(name);
+    nodes.push_back(Looked(name.c_str(), 0));
+  }
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !asked.empty(); }))
+        << "the pruner never ran";
+  }
+  table_->StopPruner();
+  // Down to prune_to, and the ones asked for are the oldest: the first looked up.
+  EXPECT_LE(limits_->FdsHeld().inodes, shape.prune_to);
+  std::set<uint64_t> oldest(nodes.begin(), nodes.begin() + (shape.prune_at - shape.prune_to));
+  for (uint64_t id : asked) EXPECT_EQ(oldest.count(id), 1u) << "a newer inode was asked for";
+  EXPECT_FALSE(table_->Crowded());
+  EXPECT_GE(table_->prune_counters().rounds, 1u);
+  std::set<uint64_t> gone(asked.begin(), asked.end());
+  for (fuse_ino_t ino : nodes) {
+    if (gone.count(ino) == 0) table_->Forget(ino, 1);
+  }
+  EXPECT_EQ(limits_->FdsHeld().all, 0);
+}
+
+TEST_F(InodeTableTest, APrunerTheKernelRefusesStopsForGood) {
+  RemakeWithFds(&table_, &limits_, &data_shared_, dir(), 1024);
+  std::atomic<int> calls{0};
+  table_->StartPruner([&](const std::vector<uint64_t>&) {
+    ++calls;
+    return Status::Unsupported(EOPNOTSUPP, "no FUSE_NOTIFY_PRUNE");
+  });
+  std::vector<fuse_ino_t> nodes;
+  for (int i = 0; i < limits_->fd_shape().prune_at + 10; ++i) {
+    const std::string name = "f" + std::to_string(i);
+    MakeFile(name);
+    nodes.push_back(Looked(name.c_str(), 0));
+  }
+  for (int i = 0; i < 500 && table_->prune_counters().running; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(table_->prune_counters().running);
+  EXPECT_EQ(calls.load(), 1);
+  table_->StopPruner();
   for (fuse_ino_t ino : nodes) table_->Forget(ino, 1);
-  table_->Forget(by_root, 1);
-  EXPECT_EQ(Charged(1000) + Charged(1001) + Charged(1002), 0);
 }
 
 TEST_F(InodeTableTest, AHolderOfALeaseTurnsOffAttributeCaching) {
