@@ -257,7 +257,7 @@ void Broker::Serve(Conn* c) {
           counters_.invalidations.fetch_add(1);
           c->slot_used[slot] = true;
           const uint64_t id = c->next_lease++;
-          c->leases[id] = Conn::Lease{in, slot};
+          c->leases[id] = Conn::Lease{in, slot, acc != O_RDONLY};
           counters_.leases.fetch_add(1);
           counters_.leases_open.fetch_add(1);
           rep.lease = id;
@@ -282,11 +282,13 @@ void Broker::Serve(Conn* c) {
         c->page[it->second.slot].mount_dirty.store(0);
         st = core_.DrainForExternal(*it->second.inode);
         counters_.drains.fetch_add(1);
+      } else if (op == broker::Op::kWrote && !it->second.writable) {
+        st = Status::FromErrno(EBADF, "lease " + std::to_string(req.lease) + " is read-only");
       } else if (op == broker::Op::kWrote) {
         core_.AfterExternalWrite(*it->second.inode);
         counters_.invalidations.fetch_add(1);
       } else {
-        release(it->second, req.length >= 0);
+        release(it->second, req.length >= 0 && it->second.writable);
         c->leases.erase(it);
       }
     } else {

@@ -33,6 +33,9 @@ struct Broker::Conn {
   struct Lease {
     Inode* inode = nullptr;
     uint32_t slot = 0;
+    // Its descriptors may write. A read-only lease's client changed nothing: its kWrote is
+    // refused and its close drops no one's cached views (every reader's pages and read-ahead).
+    bool writable = false;
   };
   std::map<uint64_t, Lease> leases;  // touched by the serving thread only
   std::vector<bool> slot_used = std::vector<bool>(broker::kMaxLeases, false);

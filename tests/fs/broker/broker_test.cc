@@ -432,6 +432,22 @@ TEST_F(BrokerTest, WroteDrainAndCloseMoveTheLease) {
   EXPECT_EQ(in.invalidations.load(), before + 1);
 }
 
+TEST_F(BrokerTest, AReadOnlyLeaseInvalidatesNobodysCache) {
+  // A user with read access only must not drop every other reader's cached views at will.
+  const uint64_t ino = MakeFile("data", "x");
+  Client c(broker_->name());
+  ASSERT_EQ(c.Hello().reply.error, 0);
+  Answer a = c.Open("data", O_RDONLY, ino);
+  ASSERT_EQ(a.reply.error, 0) << MessageOf(a);
+  FakeInode& in = inode("data");
+  const int before = in.invalidations.load();
+  EXPECT_EQ(c.Lease(broker::Op::kWrote, a.reply.lease).reply.error, EBADF);
+  EXPECT_EQ(in.invalidations.load(), before);
+  ASSERT_EQ(c.Lease(broker::Op::kClose, a.reply.lease, 0).reply.error, 0);
+  EXPECT_EQ(in.invalidations.load(), before) << "a reader's close invalidated";
+  EXPECT_EQ(in.leases.count(), 0);
+}
+
 TEST_F(BrokerTest, AFileOpenedElsewhereIsShared) {
   const uint64_t ino = MakeFile("data", "x");
   Client one(broker_->name()), two(broker_->name());
