@@ -103,15 +103,20 @@ class PreloadLeases {
       guard_skipped_ = false;
     }
   }
-  // Runs `fn` only while the file has no lease, and keeps new ones out until it returns (Add
-  // waits): freeing the space reserved past the end (datapath/space.h) truncates the file to
-  // the size it has, which a client extending it meanwhile would lose bytes to. False, without
-  // running it, when a lease lives. `fn` must not wait for anything a user controls (it holds
-  // back the broker's opens of this file).
+  // Runs `fn` only while the file has no writable lease, and keeps new leases out until it
+  // returns (Add waits): freeing the space reserved past the end (datapath/space.h) truncates the
+  // file to the size it has, which a client extending it meanwhile would lose bytes to. A
+  // read-only lease cannot extend it, and must not keep another user's space allocated (a
+  // reader's lease held across the writer's close did). False, without running it, when a
+  // writable lease lives. `fn` must not wait for anything a user controls (it holds back the
+  // broker's opens of this file).
   bool WithoutLeases(const std::function<void()>& fn) {
     {
       std::lock_guard lock(mu_);
-      if (!entries_.empty() || excluding_) return false;
+      if (excluding_ || std::any_of(entries_.begin(), entries_.end(),
+                                    [](const Entry& e) { return e.writable; })) {
+        return false;
+      }
       excluding_ = true;
     }
     fn();

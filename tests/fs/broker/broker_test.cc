@@ -618,6 +618,23 @@ TEST(HolderTrust, DistrustLastsItsTimeAndIsBounded) {
   EXPECT_FALSE(t.Distrusted(100, now)) << "the oldest goes first when full";
 }
 
+TEST(PreloadLeases, OnlyAWritableLeaseHoldsBackTheTrim) {
+  // A reader's lease cannot extend the file: it must not keep the writer's reserved space.
+  PreloadLeases l;
+  broker::LeaseWord r{}, w{};
+  int ran = 0;
+  l.Add(1, 65534, &r, /*writable=*/false);
+  EXPECT_TRUE(l.WithoutLeases([&] { ++ran; }));
+  EXPECT_EQ(ran, 1);
+  l.Add(2, 1000, &w, /*writable=*/true);
+  EXPECT_FALSE(l.WithoutLeases([&] { ++ran; }));
+  EXPECT_EQ(ran, 1);
+  l.Remove(&w);
+  EXPECT_TRUE(l.WithoutLeases([&] { ++ran; }));
+  l.Remove(&r);
+  EXPECT_EQ(ran, 2);
+}
+
 TEST(PreloadLeases, GuardIsHeldWhileALeaseLivesAndOpenedOnce) {
   UidLimits limits(UidLimits::Maxima{}, FdShape::For(1024));
   PreloadLeases l;
