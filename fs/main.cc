@@ -133,29 +133,31 @@ class StderrCapture {
 // connections), each user bounded by max_files_per_uid and friends: the process limit must be
 // the hard one, not the login default of 1024, or one user's share would exhaust everyone's.
 // Run before any thread exists (the limit is per process, read once by libraries that size
-// tables from it).
-void RaiseFileLimit() {
+// tables from it). Returns what to log, and whether as a warning: logged only once the invocation
+// is known to be good, so that a usage error stays one line.
+struct LimitNote {
+  bool warn = false;
+  std::string text;
+};
+LimitNote RaiseFileLimit() {
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    dnvme::Logger().warn("RLIMIT_NOFILE: {}", std::strerror(errno));
-    return;
+    return {true, fmt::format("RLIMIT_NOFILE: {}", std::strerror(errno))};
   }
   if (rl.rlim_cur == rl.rlim_max) {
-    dnvme::Logger().info("open files: {} (RLIMIT_NOFILE, already at the hard limit)",
-                         static_cast<unsigned long long>(rl.rlim_cur));
-    return;
+    return {false, fmt::format("open files: {} (RLIMIT_NOFILE, already at the hard limit)",
+                               static_cast<unsigned long long>(rl.rlim_cur))};
   }
   const rlim_t before = rl.rlim_cur;
   rl.rlim_cur = rl.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    dnvme::Logger().warn("raising RLIMIT_NOFILE from {} to {}: {}",
-                         static_cast<unsigned long long>(before),
-                         static_cast<unsigned long long>(rl.rlim_max), std::strerror(errno));
-    return;
+    return {true, fmt::format("raising RLIMIT_NOFILE from {} to {}: {}",
+                              static_cast<unsigned long long>(before),
+                              static_cast<unsigned long long>(rl.rlim_max), std::strerror(errno))};
   }
-  dnvme::Logger().info("open files: RLIMIT_NOFILE raised from {} to the hard limit {}",
-                       static_cast<unsigned long long>(before),
-                       static_cast<unsigned long long>(rl.rlim_max));
+  return {false, fmt::format("open files: RLIMIT_NOFILE raised from {} to the hard limit {}",
+                             static_cast<unsigned long long>(before),
+                             static_cast<unsigned long long>(rl.rlim_max))};
 }
 
 dnvme::Status DropCaps(bool passthrough) {
@@ -234,7 +236,7 @@ int main(int argc, char** argv) {
   }
 
   // Before the Fs: its descriptor budget is a share of the limit the daemon runs with.
-  RaiseFileLimit();
+  const LimitNote limit_note = RaiseFileLimit();
   auto fs = std::make_unique<dnvme::fs::Fs>(opts);
   if (dnvme::Status st = fs->Preflight(); !st.ok()) {
     std::fprintf(stderr, "dnvmefs: error: %s\n", st.ToString().c_str());
@@ -259,6 +261,11 @@ int main(int argc, char** argv) {
   }
   if (!fuse_complaint.empty()) std::fprintf(stderr, "%s\n", fuse_complaint.c_str());
   // Only once the invocation is known to be good (a usage error stays one line).
+  if (limit_note.warn) {
+    Logger().warn("{}", limit_note.text);
+  } else {
+    Logger().info("{}", limit_note.text);
+  }
   for (const std::string& why :
        dnvme::fs::BackingExposure(opts.backing, opts.mountpoint, geteuid())) {
     Logger().warn("{}", why);
@@ -328,7 +335,7 @@ int main(int argc, char** argv) {
         // uid's run on its own lane (docs/security.md, "Nobody waits for another user").
         dnvme::fs::Fs* const core = fs.get();
         transport->ShareLoopThreads(t.threads / 4, [core](uid_t uid, std::function<void()> job) {
-          return core->ctl_lanes().Submit(uid, std::move(job)).ok();
+          return core->request_lanes().Submit(uid, std::move(job)).ok();
         });
       }
     }
