@@ -5,11 +5,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace dnvme {
 namespace {
@@ -91,6 +93,23 @@ Result<SharedBuffer> SharedBuffer::Create(size_t size, const std::string& name) 
   b.name_ = unique;
   if (ftruncate(b.fd_, static_cast<off_t>(size)) != 0) {
     return Status::FromErrno(errno, "ftruncate of the shared buffer");
+  }
+  // Written now (zeroed, like a pinned buffer), so allocated on this process's memory account:
+  // the daemon transfers only into pages the client has (it will not fault a hole in on its own
+  // account), and a /dev/shm that is full says so here rather than with a SIGBUS later.
+  {
+    const std::vector<char> zeros(std::min<size_t>(size, size_t{4} << 20), 0);
+    for (size_t off = 0; off < size;) {
+      const ssize_t n =
+          pwrite(b.fd_, zeros.data(), std::min(zeros.size(), size - off), static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return Status::FromErrno(
+            n < 0 ? errno : ENOSPC,
+            "allocating the shared buffer (" + std::to_string(size) + " bytes in /dev/shm)");
+      }
+      off += static_cast<size_t>(n);
+    }
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, b.fd_, 0);
   if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap of the shared buffer");

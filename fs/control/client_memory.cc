@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -210,6 +211,38 @@ ClientMapping::~ClientMapping() {
 
 void ClientMapping::FailPageRepairForTesting(bool fail) {
   g_fail_page_repair.store(fail, std::memory_order_relaxed);
+}
+
+Status ClientMapping::CheckAllocated(int64_t offset, int64_t length) const {
+  if (length <= 0) return Status::Ok();
+  const uintptr_t page = static_cast<uintptr_t>(g_page);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(base_);
+  const uintptr_t first = (base + static_cast<uintptr_t>(offset)) & ~(page - 1);
+  const uintptr_t end =
+      (base + static_cast<uintptr_t>(offset) + static_cast<uintptr_t>(length) + page - 1) &
+      ~(page - 1);
+  // In steps: one vector byte per page, a bounded buffer however large the transfer.
+  constexpr size_t kStep = 4096;
+  unsigned char vec[kStep];
+  for (uintptr_t at = first; at < end;) {
+    const size_t pages = std::min<size_t>(kStep, (end - at) / page);
+    if (mincore(reinterpret_cast<void*>(at), pages * page, vec) != 0) {
+      return Status::FromErrno(errno, "mincore of client buffer " + LogEscape(label_));
+    }
+    for (size_t i = 0; i < pages; ++i) {
+      if ((vec[i] & 1) == 0) {
+        const uintptr_t bad = at + i * page - base;
+        return Status::IoError(
+            EFAULT, "buffer " + LogEscape(label_) + " has a page not allocated at byte " +
+                        std::to_string(bad) +
+                        " (a hole, a page only fallocated, or one swapped out): the daemon "
+                        "does not allocate a client's memory on its own account; write the "
+                        "buffer (zeros will do) before transferring into or out of it");
+      }
+    }
+    at += pages * page;
+  }
+  return Status::Ok();
 }
 
 bool ClientMapping::revoked() const {

@@ -38,7 +38,7 @@ class ClientMapping {
   // may be closed afterwards. Only tmpfs objects (EINVAL for anything else, hugetlbfs included).
   // The pages are faulted in at once (MADV_POPULATE) only when the registered range has no hole
   // (SEEK_HOLE): populating a hole would allocate it in the daemon, on the daemon's account, for
-  // a client that may never touch it.
+  // a client that may never touch it (and a transfer over a hole is refused: CheckAllocated).
   static Result<std::unique_ptr<ClientMapping>> Map(int fd, int64_t offset, int64_t size,
                                                     bool writable, const std::string& label,
                                                     bool for_root);
@@ -53,6 +53,14 @@ class ClientMapping {
   const std::string& label() const { return label_; }
   // True once the owner shrank the object under us and the SIGBUS handler patched the mapping.
   bool revoked() const;
+  // Ok when every page of [offset, offset + length) of the buffer is allocated in the client's
+  // object (mincore: resident); EFAULT naming the first page that is not (a hole the client left
+  // or punched, a page swapped out, or one only fallocated: shmem leaves those not up to date,
+  // which mincore reports as absent). A transfer checks first: the daemon faulting a hole in
+  // would allocate it on the daemon's own memory account, and the client could keep those pages
+  // after unregistering, again and again. A hole punched after the check is filled only where the
+  // transfer lands (bounded by its length).
+  Status CheckAllocated(int64_t offset, int64_t length) const;
 
   // Tests only: the SIGBUS handler's first repair (zero pages from the faulting page on) fails,
   // as it does at vm.max_map_count, so the fallback over the whole mapping is what runs.

@@ -57,6 +57,7 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   }
   if (map != nullptr && map->revoked())
     return CtlError(EFAULT, "buffer " + std::to_string(r.buffer) + " was shrunk by its owner");
+  if (map != nullptr) DNVME_RETURN_IF_ERROR(map->CheckAllocated(r.buffer_offset, r.length));
   // An async transfer holds its file open until `wait` collects it: both count against the
   // owner's limits from now on (a user cannot fill the daemon's descriptor table).
   UidCharge pending, file_charge;

@@ -21,12 +21,17 @@ Fs::Fs(MountOptions opts)
                                    .max_queued = 256,
                                    .idle = std::chrono::milliseconds(2000),
                                    .option = "ctl_threads_per_uid"}),
+      request_lanes_(UidLanes::Options{.threads_per_key = mount_.opts().ctl_threads_per_uid,
+                                       .max_queued = 256,
+                                       .idle = std::chrono::milliseconds(2000),
+                                       .option = "ctl_threads_per_uid"}),
       inodes_(mount_.data_shared(), &uid_limits_) {}
 
 Fs::~Fs() {
   stopping_.store(true, std::memory_order_release);
   off_loop_.Shutdown();   // its work answers requests and uses inodes
   ctl_lanes_.Shutdown();  // control requests still queued use the sessions deleted below
+  request_lanes_.Shutdown();
   DrainAll();
   // Files still open when the session ended: the kernel will never release them.
   handles_.DeleteAll();
@@ -72,6 +77,9 @@ void Fs::Stop() {
   // (Stopping()), so the wait is for the requests running now, not for every one a user queued.
   stopping_.store(true, std::memory_order_release);
   ctl_lanes_.Shutdown();
+  // FUSE requests handed to a uid's lane before the loop ended: answered (the loop has ended, so
+  // no new ones come).
+  request_lanes_.Shutdown();
   // Opens and truncates waiting for a `dnvme run` client's writes are answered now (the broker
   // below ends the leases anyway).
   off_loop_.Shutdown();

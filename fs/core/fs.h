@@ -71,6 +71,11 @@ class Fs : public ControlCore, public BrokerCore, public SessionHost {
   OpenHandles& handles() { return handles_; }
   // The lanes control requests run on, one per uid (fs/limits/uid_lanes.h); shut down by Stop.
   UidLanes& ctl_lanes() { return ctl_lanes_; }
+  // The lanes a uid's FUSE requests run on once it occupies its share of the loop threads
+  // (Transport::ShareLoopThreads). Not the control lanes: a control job may block in a kernel
+  // notification (an entry's invalidation waits for the directory's lock) that a FUSE request
+  // queued behind it on the same lane would have to answer first.
+  UidLanes& request_lanes() { return request_lanes_; }
   // Lease waits and kernel notifications, off the loop threads (fs/core/off_loop.h); shut down
   // by Stop.
   OffLoop& off_loop() { return off_loop_; }
@@ -137,6 +142,7 @@ class Fs : public ControlCore, public BrokerCore, public SessionHost {
   // Declared before everything that holds charges of it (sessions, the broker) and the lanes.
   UidLimits uid_limits_;
   UidLanes ctl_lanes_;
+  UidLanes request_lanes_;
   OffLoop off_loop_;
   InodeTable inodes_;
   OpenHandles handles_;

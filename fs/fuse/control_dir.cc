@@ -349,8 +349,12 @@ std::optional<std::vector<VirtualDirEntry>> VirtualReaddir(Fs& fs, fuse_ino_t in
   std::vector<VirtualDirEntry> entries;
   const struct timespec t = Now();
   // Entries 0 and 1 are "." and ".."; 2.. the files. `off` is the index of the next entry.
-  const int total = 2 + static_cast<int>(std::size(kFiles));
-  for (int i = static_cast<int>(off); i < total; ++i) {
+  // The offset is the caller's (lseek on the directory): any 64-bit value. Past the end, or
+  // negative, there is nothing more to list; it is never narrowed before this check (a narrowed
+  // 0xffffffff was -1, an index before the table).
+  const off_t total = 2 + static_cast<off_t>(std::size(kFiles));
+  if (off < 0 || off >= total) return entries;
+  for (off_t i = off; i < total; ++i) {
     VirtualDirEntry d{};
     d.name = i == 0 ? "." : i == 1 ? ".." : kFiles[i - 2].name;
     d.next = i + 1;

@@ -64,6 +64,12 @@ class SharedBuffer:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, nbytes)
+            # Written now, so allocated on this process's memory account: the daemon transfers
+            # only into pages the client has (it will not fault a hole in on its own account),
+            # and a full /dev/shm says so here rather than with a SIGBUS later.
+            zeros, off = bytes(min(nbytes, 4 << 20)), 0
+            while off < nbytes:
+                off += os.pwrite(fd, memoryview(zeros)[:nbytes - off], off)
             self.map = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)

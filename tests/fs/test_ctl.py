@@ -69,6 +69,12 @@ class Ctl:
         os.close(self.fd)
 
 
+def zero_fill(fd, size):  # pages written by their owner: the daemon transfers only into those
+    z, off = bytes(min(size, 1 << 22)), 0
+    while off < size:
+        off += os.pwrite(fd, z[:size - off], off)
+
+
 class Shm:
     """A /dev/shm object of `size` bytes mapped here."""
 
@@ -77,6 +83,7 @@ class Shm:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
         os.fchmod(fd, mode)
         os.ftruncate(fd, size)
+        zero_fill(fd, size)
         self.map = mmap.mmap(fd, size)
         os.close(fd)
 
@@ -142,6 +149,9 @@ def shm(i, size=1 << 20):
     name = "dnvme-nobody-%d-%d" % (os.getpid(), i)
     fd = os.open("/dev/shm/" + name, os.O_RDWR | os.O_CREAT, 0o600)
     os.ftruncate(fd, size)
+    z, off = bytes(min(size, 1 << 22)), 0  # written by its owner: the daemon transfers only into
+    while off < size:                      # pages the client allocated
+        off += os.pwrite(fd, z[:size - off], off)
     os.close(fd)
     return name
 def shm_cleanup():
@@ -963,6 +973,7 @@ h = req(op="handle.open")["handle"]
 mine = "dnvme-nobody-%%d" %% os.getpid()
 sfd = os.open("/dev/shm/" + mine, os.O_RDWR | os.O_CREAT, 0o600)
 os.ftruncate(sfd, 1 << 20)
+os.pwrite(sfd, bytes(1 << 20), 0)
 b = req(op="buffer.register", shm=mine)["buffer"]
 memfd = os.memfd_create("nobody", os.MFD_ALLOW_SEALING)
 os.ftruncate(memfd, 1 << 20)

@@ -76,6 +76,7 @@ class MappingsTest(su.SecurityCase):
         shm_path = "/dev/shm/dnvme-sec-root-%d" % os.getpid()
         fd = os.open(shm_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(fd, MiB)
+        os.pwrite(fd, bytes(MiB), 0)
         os.close(fd)
         self.addCleanup(os.unlink, shm_path)
         ctl = su.Ctl(self.mnt)
@@ -187,7 +188,7 @@ a, res["estimate"], cfg = try_open(block_size=64 << 20, bounce_bytes_per_worker=
                                    intra_op_parallelism=8)
 if cfg is not None:
     c.req("handle.close", handle=a["handle"])
-name = shm(1 << 30)  # sparse: nothing allocated yet
+name = shm(1 << 30, sparse=True)  # nothing allocated yet
 r = c.req("buffer.register", shm=name)
 res["sparse"] = code(r)
 res["sparse_blocks"] = os.stat("/dev/shm/" + name).st_blocks * 512

@@ -141,7 +141,7 @@ class HugetlbTest(su.SecurityCase):
 HOLE = r'''
 c = Ctl(A["mnt"])
 half = A["half"]
-name = shm(2 * half)
+name = shm(2 * half, sparse=True)
 fd = os.open("/dev/shm/" + name, os.O_RDWR)
 os.pwrite(fd, b"d" * half, half)  # the first half stays a hole
 emit("made", blocks=os.fstat(fd).st_blocks * 512)

@@ -441,3 +441,96 @@ class DescriptorBudgetTest(su.SecurityCase):
         self.assertLessEqual(d["users_held"], d["users_share"])
         c.send("go")
         c.expect("done")
+
+
+# ---------------------------------------------------------------------------------------------
+# The control directory's listing trusted the offset: a user's lseek of .dnvme to 0xffffffff, then
+# getdents, indexed before its table of files (the offset narrowed to int: -1) and could crash the
+# daemon for everyone.
+
+SEEK_CTL_DIR = r'''
+listed = {}
+for off in A["offsets"]:
+    fd = os.open(os.path.join(A["mnt"], ".dnvme"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.lseek(fd, off, os.SEEK_SET)
+        listed[str(off)] = sorted(e.name for e in os.scandir(fd))
+    except OSError as e:
+        listed[str(off)] = "errno %d" % e.errno
+    finally:
+        os.close(fd)
+emit("done", listed=listed)
+'''
+
+
+class CtlDirOffsetTest(su.SecurityCase):
+    def test_54j_a_users_seek_past_the_control_directory_lists_nothing_and_harms_nobody(self):
+        m = self.mount()
+        whole = sorted(os.listdir(self.m(".dnvme")))
+        self.assertIn("stats", whole)
+        offsets = [0xFFFFFFFF, 0x80000000, 0x100000002, 2**62, len(whole) + 2, 2]
+        got = su.run_child(SEEK_CTL_DIR, {"mnt": self.mnt, "offsets": offsets})["done"]
+        self.alive(m)
+        for off in offsets[:5]:
+            self.assertEqual(got["listed"][str(off)], [], "listing .dnvme from offset %#x" % off)
+        # From offset 2 (past "." and ".."): every file, as a listing from the start.
+        self.assertEqual(got["listed"]["2"], whole)
+        self.assertEqual(sorted(os.listdir(self.m(".dnvme"))), whole)
+        with open(self.m("after"), "wb") as f:
+            f.write(b"a" * 4096)
+        self.assertEqual(self.read_file(self.m("after")), b"a" * 4096)
+
+
+# ---------------------------------------------------------------------------------------------
+# A transfer into a hole of a client's buffer: the daemon's fault allocated the page, on the
+# daemon's memory account, and the client kept those pages after unregistering (again and again:
+# registered bytes are bounded, pages left behind in the client's objects were not).
+
+HOLE_PREAD = r'''
+c = Ctl(A["mnt"])
+h = c.ok("handle.open")["handle"]
+size = A["size"]
+name = shm(size, sparse=True)
+fd = os.open("/dev/shm/" + name, os.O_RDWR)
+b = c.ok("buffer.register", shm=name)["buffer"]
+emit("registered", blocks=os.fstat(fd).st_blocks * 512)
+ask()
+r = c.req("pread", handle=h, buffer=b, length=size, path="pub/src")
+w = c.req("pwrite", handle=h, buffer=b, length=size, path="pub/dst")
+emit("hole", pread=code(r), pwrite=code(w), message=r.get("error", {}).get("message", ""),
+     blocks=os.fstat(fd).st_blocks * 512)
+ask()
+os.pwrite(fd, bytes(size), 0)  # the owner allocates it: now the transfer is the client's own
+r = c.req("pread", handle=h, buffer=b, length=size, path="pub/src")
+mm = mmap.mmap(fd, size)
+emit("written", pread=code(r), same=mm[:16] == b"s" * 16)
+mm.close()
+c.req("buffer.unregister", buffer=b)
+os.unlink("/dev/shm/" + name)
+'''
+
+
+class HoleTransferTest(su.SecurityCase):
+    SIZE = 32 * MiB
+
+    def test_54k_a_transfer_into_a_hole_of_a_users_buffer_is_refused_not_charged_to_the_daemon(self):
+        m = self.mount()
+        self.public_dir()
+        self.write_file(self.m("pub", "src"), b"s" * self.SIZE, mode=0o644)
+        c = self.child(HOLE_PREAD, {"mnt": self.mnt, "size": self.SIZE})
+        reg = c.expect("registered", 60)
+        rss0 = su.vm_kib(m.pid, "RssShmem") * 1024
+        c.send("go")
+        hole = c.expect("hole", 120)
+        rss1 = su.vm_kib(m.pid, "RssShmem") * 1024
+        c.send("go")
+        written = c.expect("written", 120)
+        self.alive(m)
+        self.assertEqual((hole["pread"], hole["pwrite"]), ("EFAULT", "EFAULT"), hole)
+        self.assertIn("not allocated", hole["message"])
+        self.assertLess(hole["blocks"] - reg["blocks"], MiB,
+                        "the refused transfers allocated the client's hole: %s -> %s" % (reg, hole))
+        self.assertLess(rss1 - rss0, MiB, "the daemon faulted %d bytes of the user's hole in" %
+                        (rss1 - rss0))
+        self.assertEqual(written["pread"], "OK", written)
+        self.assertTrue(written["same"], written)

@@ -1,5 +1,6 @@
 // ClientMapping (fs/control/client_memory.h): the daemon-wide table keeps its last slots for
-// root, a hole of a client object is mapped without being allocated in the daemon, hugetlbfs
+// root, a hole of a client object is mapped without being allocated in the daemon and a transfer
+// over one is refused, hugetlbfs
 // objects are refused, and a shrunk object's fault is repaired (never fatal) while a fault
 // outside client memory still kills.
 #include "fs/control/client_memory.h"
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "tests/engine/test_util.h"
 
 namespace dnvme::fs {
 namespace {
@@ -83,6 +86,40 @@ TEST(ClientMapping, AHoleRangeOfAHalfAllocatedObjectIsNotPopulated) {
   auto m = ClientMapping::Map(fd, half, half, true, "data", false);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m.value()->data()[0], 'd');
+  close(fd);
+}
+
+// A transfer may land only on allocated pages: a hole (left or punched by the client) is refused
+// with the byte it starts at, before anything faults it in on the daemon's account.
+TEST(ClientMapping, ATransferOverAHoleIsRefusedAndAllocatesNothing) {
+  const int64_t size = int64_t{4} << 20;
+  const int fd = MemFd(size);
+  std::vector<char> data(size / 2, 'd');
+  ASSERT_EQ(pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  auto m = ClientMapping::Map(fd, 0, size, true, "half", false);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  struct stat before {};
+  ASSERT_EQ(fstat(fd, &before), 0);
+  DNVME_EXPECT_OK(m.value()->CheckAllocated(0, size / 2));
+  DNVME_EXPECT_OK(m.value()->CheckAllocated(100, 4096));       // unaligned, inside the data
+  Status hole = m.value()->CheckAllocated(size / 2 - 10, 20);  // runs into the hole
+  EXPECT_EQ(hole.error_number(), EFAULT) << hole.ToString();
+  EXPECT_NE(hole.message().find("at byte " + std::to_string(size / 2)), std::string::npos)
+      << hole.message();
+  // Punched after registration: refused too.
+  ASSERT_EQ(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, 4096), 0);
+  EXPECT_EQ(m.value()->CheckAllocated(0, size / 2).error_number(), EFAULT);
+  struct stat after {};
+  ASSERT_EQ(fstat(fd, &after), 0);
+  EXPECT_LE(after.st_blocks, before.st_blocks) << "the check allocated client memory";
+  // Only preallocated (fallocate leaves shmem pages not up to date: mincore calls them absent)
+  // is refused too; written by its owner: accepted, the whole range.
+  ASSERT_EQ(posix_fallocate(fd, 0, size), 0);
+  EXPECT_EQ(m.value()->CheckAllocated(0, size).error_number(), EFAULT);
+  std::vector<char> zeros(size, 0);
+  ASSERT_EQ(pwrite(fd, zeros.data(), zeros.size(), 0), static_cast<ssize_t>(zeros.size()));
+  DNVME_EXPECT_OK(m.value()->CheckAllocated(0, size));
+  DNVME_EXPECT_OK(m.value()->CheckAllocated(0, 0));
   close(fd);
 }
 

@@ -101,6 +101,7 @@ class ShmBuffer {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     EXPECT_NE(p, MAP_FAILED);
     data_ = static_cast<char*>(p);
+    memset(data_, 0, size);  // written by its owner, as a client's buffer must be (CheckAllocated)
     close(fd);
   }
   ~ShmBuffer() {
