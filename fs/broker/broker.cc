@@ -15,6 +15,8 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "dnvme/broker.h"
@@ -208,25 +210,52 @@ void Broker::AcceptLoop() {
     c->peer.uid = cred.uid;
     c->peer.gid = cred.gid;
     c->peer.pid = cred.pid;
-    // Supplementary groups as they were at connect (SO_PEERGROUPS, Linux 4.13).
-    std::vector<gid_t> groups(64);
-    socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (getsockopt(s, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0 && errno == ERANGE) {
-      groups.resize(glen / sizeof(gid_t));
-      glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-      if (getsockopt(s, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0) glen = 0;
+    // Supplementary groups as they were at connect (SO_PEERGROUPS, Linux 4.13). Fails closed:
+    // a client whose groups cannot be read is refused, never served with a guess (the buffer's
+    // unwritten entries would read as group 0).
+    auto groups = PeerGroups(s);
+    if (!groups.ok()) {
+      DNVME_LOG_THROTTLED(warn, "broker: refusing pid {} uid {}: {}", cred.pid, cred.uid,
+                          groups.status().message());
+      counters_.refused.fetch_add(1);
+      Refuse(std::move(c->sock), groups.status());
+      continue;
     }
-    groups.resize(glen / sizeof(gid_t));
-    c->peer.groups = std::move(groups);
+    c->peer.groups = std::move(groups).value();
     std::lock_guard lock(mu_);
-    if (cred.uid != 0) ++user_conns_;
     c->id = next_conn_++;
     Conn* raw = c.get();
+    try {
+      raw->thread = std::thread([this, raw] { Serve(raw); });
+    } catch (const std::system_error& e) {
+      // No thread to be had (RLIMIT_NPROC, memory): this client is refused, the daemon goes on.
+      DNVME_LOG_THROTTLED(warn, "broker: refusing pid {} uid {}: no thread for it: {}", cred.pid,
+                          cred.uid, e.what());
+      counters_.refused.fetch_add(1);
+      Refuse(std::move(c->sock), Status::ResourceExhausted(EAGAIN,
+                                                           "the daemon has no thread "
+                                                           "for another connection"));
+      continue;  // `c` returns its charges
+    }
+    if (cred.uid != 0) ++user_conns_;
     conns_.push_back(std::move(c));
     counters_.connections.fetch_add(1);
     counters_.connections_open.fetch_add(1);
-    raw->thread = std::thread([this, raw] { Serve(raw); });
   }
+}
+
+Result<std::vector<gid_t>> Broker::PeerGroups(int sock) {
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) == 0) {
+      groups.resize(glen / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(glen / sizeof(gid_t));  // glen: the size needed
+  }
+  return Status::FromErrno(errno, "reading the client's groups (SO_PEERGROUPS)");
 }
 
 }  // namespace dnvme::fs

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dnvme/fd.h"
 #include "dnvme/status.h"
@@ -90,6 +91,10 @@ class Broker {
   std::string Announcement() const;
   const BrokerCounters& counters() const { return counters_; }
   std::string StatsJson() const;
+
+  // The connecting client's supplementary groups (SO_PEERGROUPS), however many; an error when
+  // they cannot be read (the client is then refused, never served with a guess).
+  static Result<std::vector<gid_t>> PeerGroups(int sock);
 
  private:
   struct Conn;

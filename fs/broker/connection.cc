@@ -226,10 +226,12 @@ void Broker::Serve(Conn* c) {
         in = core_.PinInode(sb.st_dev, sb.st_ino);
         if (in == nullptr) st = Status::IoError(ESTALE, "'" + rel + "' is not open on the mount");
       }
+      bool other_client = false;  // another connection holds a lease of the file
       if (st.ok()) {
-        // Land what writers left in write-behind, and make every cached view (read-ahead, the
-        // kernel's pages and attributes) go back to the file: from now on bytes may reach it
-        // around the mount. Attributes are then answered uncached while the lease lives.
+        // Land what writers left in write-behind; for a writable lease, also make every cached
+        // view (read-ahead, the kernel's pages and attributes) go back to the file (below): from
+        // now on bytes may reach it around the mount. Attributes are then answered uncached
+        // while the lease lives.
         st = core_.DrainForExternal(*in);
         // No file lease can be taken on the descriptors about to be sent (PreloadLeases).
         if (st.ok()) {
@@ -243,7 +245,11 @@ void Broker::Serve(Conn* c) {
           w.shared.store(0);
           w.mount_dirty.store(0);
           w.writes_inflight.store(0);
-          const bool other_client = leases.Add(c->id, c->peer.uid, &w, acc != O_RDONLY);
+          st = leases.Add(c->id, c->peer.uid, &w, acc != O_RDONLY, &other_client);
+        }
+        if (st.ok()) {
+          PreloadLeases& leases = core_.LeasesOf(*in);
+          broker::LeaseWord& w = c->page[slot];
           // Another client's writes that returned to its program land before this one reads
           // the file (Add marked the holders shared first: include/dnvme/broker.h).
           if (other_client && !leases.WaitForWrites(/*share_if_busy=*/false)) {
@@ -253,8 +259,13 @@ void Broker::Serve(Conn* c) {
           }
           // Opens through the mount beyond this client's leases: someone else has it open.
           if (!other_client && core_.OpenCount(*in) > leases.count()) w.shared.store(1);
-          core_.AfterExternalWrite(*in);
-          counters_.invalidations.fetch_add(1);
+          // Cached views go only for a lease that may write around the mount: a read-only one
+          // changes nothing (the drain above landed what the mount held), and a user who may
+          // only read the file must not drop every reader's pages at will, lease after lease.
+          if (acc != O_RDONLY) {
+            core_.AfterExternalWrite(*in);
+            counters_.invalidations.fetch_add(1);
+          }
           c->slot_used[slot] = true;
           const uint64_t id = c->next_lease++;
           c->leases[id] = Conn::Lease{in, slot, acc != O_RDONLY};

@@ -78,18 +78,39 @@ class PreloadLeases {
   // Leases held now; the ops test this before anything else.
   int count() const { return count_.load(std::memory_order_acquire); }
 
+  // Leases of one inode: every WRITE through the mount and every wait walks them (under mu_), so
+  // a user cannot make them many (its connections x kMaxLeases each would be 500,000 on one file
+  // another user writes). Root's are not counted.
+  static constexpr size_t kMaxPerUid = 64;
+  static constexpr size_t kMaxUsers = 1024;
+
   // Adds a lease of connection `conn` of user `uid` whose word is `w` (`writable`: its
-  // descriptors may write); returns true when another connection holds a lease on the same inode
-  // (the file is then shared).
-  bool Add(uint64_t conn, uid_t uid, broker::LeaseWord* w, bool writable) {
+  // descriptors may write); `*other` says whether another connection holds a lease on the same
+  // inode (the file is then shared). EMFILE when the uid holds kMaxPerUid leases of this inode
+  // already, or users other than root kMaxUsers.
+  Status Add(uint64_t conn, uid_t uid, broker::LeaseWord* w, bool writable, bool* other) {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [this] { return !excluding_; });
-    bool other = std::any_of(entries_.begin(), entries_.end(),
-                             [conn](const Entry& e) { return e.conn != conn; });
+    if (uid != 0) {
+      size_t mine = 0, users = 0;
+      for (const Entry& e : entries_) {
+        if (e.uid == uid) ++mine;
+        if (e.uid != 0) ++users;
+      }
+      if (mine >= kMaxPerUid || users >= kMaxUsers) {
+        return Status::ResourceExhausted(
+            EMFILE, mine >= kMaxPerUid
+                        ? "this user holds " + std::to_string(kMaxPerUid) +
+                              " leases of the file already (close some)"
+                        : "users hold " + std::to_string(kMaxUsers) + " leases of the file");
+      }
+    }
+    *other = std::any_of(entries_.begin(), entries_.end(),
+                         [conn](const Entry& e) { return e.conn != conn; });
     entries_.push_back({conn, uid, w, writable, false});
     count_.fetch_add(1, std::memory_order_release);
-    if (other) MarkSharedLocked();
-    return other;
+    if (*other) MarkSharedLocked();
+    return Status::Ok();
   }
   void Remove(broker::LeaseWord* w) {
     std::lock_guard lock(mu_);

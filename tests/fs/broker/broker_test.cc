@@ -7,10 +7,12 @@
 #include "fs/broker/broker.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -433,13 +435,16 @@ TEST_F(BrokerTest, WroteDrainAndCloseMoveTheLease) {
 }
 
 TEST_F(BrokerTest, AReadOnlyLeaseInvalidatesNobodysCache) {
-  // A user with read access only must not drop every other reader's cached views at will.
+  // A user with read access only must not drop every other reader's cached views at will: not
+  // at the lease's hand-out, nor by kWrote, nor at its close.
   const uint64_t ino = MakeFile("data", "x");
   Client c(broker_->name());
   ASSERT_EQ(c.Hello().reply.error, 0);
   Answer a = c.Open("data", O_RDONLY, ino);
   ASSERT_EQ(a.reply.error, 0) << MessageOf(a);
   FakeInode& in = inode("data");
+  EXPECT_EQ(in.invalidations.load(), 0) << "a reader's lease dropped the cached views";
+  EXPECT_EQ(in.drains.load(), 1) << "what the mount holds lands before the reader reads around it";
   const int before = in.invalidations.load();
   EXPECT_EQ(c.Lease(broker::Op::kWrote, a.reply.lease).reply.error, EBADF);
   EXPECT_EQ(in.invalidations.load(), before);
@@ -508,17 +513,59 @@ TEST_F(BrokerTest, APerUidConnectionLimitRefusesWithTheReason) {
 
 // ---- PreloadLeases on its own -------------------------------------------------------------------
 
+// The groups a client is served with are exactly its own, however many (the first buffer of 64
+// is too small past 64), and a descriptor whose groups cannot be read is an error, not 64 entries
+// of group 0.
+// Adds a lease that must be accepted; returns whether another connection holds one too.
+bool AddLease(PreloadLeases& l, uint64_t conn, uid_t uid, broker::LeaseWord* w, bool writable) {
+  bool other = false;
+  Status st = l.Add(conn, uid, w, writable, &other);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return other;
+}
+
+TEST(BrokerPeerGroups, AreTheClientsOwnOrAnError) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (setgroups)";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // 100 groups, none of them 0: then a socket pair takes them as its peer credentials.
+    std::vector<gid_t> want;
+    for (gid_t g = 1000; g < 1100; ++g) want.push_back(g);
+    if (setgroups(want.size(), want.data()) != 0) _exit(2);
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) _exit(3);
+    auto got = Broker::PeerGroups(sv[0]);
+    if (!got.ok()) _exit(4);
+    std::vector<gid_t> g = got.value();
+    std::sort(g.begin(), g.end());
+    if (g != want) _exit(5);
+    auto bad = Broker::PeerGroups(fds[0]);  // a pipe: no peer, no groups
+    if (bad.ok() || bad.status().error_number() != ENOTSOCK) _exit(6);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  close(fds[0]);
+  close(fds[1]);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2 setgroups, 3 socketpair, 4 PeerGroups failed, 5 other "
+                                       "groups than the client's, 6 a pipe was not an error";
+}
+
 TEST(PreloadLeases, AddRemoveAndShared) {
   PreloadLeases l;
   broker::LeaseWord a{}, b{};
   EXPECT_EQ(l.count(), 0);
-  EXPECT_FALSE(l.Add(1, 1000, &a, true)) << "the only connection is not 'another'";
-  EXPECT_FALSE(l.Add(1, 1000, &b, false)) << "two leases of one connection are not shared";
+  EXPECT_FALSE(AddLease(l, 1, 1000, &a, true)) << "the only connection is not 'another'";
+  EXPECT_FALSE(AddLease(l, 1, 1000, &b, false)) << "two leases of one connection are not shared";
   EXPECT_EQ(a.shared.load(), 0u);
   EXPECT_EQ(l.count(), 2);
   l.Remove(&b);
   broker::LeaseWord c{};
-  EXPECT_TRUE(l.Add(2, 1001, &c, false));
+  EXPECT_TRUE(AddLease(l, 2, 1001, &c, false));
   EXPECT_EQ(a.shared.load(), 1u);
   EXPECT_EQ(c.shared.load(), 1u);
   l.Remove(&c);
@@ -528,15 +575,33 @@ TEST(PreloadLeases, AddRemoveAndShared) {
   EXPECT_EQ(a.mount_dirty.load(), 1u);
 }
 
+// One user's leases of one file are bounded (every WRITE through the mount walks them), root's
+// are not, and a lease given back makes room again.
+TEST(PreloadLeases, OneUsersLeasesOfAFileAreBounded) {
+  PreloadLeases l;
+  std::vector<broker::LeaseWord> words(PreloadLeases::kMaxPerUid + 8);
+  for (size_t i = 0; i < PreloadLeases::kMaxPerUid; ++i) AddLease(l, 1 + i, 1000, &words[i], false);
+  bool other = false;
+  Status refused = l.Add(99, 1000, &words[PreloadLeases::kMaxPerUid], false, &other);
+  EXPECT_EQ(refused.error_number(), EMFILE) << refused.ToString();
+  EXPECT_NE(refused.message().find("leases of the file"), std::string::npos);
+  EXPECT_EQ(l.count(), static_cast<int>(PreloadLeases::kMaxPerUid));
+  // Another user, and root, still get theirs.
+  AddLease(l, 200, 1001, &words[PreloadLeases::kMaxPerUid + 1], true);
+  AddLease(l, 201, 0, &words[PreloadLeases::kMaxPerUid + 2], true);
+  l.Remove(&words[0]);
+  AddLease(l, 202, 1000, &words[PreloadLeases::kMaxPerUid + 3], false);
+}
+
 TEST(PreloadLeases, WaitForWritesWaitsOnlyForWritableHoldersAndOnlyOnceToTheLimit) {
   PreloadLeases l;
   broker::LeaseWord reader{}, writer{};
-  l.Add(1, 1000, &reader, /*writable=*/false);
+  AddLease(l, 1, 1000, &reader, /*writable=*/false);
   reader.writes_inflight.store(3);  // a read-only lease's counter is never waited for
   EXPECT_TRUE(l.WaitForWrites(false, milliseconds(50)));
   EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kLanded);
 
-  l.Add(1, 1001, &writer, /*writable=*/true);  // one connection: not shared
+  AddLease(l, 1, 1001, &writer, /*writable=*/true);  // one connection: not shared
   writer.writes_inflight.store(1);
   EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kBusy);
   // The writes land while the waiter waits.
@@ -561,7 +626,7 @@ TEST(PreloadLeases, WaitForWritesWaitsOnlyForWritableHoldersAndOnlyOnceToTheLimi
 TEST(PreloadLeases, PollGivesUpWhenLateAndMarksOnlyWhenAsked) {
   PreloadLeases l;
   broker::LeaseWord w{};
-  l.Add(1, 2000, &w, /*writable=*/true);  // uids of its own: HolderTrust is the process's
+  AddLease(l, 1, 2000, &w, /*writable=*/true);  // uids of its own: HolderTrust is the process's
   w.writes_inflight.store(1);
   EXPECT_EQ(l.PollWrites(/*share_if_busy=*/false, /*late=*/false), PreloadLeases::Poll::kBusy);
   EXPECT_EQ(w.shared.load(), 0u);
@@ -575,17 +640,17 @@ TEST(PreloadLeases, PollGivesUpWhenLateAndMarksOnlyWhenAsked) {
 TEST(PreloadLeases, ANewLeaseOfAHolderThatStalledIsNotWaitedForOnAnyFile) {
   PreloadLeases file1, file2;
   broker::LeaseWord first{}, again{}, elsewhere{};
-  file1.Add(1, 3000, &first, /*writable=*/true);
+  AddLease(file1, 1, 3000, &first, /*writable=*/true);
   first.writes_inflight.store(1);
   EXPECT_FALSE(file1.WaitForWrites(false, milliseconds(50)));  // the one stall
   file1.Remove(&first);
-  file1.Add(2, 3000, &again, /*writable=*/true);  // a new lease, a new connection, same user
+  AddLease(file1, 2, 3000, &again, /*writable=*/true);  // a new lease, a new connection, same user
   again.writes_inflight.store(1);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(file1.WaitForWrites(false, milliseconds(2000)));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(500))
       << "the new lease was trusted";
-  file2.Add(3, 3000, &elsewhere, /*writable=*/true);
+  AddLease(file2, 3, 3000, &elsewhere, /*writable=*/true);
   elsewhere.writes_inflight.store(1);
   t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(file2.WaitForWrites(false, milliseconds(2000)));
@@ -595,10 +660,10 @@ TEST(PreloadLeases, ANewLeaseOfAHolderThatStalledIsNotWaitedForOnAnyFile) {
 TEST(PreloadLeases, AFileThatStalledAWaitIsNotWaitedOnAgainForAWhile) {
   PreloadLeases l;
   broker::LeaseWord a{}, b{};
-  l.Add(1, 3100, &a, /*writable=*/true);
+  AddLease(l, 1, 3100, &a, /*writable=*/true);
   a.writes_inflight.store(1);
   EXPECT_FALSE(l.WaitForWrites(false, milliseconds(50)));
-  l.Add(2, 3101, &b, /*writable=*/true);  // another user (an accomplice) on the same file
+  AddLease(l, 2, 3101, &b, /*writable=*/true);  // another user (an accomplice) on the same file
   b.writes_inflight.store(1);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(l.PollWrites(false, false), PreloadLeases::Poll::kLanded);
@@ -623,10 +688,10 @@ TEST(PreloadLeases, OnlyAWritableLeaseHoldsBackTheTrim) {
   PreloadLeases l;
   broker::LeaseWord r{}, w{};
   int ran = 0;
-  l.Add(1, 65534, &r, /*writable=*/false);
+  AddLease(l, 1, 65534, &r, /*writable=*/false);
   EXPECT_TRUE(l.WithoutLeases([&] { ++ran; }));
   EXPECT_EQ(ran, 1);
-  l.Add(2, 1000, &w, /*writable=*/true);
+  AddLease(l, 2, 1000, &w, /*writable=*/true);
   EXPECT_FALSE(l.WithoutLeases([&] { ++ran; }));
   EXPECT_EQ(ran, 1);
   l.Remove(&w);
@@ -647,9 +712,9 @@ TEST(PreloadLeases, GuardIsHeldWhileALeaseLivesAndOpenedOnce) {
                                 std::move(charge)};
   };
   ASSERT_TRUE(l.EnsureGuard(open_guard).ok());
-  l.Add(1, 1000, &a, true);
+  AddLease(l, 1, 1000, &a, true);
   ASSERT_TRUE(l.EnsureGuard(open_guard).ok());
-  l.Add(2, 1000, &b, false);
+  AddLease(l, 2, 1000, &b, false);
   EXPECT_EQ(opens, 1);
   EXPECT_TRUE(l.guarded());
   EXPECT_EQ(limits.Held(1000, UidResource::kDescriptors), 1) << "the guard is its maker's";

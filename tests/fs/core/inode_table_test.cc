@@ -30,6 +30,14 @@
 namespace dnvme::fs {
 namespace {
 
+// Adds a lease that must be accepted; returns whether another connection holds one too.
+bool AddLease(PreloadLeases& l, uint64_t conn, uid_t uid, broker::LeaseWord* w, bool writable) {
+  bool other = false;
+  Status st = l.Add(conn, uid, w, writable, &other);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return other;
+}
+
 constexpr int64_t kUnlimited = int64_t{1} << 40;
 
 // Every maximum unlimited but the inodes'.
@@ -518,7 +526,7 @@ TEST_F(InodeTableTest, AHolderOfALeaseTurnsOffAttributeCaching) {
   ASSERT_EQ(LookupAs(0, "a", &e), 0);
   EXPECT_EQ(e.attr_timeout, kEntryTimeout);
   broker::LeaseWord word{};
-  table_->Get(e.ino).leases.Add(/*conn=*/1, /*uid=*/1000, &word, /*writable=*/true);
+  AddLease(table_->Get(e.ino).leases, /*conn=*/1, /*uid=*/1000, &word, /*writable=*/true);
   ASSERT_EQ(LookupAs(0, "a", &e), 0);
   EXPECT_EQ(e.attr_timeout, 0.0);
   EXPECT_EQ(e.entry_timeout, kEntryTimeout);  // the name still is what it was

@@ -14,6 +14,14 @@
 namespace dnvme::fs {
 namespace {
 
+// Adds a lease that must be accepted; returns whether another connection holds one too.
+bool AddLease(PreloadLeases& l, uint64_t conn, uid_t uid, broker::LeaseWord* w, bool writable) {
+  bool other = false;
+  Status st = l.Add(conn, uid, w, writable, &other);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return other;
+}
+
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
@@ -57,7 +65,7 @@ TEST(OffLoop, ManyWaitsOfOneHolderEndTogetherNotOneAfterAnother) {
   std::vector<PreloadLeases> leases(50);
   std::vector<broker::LeaseWord> words(50);
   for (size_t i = 0; i < leases.size(); ++i) {
-    leases[i].Add(1, 1500, &words[i], /*writable=*/true);  // a uid of its own (HolderTrust)
+    AddLease(leases[i], 1, 1500, &words[i], /*writable=*/true);  // a uid of its own (HolderTrust)
     words[i].writes_inflight.store(1);
   }
   Done done;
@@ -78,7 +86,7 @@ TEST(OffLoop, AWaitEndsWhenTheWritesLand) {
   OffLoop off;
   PreloadLeases l;
   broker::LeaseWord w{};
-  l.Add(1, 1000, &w, true);
+  AddLease(l, 1, 1000, &w, true);
   w.writes_inflight.store(1);
   Done done;
   off.AfterLeaseWrites(
@@ -95,7 +103,7 @@ TEST(OffLoop, ShutdownRunsEverythingQueuedAndLaterWorkInPlace) {
   Done done;
   PreloadLeases l;
   broker::LeaseWord w{};
-  l.Add(1, 1000, &w, true);
+  AddLease(l, 1, 1000, &w, true);
   w.writes_inflight.store(1);
   {
     OffLoop off;
