@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
 # Usage: scripts/tsan.sh [BUILD_DIR]   (BUILD_DIR: build-tsan/ in the repository root)
-# The ThreadSanitizer run CI makes (issue 54): a TSan build (-DDNVME_TSAN=ON, without CUDA, -O1)
-# of the data path's, the engine's and the mount's unit tests (fs_unit_tests: the session loops,
-# the per-uid lanes, the broker and its leases, the control sessions) and of the daemon, then
+# The ThreadSanitizer run CI makes (issue 54; scripts/run-tests.sh runs it): a TSan build
+# (-DDNVME_TSAN=ON, without CUDA, -O1) of the data path's, the engine's and the mount's unit tests
+# (fs_unit_tests: the session loops, the per-uid lanes, the broker and its leases, the control
+# sessions, the engine swap) and of the daemon, then
 #   1. each of the three test binaries, halting at the first report;
 #   2. the mount's concurrency tests (tests/fs/test_model.py: randomized concurrent clients
-#      against a model of ext4) through a mount whose daemon is that TSan build; the daemon's
-#      reports go to files (TSAN_OPTIONS log_path), and any file there fails the run.
+#      against a model of ext4, every transport) through a mount whose daemon is that TSan build,
+#      DNVME_MODEL_SECONDS (default here 8) per transport; the daemon's reports go to files
+#      (TSAN_OPTIONS log_path), and any file there fails the run.
 # Exits non-zero on a build failure, a failed test or any report.
-# Status (2026-12-02): not yet part of scripts/run-tests.sh. datapath_tests, engine_tests and the
-# model check through the TSan daemon run clean; fs_unit_tests still reports one race:
-# Engines::ReapRetiredLocked reads use_count() (a relaxed load) and then Retire()s the engine, with
-# no happens-before from the last submitter's release of it (EnginesTest.SubmissionsWhileConfig-
-# SetSwapsTheEngineAllLand). The TSan build of the four targets takes about 17 minutes of this
-# 2-core machine, which CI's 45 does not hold beside the other builds.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=${1:-$ROOT/build-tsan}
@@ -37,7 +33,8 @@ for t in datapath_tests engine_tests fs_unit_tests; do
 done
 echo "=== tsan: the mount's concurrency tests (tests/fs/test_model.py) ==="
 if ! (cd "$ROOT" && DNVMEFS_BIN=$DIR/bin/dnvmefs DNVME_TEST_DIR=$DIR/test-scratch/fs \
-  DNVME_SANITIZED=1 TSAN_OPTIONS="log_path=$REPORTS/daemon second_deadlock_stack=1" \
+  DNVME_SANITIZED=1 DNVME_MODEL_SECONDS=${DNVME_MODEL_SECONDS:-8} \
+  TSAN_OPTIONS="log_path=$REPORTS/daemon second_deadlock_stack=1" \
   run /usr/bin/python3 -m unittest tests.fs.test_model) >"$DIR/test_model.log" 2>&1; then
   failed+=("test_model")
 fi

@@ -51,15 +51,34 @@ class Engines {
 
   // The live and retired engines' stats together (destroyed ones included).
   HandleStats MountStats();
+  // Replaced engines not yet destroyed (someone held them at the last reap).
+  size_t retired();
   // Control-file engines: registered at handle.open, unregistered at close.
   void AddSessionEngine(AioHandle* h);
   void RemoveSessionEngine(AioHandle* h);
   HandleStats SessionStats();
 
  private:
-  void ReapRetiredLocked();
+  // Set by the last reference to an engine the mount handed out (Current), under its own mutex:
+  // the reaper reads it under that mutex, so everything the last holder did with the engine
+  // happens before the engine is retired and destroyed (shared_ptr::use_count() is a relaxed
+  // load and orders nothing; ThreadSanitizer reported the destruction racing the last
+  // submission).
+  struct Released {
+    std::mutex mu;
+    bool done = false;  // guarded by mu
+  };
+  // An engine the mount made, owned here; its handed-out references only mark `released`.
+  struct Slot {
+    std::unique_ptr<AioHandle> engine;
+    std::shared_ptr<Released> released;
+  };
 
-  // Replaces the live engine with `h`; returns the one it replaced (destroyed by the caller, out
+  void ReapRetiredLocked();
+  // Wraps a new engine: the slot owns it, the returned pointer is what Current() hands out.
+  std::shared_ptr<AioHandle> Adopt(std::unique_ptr<AioHandle> engine, Slot* slot);
+
+  // Replaces the live engine with `h`; returns the one it replaced (dropped by the caller, out
   // of the lock). Called under config_mu_, so the engine and config_ change together.
   std::shared_ptr<AioHandle> SwapCurrent(std::shared_ptr<AioHandle> h);
 
@@ -69,9 +88,10 @@ class Engines {
   mutable std::mutex current_mu_;
   std::shared_ptr<AioHandle> current_;  // guarded by current_mu_
   mutable std::mutex config_mu_;
-  HandleConfig config_;     // guarded by config_mu_
-  std::mutex reconfig_mu_;  // one Reconfigure at a time; guards the two below
-  std::vector<std::shared_ptr<AioHandle>> retired_;
+  HandleConfig config_;        // guarded by config_mu_
+  std::mutex reconfig_mu_;     // one Start/Reconfigure/Reset/Stop at a time; guards the three below
+  Slot live_;                  // the engine behind current_ (a null engine before Start)
+  std::vector<Slot> retired_;  // replaced engines, destroyed once released
   HandleStats retired_stats_;  // of destroyed engines
   std::mutex sessions_mu_;
   std::unordered_set<AioHandle*> sessions_;  // guarded by sessions_mu_

@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "fs/options.h"
+#include "fs/transport/kernel_order.h"
 #include "fs/transport/request_pipe.h"
 
 namespace dnvme::fs {
@@ -15,7 +16,10 @@ namespace {
 
 ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
   ssize_t n = read(fd, buf, len);
-  if (n > 0) HostOf(userdata)->session_protocol().ObserveRequest(buf, static_cast<size_t>(n));
+  if (n > 0) {
+    KernelOrderAfterRequest();
+    HostOf(userdata)->session_protocol().ObserveRequest(buf, static_cast<size_t>(n));
+  }
   return n;
 }
 
@@ -44,6 +48,7 @@ std::optional<ssize_t> SpliceReply(SessionHost& host, int fd, const iovec* iov, 
 
 ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
   SessionHost& host = *HostOf(userdata);
+  KernelOrderBeforeReply();
   ssize_t written;
   if (Transport* t = host.session_transport(); t != nullptr && t->TakeReply(iov, count, &written)) {
     return written;
@@ -57,6 +62,7 @@ ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
 
 ssize_t IoSpliceSend(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,
                      unsigned int flags, void*) {
+  KernelOrderBeforeReply();
   return splice(fdin, offin, fdout, offout, len, flags);
 }
 

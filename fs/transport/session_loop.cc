@@ -13,6 +13,7 @@
 
 #include "dnvme/log.h"
 #include "fs/options.h"
+#include "fs/transport/kernel_order.h"
 
 namespace dnvme::fs {
 namespace {
@@ -216,6 +217,7 @@ void SessionLoop::Worker(size_t index) {
       fuse_session_exit(se_);
       break;
     }
+    KernelOrderAfterRequest();
     if (protocol_ != nullptr && !(buf.flags & FUSE_BUF_IS_FD)) {
       protocol_->ObserveRequest(buf.mem, buf.size);  // INIT is small: always in memory
     }

@@ -1,4 +1,5 @@
 #include "fs/transport/uring_loop.h"
+#include "fs/transport/kernel_order.h"
 
 #include <liburing.h>
 #include <linux/fuse.h>
@@ -231,6 +232,7 @@ bool UringLoop::Serve(Entry& e) {
     buf.size = in.len;
     buf.mem = start;
     e.serving.store(in.unique, std::memory_order_release);
+    KernelOrderAfterRequest();
     fuse_session_process_buf(se_, &buf);
     e.serving.store(0, std::memory_order_release);
     requests_ring_.fetch_add(1, std::memory_order_relaxed);
