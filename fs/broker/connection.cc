@@ -240,12 +240,11 @@ void Broker::Serve(Conn* c) {
           });
         }
         if (st.ok()) {
-          PreloadLeases& leases = core_.LeasesOf(*in);
           broker::LeaseWord& w = c->page[slot];
           w.shared.store(0);
           w.mount_dirty.store(0);
           w.writes_inflight.store(0);
-          st = leases.Add(c->id, c->peer.uid, &w, acc != O_RDONLY, &other_client);
+          st = core_.LeasesOf(*in).Add(c->id, c->peer.uid, &w, acc != O_RDONLY, &other_client);
         }
         if (st.ok()) {
           PreloadLeases& leases = core_.LeasesOf(*in);

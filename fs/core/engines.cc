@@ -24,20 +24,24 @@ std::shared_ptr<AioHandle> Engines::Adopt(std::unique_ptr<AioHandle> engine, Slo
   });
 }
 
+void Engines::InstallLocked(Slot fresh, std::shared_ptr<AioHandle> ref, const HandleConfig* c) {
+  {
+    std::lock_guard lock(config_mu_);
+    (void)SwapCurrent(std::move(ref));  // the old reference is dropped here: its slot is marked
+    if (c != nullptr) config_ = *c;
+  }
+  if (live_.engine) retired_.push_back(std::move(live_));  // none after Reset
+  live_ = std::move(fresh);
+  ReapRetiredLocked();
+}
+
 Status Engines::Start(const HandleConfig& c) {
   auto h = AioHandle::Create(c);
   if (!h.ok()) return h.status();
   std::lock_guard rl(reconfig_mu_);
   Slot fresh;
   std::shared_ptr<AioHandle> ref = Adopt(std::move(h).value(), &fresh);
-  {
-    std::lock_guard lock(config_mu_);
-    (void)SwapCurrent(std::move(ref));
-    config_ = c;
-  }
-  if (live_.engine) retired_.push_back(std::move(live_));
-  live_ = std::move(fresh);
-  ReapRetiredLocked();
+  InstallLocked(std::move(fresh), std::move(ref), &c);
   return Status::Ok();
 }
 
@@ -72,14 +76,7 @@ Result<HandleConfig> Engines::Reconfigure(const std::string& json_patch, bool* c
   if (!created.ok()) return created.status().WithContext("new engine");
   Slot fresh;
   std::shared_ptr<AioHandle> ref = Adopt(std::move(created).value(), &fresh);
-  {
-    std::lock_guard lock(config_mu_);
-    (void)SwapCurrent(std::move(ref));  // the old reference is dropped here: the slot is marked
-    config_ = c.value();
-  }
-  if (live_.engine) retired_.push_back(std::move(live_));  // none after Reset
-  live_ = std::move(fresh);
-  ReapRetiredLocked();
+  InstallLocked(std::move(fresh), std::move(ref), &c.value());
   *changed = true;
   Logger().info("live configuration changed to {}", c->ToJson());
   return c;
@@ -87,13 +84,7 @@ Result<HandleConfig> Engines::Reconfigure(const std::string& json_patch, bool* c
 
 void Engines::Reset() {
   std::lock_guard rl(reconfig_mu_);
-  {
-    std::lock_guard lock(config_mu_);
-    (void)SwapCurrent(nullptr);
-  }
-  if (live_.engine) retired_.push_back(std::move(live_));
-  live_ = Slot{};
-  ReapRetiredLocked();
+  InstallLocked(Slot{}, nullptr, nullptr);
 }
 
 std::shared_ptr<AioHandle> Engines::SwapCurrent(std::shared_ptr<AioHandle> h) {
@@ -104,13 +95,7 @@ std::shared_ptr<AioHandle> Engines::SwapCurrent(std::shared_ptr<AioHandle> h) {
 
 void Engines::Stop() {
   std::lock_guard rl(reconfig_mu_);
-  {
-    std::lock_guard lock(config_mu_);
-    (void)SwapCurrent(nullptr);
-  }
-  if (live_.engine) retired_.push_back(std::move(live_));
-  live_ = Slot{};
-  ReapRetiredLocked();
+  InstallLocked(Slot{}, nullptr, nullptr);
   // Nothing can hold them any more (the session loop has ended). One still referenced is a bug
   // elsewhere: it is left to its holder (leaked, which the ASan build reports) rather than
   // destroyed under it.

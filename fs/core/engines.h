@@ -75,6 +75,10 @@ class Engines {
   };
 
   void ReapRetiredLocked();
+  // Under reconfig_mu_: `ref` (null: none) becomes the live engine, `fresh` its slot, `*c` (when
+  // given) the configuration; the engine it replaces is retired, and whatever nobody holds is
+  // destroyed.
+  void InstallLocked(Slot fresh, std::shared_ptr<AioHandle> ref, const HandleConfig* c);
   // Wraps a new engine: the slot owns it, the returned pointer is what Current() hands out.
   std::shared_ptr<AioHandle> Adopt(std::unique_ptr<AioHandle> engine, Slot* slot);
 

@@ -6,6 +6,18 @@
 #include <vector>
 
 namespace dnvme::fs {
+namespace {
+
+// Both kinds of per-uid lanes (control requests, FUSE requests past a uid's loop-thread share):
+// `ctl_threads_per_uid` running at once, 256 queued.
+UidLanes::Options LaneOptions(const MountOptions& o) {
+  return UidLanes::Options{.threads_per_key = o.ctl_threads_per_uid,
+                           .max_queued = 256,
+                           .idle = std::chrono::milliseconds(2000),
+                           .option = "ctl_threads_per_uid"};
+}
+
+}  // namespace
 
 Fs::Fs(MountOptions opts)
     : mount_(std::move(opts)),
@@ -17,14 +29,8 @@ Fs::Fs(MountOptions opts)
                             mount_.opts().ctl_max_workers, mount_.opts().ctl_max_aio_events,
                             mount_.opts().max_inodes_per_uid},
           FdShape::OfProcess()),
-      ctl_lanes_(UidLanes::Options{.threads_per_key = mount_.opts().ctl_threads_per_uid,
-                                   .max_queued = 256,
-                                   .idle = std::chrono::milliseconds(2000),
-                                   .option = "ctl_threads_per_uid"}),
-      request_lanes_(UidLanes::Options{.threads_per_key = mount_.opts().ctl_threads_per_uid,
-                                       .max_queued = 256,
-                                       .idle = std::chrono::milliseconds(2000),
-                                       .option = "ctl_threads_per_uid"}),
+      ctl_lanes_(LaneOptions(mount_.opts())),
+      request_lanes_(LaneOptions(mount_.opts())),
       inodes_(mount_.data_shared(), &uid_limits_) {}
 
 Fs::~Fs() {
