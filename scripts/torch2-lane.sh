@@ -7,8 +7,10 @@
 # (fs_preload), those two by label `torch`: `ctest -L '^(unit|torch)$'`.
 #
 # Usage (root): scripts/torch2-lane.sh [--tree DIR] [--mirror URL] [--jobs N] [--bind DIR]...
-#                                      [--cmake ARG]... [--run COMMAND | -- CTEST_ARGS...]
+#                                      [--cmake ARG]... [--prepare | --run COMMAND | -- CTEST_ARGS...]
 #
+# --prepare makes the tree (when its stamp is missing or stale) and stops: scripts/run-tests.sh
+# makes it while the release build runs, and builds with `--run true` while other tests run;
 # --bind DIR makes DIR (a benchmark's directory, say) visible at the same path in the tree;
 # --cmake ARG adds ARG to the configure step (-DCMAKE_BUILD_TYPE=Debug, say);
 # --run COMMAND runs COMMAND (bash, in the repository at /src) in the tree instead of the tests,
@@ -42,10 +44,12 @@ CTEST_ARGS=()
 CMAKE_ARGS=()
 BINDS=()
 RUN=
+PREPARE=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --bind) BINDS+=("$(realpath -e "${2:?--bind needs a directory}")") || exit 2; shift 2 ;;
     --run) RUN=${2:?--run needs a command}; shift 2 ;;
+    --prepare) PREPARE=1; shift ;;
     --cmake) CMAKE_ARGS+=("${2:?--cmake needs an argument}"); shift 2 ;;
     --tree) TREE=${2:?--tree needs a directory}; shift 2 ;;
     --mirror) MIRROR=${2:?--mirror needs a URL}; shift 2 ;;
@@ -119,6 +123,10 @@ if [[ ! -f $STAMP || $(cat "$STAMP") != "$WANT" ]]; then
   cleanup
   echo "$WANT" >"$STAMP"
   echo "torch2-lane: tree made in $((SECONDS - start)) s"
+fi
+if [[ $PREPARE -eq 1 ]]; then
+  echo "torch2-lane: the tree at $TREE is ready"
+  exit 0
 fi
 
 # /dev is bound without its submounts: /dev/shm (POSIX shared memory, the tests' tmpfs) on its own.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: scripts/tsan.sh [BUILD_DIR]   (BUILD_DIR: build-tsan/ in the repository root)
+# Usage: scripts/tsan.sh [--build-only | --no-build] [BUILD_DIR]   (default build-tsan/ in the repo)
 # The ThreadSanitizer run CI makes (issue 54; scripts/run-tests.sh runs it): a TSan build
 # (-DDNVME_TSAN=ON, without CUDA, -O1) of the data path's, the engine's and the mount's unit tests
 # (fs_unit_tests: the session loops, the per-uid lanes, the broker and its leases, the control
@@ -9,16 +9,26 @@
 #      against a model of ext4, every transport) through a mount whose daemon is that TSan build,
 #      DNVME_MODEL_SECONDS (default here 8) per transport; the daemon's reports go to files
 #      (TSAN_OPTIONS log_path), and any file there fails the run.
+# --build-only stops after the build; --no-build runs what was built before (scripts/run-tests.sh
+# builds while another suite's tests run).
 # Exits non-zero on a build failure, a failed test or any report.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MODE=all
+case ${1:-} in
+  --build-only) MODE=build; shift ;;
+  --no-build) MODE=run; shift ;;
+esac
 DIR=${1:-$ROOT/build-tsan}
 mkdir -p "$DIR"
-cmake -S "$ROOT" -B "$DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDNVME_BUILD_TESTS=ON \
-  -DDNVME_TSAN=ON -DDNVME_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-  >"$DIR/cmake.log" 2>&1 || { cat "$DIR/cmake.log"; exit 1; }
-cmake --build "$DIR" -j"$(nproc)" --target datapath_tests engine_tests fs_unit_tests dnvmefs ||
-  exit 1
+if [[ $MODE != run ]]; then
+  cmake -S "$ROOT" -B "$DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDNVME_BUILD_TESTS=ON \
+    -DDNVME_TSAN=ON -DDNVME_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+    >"$DIR/cmake.log" 2>&1 || { cat "$DIR/cmake.log"; exit 1; }
+  cmake --build "$DIR" -j"$(nproc)" --target datapath_tests engine_tests fs_unit_tests dnvmefs ||
+    exit 1
+  [[ $MODE == build ]] && exit 0
+fi
 
 failed=()
 REPORTS=$DIR/tsan-reports

@@ -645,8 +645,9 @@ Result<std::unique_ptr<GdsHandle>> GdsHandle::Create(const HandleConfig& config,
     }
   }
   impl->pins->cufile = impl->cufile;
-  Logger().debug("gds_handle: mode {} ({}), copy engine {}", GdsModeName(impl->mode), impl->reason,
-                 impl->copier->name());
+  // Once per handle; the control file makes one per user handle: throttled.
+  DNVME_LOG_THROTTLED(debug, "gds_handle: mode {} ({}), copy engine {}", GdsModeName(impl->mode),
+                      impl->reason, impl->copier->name());
   Impl* raw = impl.get();
   impl->dispatcher = std::thread([raw] { raw->Loop(); });
   return std::unique_ptr<GdsHandle>(new GdsHandle(std::move(impl)));

@@ -108,10 +108,12 @@ class HandleImpl {
     if (file.value()->fell_back) {
       counters_.direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
       if (!warned_fallback_.exchange(true)) {
-        Logger().warn(
+        // Throttled too: the daemon's control file opens a handle per request if a user wants.
+        DNVME_LOG_THROTTLED(
+            warn,
             "O_DIRECT is not supported for '{}': using buffered I/O (direct=auto; this warning is "
             "shown once per handle, stats count every fallback)",
-            file.value()->label);
+            LogEscape(file.value()->label));
       }
     }
     return file;

@@ -188,15 +188,16 @@ void Broker::Serve(Conn* c) {
         if (!as.ok()) {
           st = as.status();
         } else {
-          // Never blocks (OpenBeneath opens O_NONBLOCK): a FIFO is refused below, not waited on.
-          auto d = OpenBeneath(core_.root_fd(), rel, acc | O_DIRECT | O_NOFOLLOW, 0);
+          // Only a regular file is opened at all (OpenKindBeneath): a FIFO is neither waited on
+          // nor a device's open run for the peer.
+          auto d = OpenKindBeneath(core_.root_fd(), rel, acc | O_DIRECT);
           if (d.ok()) {
             direct = std::move(d.value());
           } else if (d.status().error_number() != EINVAL) {
             st = d.status();
           }
           if (st.ok()) {
-            auto b = OpenBeneath(core_.root_fd(), rel, acc | O_NOFOLLOW, 0);
+            auto b = OpenKindBeneath(core_.root_fd(), rel, acc);
             if (b.ok()) {
               buffered = std::move(b.value());
             } else {
@@ -308,11 +309,12 @@ void Broker::Serve(Conn* c) {
       rep = ErrorReply(st);
       nfds = 0;
       counters_.refused.fetch_add(1);
-      Logger().debug("broker: pid {} uid {}: {}", c->peer.pid, c->peer.uid,
-                     LogEscape(st.ToString()));
+      // A client sends refused requests at will: throttled, as every line a user causes.
+      DNVME_LOG_THROTTLED(debug, "broker: pid {} uid {}: {}", c->peer.pid, c->peer.uid,
+                          LogEscape(st.ToString()));
     }
     if (Status s = SendReply(c->sock.get(), rep, fds, nfds); !s.ok()) {
-      Logger().debug("broker: pid {}: {}", c->peer.pid, s.ToString());
+      DNVME_LOG_THROTTLED(debug, "broker: pid {}: {}", c->peer.pid, s.ToString());
       break;
     }
   }

@@ -42,6 +42,19 @@ FsIdentity IdentityOf(const Caller& c);
 // that keeps the descriptor checks its type (fstat) and clears O_NONBLOCK where it matters.
 Result<UniqueFd> OpenBeneath(int dirfd, const std::string& rel, int flags, mode_t mode);
 
+// What OpenKindBeneath accepts at the name.
+enum class FileKind { kRegular, kRegularOrDirectory };
+
+// OpenBeneath for a file the daemon reads or writes: the name is first opened O_PATH (no open
+// of the object itself) and its type checked, and only a `kind` is then opened with `flags`,
+// through /proc/self/fd (the same inode, the permission check made again as the current
+// identity). A device node's open has effects of its own -- a tape rewinds, a terminal becomes
+// a controlling one -- and the mount is nodev: the daemon never opens one for a user. EINVAL
+// "not a regular file" otherwise. It never creates: a create is OpenBeneath's O_CREAT | O_EXCL,
+// whose result is the regular file it made.
+Result<UniqueFd> OpenKindBeneath(int dirfd, const std::string& rel, int flags,
+                                 FileKind kind = FileKind::kRegular);
+
 // The directory part of a relative path ("" for none) and its last component.
 std::string Dirname(const std::string& rel);
 std::string Basename(const std::string& rel);

@@ -181,10 +181,11 @@ Result<std::unique_ptr<ClientMapping>> ClientMapping::Map(int fd, int64_t offset
   const int advice = writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
   const off_t hole = lseek(fd, static_cast<off_t>(offset), SEEK_HOLE);
   if (hole < 0 || hole < offset + size) {
-    Logger().debug("client buffer {} has holes: not pre-faulted", LogEscape(label));
+    // Once per registration, which a user repeats at will: throttled.
+    DNVME_LOG_THROTTLED(debug, "client buffer {} has holes: not pre-faulted", LogEscape(label));
   } else if (madvise(p, m->map_len_, advice) != 0) {
-    Logger().debug("pre-faulting client buffer {} skipped: {}", LogEscape(label),
-                   std::strerror(errno));
+    DNVME_LOG_THROTTLED(debug, "pre-faulting client buffer {} skipped: {}", LogEscape(label),
+                        std::strerror(errno));
   }
   const auto start = reinterpret_cast<uintptr_t>(p);
   m->slot_ = TakeSlot(start, start + m->map_len_, for_root);

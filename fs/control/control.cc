@@ -357,8 +357,9 @@ Result<GdsHandle*> CtlSession::GpuEngine(CtlHandle& h, int device, const Caller&
   h.gds_fds_charge = std::move(fds);
   h.gds = std::move(made).value();
   h.gds_device = device;
-  Logger().info("control file: GPU transfers on device {} use {} ({})", device,
-                GdsModeName(h.gds->mode()), h.gds->mode_reason());
+  // Once per handle, and a user opens handles at will: throttled as every line a user causes.
+  DNVME_LOG_THROTTLED(info, "control file: GPU transfers on device {} use {} ({})", device,
+                      GdsModeName(h.gds->mode()), h.gds->mode_reason());
   return h.gds.get();
 }
 

@@ -75,10 +75,11 @@ Result<std::string> CtlSession::Transfer(const CtlRequest& r, const Caller& call
   {
     DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
     const int flags = (write ? O_WRONLY : O_RDONLY) | O_NONBLOCK;
-    auto opened = OpenBeneath(fs_.root_fd(), r.path, flags, 0);
+    auto opened = OpenKindBeneath(fs_.root_fd(), r.path, flags);
     if (!opened.ok() && write && opened.status().error_number() == ENOENT) {
-      // DeepSpeed's pwrite creates the file; so does this one (owned by the caller).
-      opened = OpenBeneath(fs_.root_fd(), r.path, flags | O_CREAT | O_EXCL, 0644);
+      // DeepSpeed's pwrite creates the file, mode 0600 (its open_file); so does this one, owned by
+      // the caller. The FUSE write carries no umask, and 0600 needs none.
+      opened = OpenBeneath(fs_.root_fd(), r.path, flags | O_CREAT | O_EXCL, 0600);
       created = opened.ok();
     }
     if (!opened.ok()) return opened.status();
@@ -213,9 +214,9 @@ Result<std::string> CtlSession::Fsync(const CtlRequest& r, const Caller& caller)
   {
     DNVME_ASSIGN_OR_RETURN(auto as, AsCaller::Enter(caller));
     const std::string rel = r.path.empty() ? "." : r.path;
-    auto opened = OpenBeneath(fs_.root_fd(), rel, O_RDONLY | O_NONBLOCK, 0);
+    auto opened = OpenKindBeneath(fs_.root_fd(), rel, O_RDONLY, FileKind::kRegularOrDirectory);
     if (!opened.ok() && opened.status().error_number() == EACCES) {
-      opened = OpenBeneath(fs_.root_fd(), rel, O_WRONLY | O_NONBLOCK, 0);
+      opened = OpenKindBeneath(fs_.root_fd(), rel, O_WRONLY, FileKind::kRegularOrDirectory);
     }
     if (!opened.ok()) return opened.status();
     fd = std::move(opened).value();

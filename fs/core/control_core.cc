@@ -12,6 +12,7 @@
 
 #include "dnvme/fd.h"
 #include "dnvme/log.h"
+#include "fs/control/as_caller.h"
 #include "fs/core/fs.h"
 
 #ifndef DNVME_VERSION
@@ -85,12 +86,12 @@ void Fs::AfterExternalCreate(const std::string& dir_rel, const std::string& name
   fuse_ino_t parent = FUSE_ROOT_ID;
   Inode* pinned = nullptr;
   if (!dir_rel.empty()) {
-    int fd = openat(inodes_.root_fd(), dir_rel.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return;
+    // Resolved as the transfer's own open was: no symlink, nothing outside BACKING_DIR (the
+    // directory may have been swapped for a link since).
+    auto dir = OpenBeneath(inodes_.root_fd(), dir_rel, O_PATH | O_DIRECTORY, 0);
+    if (!dir.ok()) return;
     struct stat st {};
-    const bool ok = fstat(fd, &st) == 0;
-    close(fd);
-    if (!ok) return;
+    if (fstat(dir.value().get(), &st) != 0) return;
     pinned = inodes_.Pin(st.st_dev, st.st_ino);
     if (pinned == nullptr) return;  // the kernel never saw the directory: nothing cached
     parent = reinterpret_cast<fuse_ino_t>(pinned);

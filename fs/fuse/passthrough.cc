@@ -166,7 +166,9 @@ OpenMode BeginOpen(Fs& fs, Inode& in, int flags, const Opener& opener) {
   // A passthrough reader must see every byte written so far, and nothing the daemon read ahead
   // may survive writes it does not see.
   if (Status st = in.data.Drain(); !st.ok()) {
-    Logger().debug("inode {} opened through the daemon: write-behind {}", in.ino, st.ToString());
+    // Kept until a writer hears it: each open of the file until then comes here.
+    DNVME_LOG_THROTTLED(debug, "inode {} opened through the daemon: write-behind {}", in.ino,
+                        st.ToString());
     ++m.other;
     return {};
   }

@@ -5,6 +5,7 @@
 // past the end (the engine's short transfer becomes the request's error), the bounds and
 // refusals, the coherence calls around a transfer of a file the mount knows, and the pending limit.
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -194,6 +195,10 @@ TEST_F(TransferTest, SyncPwriteCreatesTheFileAndPreadReadsItBack) {
   ASSERT_EQ(w["ok"], true) << w.dump();
   EXPECT_EQ(w["bytes"], data.size());
   EXPECT_EQ(File("out.bin"), data);
+  struct stat made {};
+  ASSERT_EQ(stat((dir_.path() + "/out.bin").c_str(), &made), 0);
+  // DeepSpeed's pwrite makes its file 0600; the ctl write carries no umask to apply to more.
+  EXPECT_EQ(made.st_mode & 07777, 0600u);
   ASSERT_EQ(core_->created_.size(), 1u);
   EXPECT_NE(core_->created_[0].find("|out.bin"), std::string::npos) << core_->created_[0];
 
@@ -281,6 +286,35 @@ TEST_F(TransferTest, BoundsAndRefusals) {
   EXPECT_EQ(File("f"), "x") << "a refused pwrite wrote";
   struct stat st {};
   EXPECT_NE(stat((dir_.path() + "/missing").c_str(), &st), 0) << "a pread created a file";
+}
+
+// A name that is not a regular file is refused before the object is opened at all: opening a
+// device runs its driver's open (a tape rewinds; the mount itself is nodev), and a FIFO's open
+// is seen by the other end. inotify's IN_OPEN is raised by every open but O_PATH's.
+TEST_F(TransferTest, ANameThatIsNotARegularFileIsNeverOpened) {
+  ASSERT_EQ(mkfifo((dir_.path() + "/fifo").c_str(), 0666), 0) << std::strerror(errno);
+  UniqueFd watch(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  ASSERT_TRUE(watch.valid()) << std::strerror(errno);
+  ASSERT_GE(inotify_add_watch(watch.get(), dir_.path().c_str(), IN_OPEN), 0)
+      << std::strerror(errno);
+  for (const char* op : {"pread", "pwrite"}) {
+    json r = Transfer(op, "fifo", 4096, 0, 0);
+    EXPECT_EQ(r["ok"], false) << r.dump();
+    EXPECT_EQ(r["error"]["code"], "EINVAL") << r.dump();
+    EXPECT_NE(r["error"]["message"].get<std::string>().find("not a regular file"),
+              std::string::npos)
+        << r.dump();
+  }
+  json f = Call({{"op", "fsync"}, {"path", "fifo"}});
+  EXPECT_EQ(f["ok"], false) << f.dump();
+  EXPECT_EQ(f["error"]["code"], "EINVAL") << f.dump();
+  char events[4096];
+  const ssize_t n = read(watch.get(), events, sizeof(events));
+  EXPECT_EQ(n, -1) << "the FIFO was opened (" << n << " bytes of inotify events)";
+  EXPECT_EQ(errno, EAGAIN);
+  // The directory itself may be fsynced, as fsync(2) of a directory may.
+  json d = Call({{"op", "fsync"}, {"path", "/mnt/transfer-test"}});
+  EXPECT_EQ(d["ok"], true) << d.dump();
 }
 
 TEST_F(TransferTest, AsyncTransfersAreCollectedByWait) {
